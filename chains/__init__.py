@@ -1,0 +1,1 @@
+"""LCEL chain builders (rewrite, answer, chat and ask graphs) — see issue 3."""

@@ -1,0 +1,1 @@
+"""Ingestion: loaders, chunking and the incremental pipeline."""

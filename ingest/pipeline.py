@@ -1,0 +1,384 @@
+"""Incremental ingestion: discover files, load and chunk what changed, embed, write atomically.
+
+After a run the index mirrors the given inputs: new files are added, changed files replaced,
+files no longer found removed, and unchanged files kept with their stored vectors. A file
+that cannot be read this time is skipped with its reason; if an earlier version of it is in
+the index, that version is kept rather than lost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ingest.chunking import Chunker, chunk_file
+from ingest.loaders import LOADERS, LoadOptions, SkipFile, load_file
+from retrievers.bm25 import BM25_PARAMS, build_bm25
+from retrievers.dense import build_faiss
+from retrievers.embeddings import SentenceTransformerEmbedder
+from retrievers.index import (
+    Chunk,
+    FileRecord,
+    IndexContents,
+    IndexLoadError,
+    IndexNotFoundError,
+    SearchIndex,
+    load_index,
+    write_index,
+)
+
+log = logging.getLogger(__name__)
+
+# Bump when chunk boundaries or metadata change for the same input, so re-runs re-chunk.
+CHUNKER_VERSION = 1
+# Fields every chunk can be filtered on, whatever its format.
+BASE_FIELDS: dict[str, str] = {
+    "source": "string",
+    "filename": "string",
+    "format": "string",
+    "title": "string",
+    "section": "string",
+    "page": "number",
+    "row": "number",
+}
+_NOT_FILTERABLE = frozenset({"citation", "content_hash", "chunk_index"})
+EMBED_BATCH = 256
+
+
+class IngestError(ValueError):
+    """The run cannot go ahead (bad arguments, unreadable existing index, nothing to ingest)."""
+
+
+@dataclass
+class Skipped:
+    source: str
+    reason: str
+
+
+@dataclass
+class IngestReport:
+    index: Path
+    added: list[str] = field(default_factory=list)
+    updated: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    unchanged: list[str] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+    kept_previous: list[str] = field(default_factory=list)  # skipped now, old version kept
+    chunks_total: int = 0
+    chunks_embedded: int = 0
+    wrote: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.added or self.updated or self.removed)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "added": len(self.added),
+            "updated": len(self.updated),
+            "removed": len(self.removed),
+            "unchanged": len(self.unchanged),
+            "skipped": len(self.skipped),
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "index": str(self.index),
+            **self.counts(),
+            "chunks": self.chunks_total,
+            "embedded": self.chunks_embedded,
+            "wrote": self.wrote,
+            "skipped_files": [{"source": s.source, "reason": s.reason} for s in self.skipped],
+            "notes": self.notes,
+        }
+
+
+# ----------------------------------------------------------------------------- discovery
+@dataclass
+class Discovered:
+    files: dict[str, Path] = field(default_factory=dict)  # source name -> path
+    skipped: list[Skipped] = field(default_factory=list)
+
+
+def _within(path: Path, roots: Sequence[Path]) -> bool:
+    return any(path == root or path.is_relative_to(root) for root in roots)
+
+
+def discover(paths: Sequence[str | Path]) -> Discovered:
+    """Supported files under the given paths, named ``<root name>/<relative path>``.
+
+    Hidden files and folders are passed over. Symlinks are followed only when they lead to a
+    place inside one of the given roots; links to folders are never descended (their targets
+    inside the roots are walked anyway, and this rules out cycles).
+    """
+    if not paths:
+        raise IngestError("no input paths given")
+    roots = [Path(p) for p in paths]
+    for root in roots:
+        if not root.exists() and not root.is_symlink():
+            raise IngestError(f"input path not found: {root}")
+    resolved_roots = [r.resolve() for r in roots]
+    found = Discovered()
+
+    def add(source: str, path: Path) -> None:
+        if source in found.files and found.files[source] != path:
+            raise IngestError(
+                f"two inputs map to the same source name {source!r}: {found.files[source]} and "
+                f"{path}; pass them under different folder names"
+            )
+        if path.is_symlink():
+            target = path.resolve()
+            if not _within(target, resolved_roots):
+                found.skipped.append(Skipped(source, "symlink leads outside the given roots"))
+                return
+        if path.suffix.lower() not in LOADERS:
+            found.skipped.append(
+                Skipped(source, f"unsupported file type {path.suffix or '(no extension)'!r}")
+            )
+            return
+        found.files[source] = path
+
+    for root, resolved in zip(roots, resolved_roots, strict=True):
+        if not root.is_dir():
+            add(root.name, root)
+            continue
+        prefix = root.name or resolved.name
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            here = Path(dirpath)
+            kept_dirs = []
+            for name in sorted(dirnames):
+                sub = here / name
+                if name.startswith("."):
+                    continue
+                if sub.is_symlink():
+                    if not _within(sub.resolve(), resolved_roots):
+                        rel = sub.relative_to(root).as_posix()
+                        found.skipped.append(
+                            Skipped(f"{prefix}/{rel}", "symlink leads outside the given roots")
+                        )
+                    continue
+                kept_dirs.append(name)
+            dirnames[:] = kept_dirs
+            for name in sorted(filenames):
+                if name.startswith("."):
+                    continue
+                path = here / name
+                add(f"{prefix}/{path.relative_to(root).as_posix()}", path)
+    return found
+
+
+# ----------------------------------------------------------------------------- the run
+def _file_sha256(path: Path) -> tuple[str, int]:
+    digest = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return digest.hexdigest(), size
+
+
+def _resolve_field_types(chunks: Sequence[Chunk], report: IngestReport) -> dict[str, str]:
+    """One type per field over the whole index; a field typed differently in two files
+    becomes a string field (its values stringified) and the run says so."""
+    seen: dict[str, set[str]] = {}
+    for chunk in chunks:
+        for key, value in chunk.metadata.items():
+            if key in _NOT_FILTERABLE or value is None:
+                continue
+            kind = (
+                "boolean"
+                if isinstance(value, bool)
+                else "number"
+                if isinstance(value, int | float)
+                else "string"
+            )
+            seen.setdefault(key, set()).add(kind)
+    fields: dict[str, str] = {}
+    for key, kinds in seen.items():
+        if len(kinds) == 1:
+            fields[key] = next(iter(kinds))
+            continue
+        fields[key] = "string"
+        report.notes.append(
+            f"field {key!r} holds {' and '.join(sorted(kinds))} values in different files; "
+            "it is filterable as a string"
+        )
+        for chunk in chunks:
+            value = chunk.metadata.get(key)
+            if value is not None and not isinstance(value, str):
+                chunk.metadata[key] = str(value)
+    for key, kind in BASE_FIELDS.items():
+        fields.setdefault(key, kind)
+    return fields
+
+
+def _open_previous(
+    index_dir: Path, embedder: SentenceTransformerEmbedder, rebuild: bool
+) -> SearchIndex | None:
+    if rebuild:
+        return None
+    try:
+        return load_index(index_dir, embedder_name=embedder.name)
+    except IndexNotFoundError:
+        if index_dir.exists() and any(index_dir.iterdir()):
+            raise IngestError(
+                f"{index_dir} exists, is not empty and is not a ragchains index; "
+                "choose another --index folder"
+            ) from None
+        return None
+    except IndexLoadError as exc:
+        raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
+
+
+def _embed(embedder: SentenceTransformerEmbedder, texts: list[str], progress: bool) -> np.ndarray:
+    if not texts:
+        return np.zeros((0, embedder.dimension), dtype=np.float32)
+    out = []
+    with tqdm(total=len(texts), desc="Embedding", unit="chunk", disable=not progress) as bar:
+        for start in range(0, len(texts), EMBED_BATCH):
+            batch = texts[start : start + EMBED_BATCH]
+            out.append(embedder.encode(batch))
+            bar.update(len(batch))
+    return np.concatenate(out)
+
+
+def ingest(
+    paths: Sequence[str | Path],
+    index_dir: str | Path,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    hnsw_min_chunks: int,
+    text_columns: Sequence[str] | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+) -> IngestReport:
+    """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring."""
+    index_dir = Path(index_dir)
+    report = IngestReport(index=index_dir)
+    found = discover(paths)
+    report.skipped.extend(found.skipped)
+    if progress:
+        tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
+    embedder.count_tokens("")  # load now, so the progress bars time the real work
+    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
+    chunking = {
+        "chunker_version": CHUNKER_VERSION,
+        "chunk_size": chunk_size,
+        "chunk_overlap": chunk_overlap,
+        "tokenizer": embedder.name,
+        "text_columns": options.text_columns,
+    }
+
+    previous = _open_previous(index_dir, embedder, rebuild)
+    try:
+        old_files = previous.store.files() if previous else {}
+        old_chunks: dict[str, list[Chunk]] = {}
+        old_vectors: dict[str, np.ndarray] = {}
+        if previous is not None:
+            vectors = previous.vectors()
+            for row, chunk in enumerate(previous.store.iter_chunks()):
+                old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
+                old_vectors[chunk.id] = vectors[row]
+        same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
+    finally:
+        if previous is not None:
+            previous.close()
+
+    per_file: dict[str, list[Chunk]] = {}
+    records: dict[str, FileRecord] = {}
+    for source, path in tqdm(
+        sorted(found.files.items()), desc="Reading", unit="file", disable=not progress
+    ):
+        try:
+            sha, size = _file_sha256(path)
+        except OSError as exc:
+            sha, size = "", 0
+            failure: str | None = f"unreadable: {exc.strerror or exc}"
+        else:
+            failure = None
+        old = old_files.get(source)
+        if failure is None and old and same_chunking and old.sha256 == sha:
+            per_file[source] = old_chunks.get(source, [])
+            records[source] = old
+            report.unchanged.append(source)
+            continue
+        if failure is None:
+            try:
+                loaded = load_file(path, options)
+                chunks = chunk_file(source, loaded, chunker)
+                if not chunks:
+                    raise SkipFile("no text left after chunking")
+            except SkipFile as exc:
+                failure = str(exc)
+        if failure is not None:
+            report.skipped.append(Skipped(source, failure))
+            if old is not None:
+                per_file[source] = old_chunks.get(source, [])
+                records[source] = old
+                report.kept_previous.append(source)
+            continue
+        per_file[source] = chunks
+        records[source] = FileRecord(source, sha, size, len(chunks), loaded.format)
+        if old is None:
+            report.added.append(source)
+        elif (
+            old.sha256 == sha
+            and old.chunk_count == len(chunks)
+            and all(c.id in old_vectors for c in chunks)
+        ):
+            # Only the chunking settings changed, and they changed nothing here.
+            report.unchanged.append(source)
+        else:
+            report.updated.append(source)
+    report.removed = sorted(set(old_files) - set(per_file))
+
+    all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
+    report.chunks_total = len(all_chunks)
+    if not report.added and not report.updated and not report.unchanged:
+        reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
+        raise IngestError(f"nothing could be ingested ({reasons})")
+    if previous is not None and not report.changed and same_chunking:
+        return report  # the index already holds exactly this; leave it untouched
+
+    fields = _resolve_field_types(all_chunks, report)
+    missing = [i for i, c in enumerate(all_chunks) if c.id not in old_vectors]
+    report.chunks_embedded = len(missing)
+    vectors = np.zeros((len(all_chunks), embedder.dimension), dtype=np.float32)
+    fresh = _embed(embedder, [all_chunks[i].text for i in missing], progress)
+    for row, chunk in enumerate(all_chunks):
+        if chunk.id in old_vectors:
+            vectors[row] = old_vectors[chunk.id]
+    if missing:
+        vectors[np.array(missing)] = fresh
+
+    if progress:
+        tqdm.write(f"Indexing {len(all_chunks)} chunks (BM25 + FAISS)…", file=sys.stderr)
+    bm25 = build_bm25([c.text for c in all_chunks])
+    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min_chunks)
+    contents = IndexContents(
+        chunks=all_chunks,
+        vectors=vectors,
+        files=[records[s] for s in sorted(records)],
+        fields=fields,
+        embedder={"name": embedder.name, "dimension": embedder.dimension},
+        chunking=chunking,
+    )
+    write_index(
+        index_dir, contents, bm25=bm25, dense=dense, dense_info=dense_info, bm25_info=BM25_PARAMS
+    )
+    report.wrote = True
+    return report

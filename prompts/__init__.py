@@ -1,0 +1,1 @@
+"""Versioned prompt files per domain and their loader — see issue 3."""

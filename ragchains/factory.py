@@ -1,0 +1,99 @@
+"""The one place that turns Settings into models, indexes, retrievers and compressors.
+
+chains/, retrievers/ and ingest/ take their collaborators as arguments; only this module
+(and the CLI / server that call it) reads settings or touches the process environment.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+from ingest.pipeline import IngestReport, ingest
+from ragchains.settings import Settings
+from retrievers.compressors import (
+    EmbeddingSimilarityScorer,
+    RerankCompressor,
+    SentenceTransformerCrossEncoder,
+)
+from retrievers.embeddings import SentenceTransformerEmbedder
+from retrievers.hybrid import HybridRetriever
+from retrievers.index import SearchIndex, load_index
+
+
+def configure_runtime(settings: Settings) -> None:
+    """Keep model libraries offline and quiet; called once by each entry point."""
+    if settings.offline:
+        # Nothing may download at run time: models come from packages, paths or the cache.
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        hf_logging.disable_progress_bar()
+    except ImportError:  # pragma: no cover - transformers comes with sentence-transformers
+        pass
+    for name in ("sentence_transformers", "faiss"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def build_embedder(settings: Settings) -> SentenceTransformerEmbedder:
+    return SentenceTransformerEmbedder(
+        settings.embedding_model, device=settings.device, batch_size=settings.embedding_batch_size
+    )
+
+
+def open_index(index_dir: str | Path, embedder: SentenceTransformerEmbedder) -> SearchIndex:
+    """Load an index, refusing one built with another embedder."""
+    return load_index(index_dir, embedder_name=embedder.name)
+
+
+def build_retriever(
+    settings: Settings, index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> HybridRetriever:
+    return HybridRetriever(
+        index=index,
+        embedder=embedder,
+        k=settings.k,
+        candidates=settings.candidates_per_retriever,
+        bm25_weight=settings.bm25_weight,
+        dense_weight=settings.dense_weight,
+        rrf_k=settings.rrf_k,
+    )
+
+
+def build_compressor(settings: Settings, embedder: SentenceTransformerEmbedder) -> RerankCompressor:
+    return RerankCompressor(
+        primary=SentenceTransformerCrossEncoder(settings.reranker_model, device=settings.device),
+        fallback=EmbeddingSimilarityScorer(embedder),
+        top_n=settings.rerank_top_n,
+        threshold=settings.rerank_threshold,
+    )
+
+
+def run_ingest(
+    settings: Settings,
+    paths: Sequence[str | Path],
+    index_dir: str | Path,
+    *,
+    embedder: SentenceTransformerEmbedder | None = None,
+    text_columns: Sequence[str] | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+) -> IngestReport:
+    return ingest(
+        paths,
+        index_dir,
+        embedder=embedder or build_embedder(settings),
+        chunk_size=settings.chunk_size,
+        chunk_overlap=settings.chunk_overlap,
+        hnsw_min_chunks=settings.hnsw_min_chunks,
+        text_columns=text_columns,
+        rebuild=rebuild,
+        progress=progress,
+    )

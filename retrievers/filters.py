@@ -1,0 +1,220 @@
+"""Metadata filters: data (field, operator, value), validated against the index's field types.
+
+Filters are never code or query strings: each one is checked against the schema recorded in the
+index manifest, then evaluated as a boolean mask over typed in-memory columns. Both retrievers
+apply the same mask *before* ranking, so fusion only ever sees rows that pass.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any, Literal, get_args
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict
+
+FieldType = Literal["string", "number", "boolean"]
+Operator = Literal["=", "!=", "<", "<=", ">", ">=", "in"]
+Scalar = str | float | int | bool
+
+OPERATORS: tuple[str, ...] = get_args(Operator)
+OPERATORS_BY_TYPE: dict[str, tuple[str, ...]] = {
+    "number": OPERATORS,
+    "string": ("=", "!=", "in"),
+    "boolean": ("=", "!="),
+}
+# Fields whose "=" and "!=" take shell-style globs ("*.pdf", "handbook-*").
+GLOB_FIELDS = frozenset({"filename", "source"})
+_GLOB_CHARS = set("*?[")
+
+
+class FilterError(ValueError):
+    """A filter that does not fit the index: unknown field, wrong operator or wrong value type."""
+
+
+class MetadataFilter(BaseModel):
+    """One condition; a list of them is combined with AND."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    field: str
+    op: Operator
+    value: Scalar | list[Scalar]
+
+    def __str__(self) -> str:
+        return f"{self.field} {self.op} {json.dumps(self.value)}"
+
+
+def _check_scalar(flt_text: str, field_type: str, value: Any) -> Scalar:
+    if field_type == "number":
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise FilterError(f"filter {flt_text}: expected a number, got {value!r}")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FilterError(f"filter {flt_text}: expected a finite number, got {value!r}")
+        return value
+    if field_type == "boolean":
+        if not isinstance(value, bool):
+            raise FilterError(f"filter {flt_text}: expected true or false, got {value!r}")
+        return value
+    if not isinstance(value, str):
+        raise FilterError(f"filter {flt_text}: expected a string, got {value!r}")
+    return value
+
+
+def validate_filters(
+    filters: Iterable[MetadataFilter | Mapping[str, Any]] | None,
+    schema: Mapping[str, str],
+) -> list[MetadataFilter]:
+    """Check each filter against the index's field types; raise FilterError naming the problem."""
+    checked: list[MetadataFilter] = []
+    for raw in filters or ():
+        if isinstance(raw, MetadataFilter):
+            flt = raw
+        else:
+            try:
+                flt = MetadataFilter.model_validate(raw)
+            except Exception as exc:  # pydantic's message lists what is missing or wrong
+                raise FilterError(
+                    f"malformed filter {raw!r}: expected {{field, op, value}} with op one of "
+                    f"{', '.join(OPERATORS)}"
+                ) from exc
+        field_type = schema.get(flt.field)
+        if field_type is None:
+            known = ", ".join(sorted(schema)) or "(none)"
+            raise FilterError(f"unknown filter field {flt.field!r}; known fields: {known}")
+        allowed = OPERATORS_BY_TYPE[field_type]
+        if flt.op not in allowed:
+            raise FilterError(
+                f"operator {flt.op!r} does not apply to {field_type} field {flt.field!r} "
+                f"(use one of: {', '.join(allowed)})"
+            )
+        if flt.op == "in":
+            if not isinstance(flt.value, list) or not flt.value:
+                raise FilterError(f"filter {flt}: 'in' takes a non-empty list of values")
+            for item in flt.value:
+                _check_scalar(str(flt), field_type, item)
+        else:
+            if isinstance(flt.value, list):
+                raise FilterError(f"filter {flt}: only 'in' takes a list")
+            _check_scalar(str(flt), field_type, flt.value)
+        checked.append(flt)
+    return checked
+
+
+def parse_cli_value(field: str, op: str, raw: str, schema: Mapping[str, str]) -> Any:
+    """Turn the text of ``--filter FIELD OP VALUE`` into a value of the field's type.
+
+    ``in`` takes a JSON list or comma-separated values. Text that does not parse as the
+    field's type is left as text, so validation reports the mismatch with the field named.
+    """
+    field_type = schema.get(field)
+    if op == "in":
+        stripped = raw.strip()
+        if stripped.startswith("["):
+            try:
+                return json.loads(stripped)
+            except json.JSONDecodeError as exc:
+                raise FilterError(f"filter {field} in {raw}: not a valid JSON list") from exc
+        return [_parse_scalar(part.strip(), field_type) for part in raw.split(",") if part.strip()]
+    return _parse_scalar(raw, field_type)
+
+
+def _parse_scalar(raw: str, field_type: str | None) -> Any:
+    if field_type == "number":
+        try:
+            number = float(raw)
+        except ValueError:
+            return raw
+        return int(number) if number.is_integer() and "." not in raw else number
+    if field_type == "boolean":
+        lowered = raw.strip().lower()
+        if lowered in ("true", "yes", "1"):
+            return True
+        if lowered in ("false", "no", "0"):
+            return False
+    return raw
+
+
+class MetadataColumns:
+    """Typed columns over every chunk's metadata, for vectorised filter masks.
+
+    Strings are dictionary-encoded (int32 codes, -1 = missing), numbers are float64 (NaN =
+    missing), booleans int8 (-1 = missing). A missing value never matches, as NULL in SQL.
+    """
+
+    def __init__(self, rows: Sequence[Mapping[str, Any]], schema: Mapping[str, str]) -> None:
+        self.schema = dict(schema)
+        self.size = len(rows)
+        self._numbers: dict[str, np.ndarray] = {}
+        self._codes: dict[str, np.ndarray] = {}
+        self._vocab: dict[str, dict[str, int]] = {}
+        for field, field_type in schema.items():
+            values = [row.get(field) for row in rows]
+            if field_type == "number":
+                self._numbers[field] = np.array(
+                    [float(v) if v is not None else np.nan for v in values], dtype=np.float64
+                )
+            elif field_type == "boolean":
+                self._codes[field] = np.array(
+                    [-1 if v is None else int(bool(v)) for v in values], dtype=np.int8
+                )
+            else:
+                vocab: dict[str, int] = {}
+                codes = np.full(len(values), -1, dtype=np.int32)
+                for i, v in enumerate(values):
+                    if v is not None:
+                        codes[i] = vocab.setdefault(str(v), len(vocab))
+                self._codes[field] = codes
+                self._vocab[field] = vocab
+
+    def mask(self, filters: Sequence[MetadataFilter]) -> np.ndarray | None:
+        """Boolean mask of rows passing every filter; None when there are no filters."""
+        if not filters:
+            return None
+        result = np.ones(self.size, dtype=bool)
+        for flt in filters:
+            result &= self._mask_one(flt)
+        return result
+
+    def _mask_one(self, flt: MetadataFilter) -> np.ndarray:
+        field_type = self.schema[flt.field]
+        if field_type == "number":
+            column = self._numbers[flt.field]
+            present = ~np.isnan(column)
+            if flt.op == "in":
+                assert isinstance(flt.value, list)
+                return present & np.isin(column, np.array(flt.value, dtype=np.float64))
+            value = float(flt.value)  # type: ignore[arg-type]
+            with np.errstate(invalid="ignore"):
+                compare = {
+                    "=": column == value,
+                    "!=": column != value,
+                    "<": column < value,
+                    "<=": column <= value,
+                    ">": column > value,
+                    ">=": column >= value,
+                }[flt.op]
+            return present & compare
+        codes = self._codes[flt.field]
+        present = codes >= 0
+        if field_type == "boolean":
+            target = int(bool(flt.value))
+            return present & ((codes == target) if flt.op == "=" else (codes != target))
+        wanted = self._string_codes(flt)
+        hit = np.isin(codes, wanted)
+        return present & (~hit if flt.op == "!=" else hit)
+
+    def _string_codes(self, flt: MetadataFilter) -> np.ndarray:
+        vocab = self._vocab[flt.field]
+        values = flt.value if isinstance(flt.value, list) else [flt.value]
+        wanted: set[int] = set()
+        for value in values:
+            text = str(value)
+            if flt.field in GLOB_FIELDS and _GLOB_CHARS & set(text):
+                wanted.update(i for v, i in vocab.items() if fnmatch.fnmatchcase(v, text))
+            elif text in vocab:
+                wanted.add(vocab[text])
+        return np.array(sorted(wanted), dtype=np.int32)

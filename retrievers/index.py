@@ -1,0 +1,417 @@
+"""The on-disk index: a versioned folder, written atomically, loaded with checks.
+
+Layout of an index directory::
+
+    INDEX/
+      CURRENT              name of the live generation (replaced atomically)
+      gen-<stamp>/         one complete, immutable generation
+        manifest.json      format version, embedder, chunk count, field types, build time
+        chunks.sqlite      chunk text + metadata (JSON) by row, and the per-file records
+        bm25/              bm25s arrays (.npy, loaded with allow_pickle=False) + JSON vocab
+        dense.faiss        FAISS index over the normalised embeddings, rows = chunk rows
+
+A writer builds a new generation in a hidden temporary folder, renames it into place, then
+swaps CURRENT with ``os.replace``. A crash at any point leaves CURRENT naming the previous,
+complete generation; leftovers are removed by the next successful write. No pickle anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import threading
+import uuid
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import bm25s
+import faiss
+import numpy as np
+from langchain_core.documents import Document
+
+from retrievers.filters import MetadataColumns
+
+FORMAT_NAME = "ragchains-index"
+FORMAT_VERSION = 1
+CURRENT_FILE = "CURRENT"
+MANIFEST_FILE = "manifest.json"
+CHUNKS_FILE = "chunks.sqlite"
+BM25_DIR = "bm25"
+DENSE_FILE = "dense.faiss"
+_GEN_PREFIX = "gen-"
+_TMP_PREFIX = ".tmp-gen-"
+
+
+class IndexLoadError(ValueError):
+    """Base for index problems; the message names the folder and what is wrong."""
+
+
+class IndexNotFoundError(IndexLoadError):
+    pass
+
+
+class IndexFormatError(IndexLoadError):
+    pass
+
+
+class IndexDamagedError(IndexLoadError):
+    pass
+
+
+class EmbedderMismatchError(IndexLoadError):
+    pass
+
+
+@dataclass
+class Chunk:
+    """One retrievable unit: the text and its metadata (source, citation label, typed fields)."""
+
+    id: str
+    text: str
+    metadata: dict[str, Any]
+
+
+@dataclass
+class FileRecord:
+    """What the index knows of one ingested file, for incremental re-runs."""
+
+    source: str
+    sha256: str
+    size: int
+    chunk_count: int
+    format: str
+
+
+@dataclass
+class IndexContents:
+    """Everything a writer needs: rows in order, their vectors, and the per-file records."""
+
+    chunks: list[Chunk]
+    vectors: np.ndarray
+    files: list[FileRecord]
+    fields: dict[str, str]
+    embedder: dict[str, Any]
+    chunking: dict[str, Any]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- writing
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_chunk_store(path: Path, chunks: Sequence[Chunk], files: Sequence[FileRecord]) -> None:
+    con = sqlite3.connect(path)
+    try:
+        con.executescript(
+            """
+            CREATE TABLE chunks (
+                row INTEGER PRIMARY KEY,
+                id TEXT NOT NULL UNIQUE,
+                source TEXT NOT NULL,
+                text TEXT NOT NULL,
+                metadata TEXT NOT NULL
+            );
+            CREATE TABLE files (
+                source TEXT PRIMARY KEY,
+                sha256 TEXT NOT NULL,
+                size INTEGER NOT NULL,
+                chunk_count INTEGER NOT NULL,
+                format TEXT NOT NULL
+            );
+            """
+        )
+        con.executemany(
+            "INSERT INTO chunks (row, id, source, text, metadata) VALUES (?, ?, ?, ?, ?)",
+            (
+                (row, c.id, c.metadata["source"], c.text, json.dumps(c.metadata, sort_keys=True))
+                for row, c in enumerate(chunks)
+            ),
+        )
+        con.executemany(
+            "INSERT INTO files (source, sha256, size, chunk_count, format) VALUES (?, ?, ?, ?, ?)",
+            ((f.source, f.sha256, f.size, f.chunk_count, f.format) for f in files),
+        )
+        con.commit()
+    finally:
+        con.close()
+
+
+def write_index(
+    index_dir: str | Path,
+    contents: IndexContents,
+    *,
+    bm25: bm25s.BM25,
+    dense: faiss.Index,
+    dense_info: dict[str, Any],
+    bm25_info: dict[str, Any],
+) -> Path:
+    """Write a new generation and make it current; return its folder.
+
+    The previous generation stays loadable until the final ``os.replace`` of CURRENT.
+    """
+    root = Path(index_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    n = len(contents.chunks)
+    if contents.vectors.shape[0] != n or dense.ntotal != n:
+        raise ValueError(
+            f"index rows disagree: {n} chunks, {contents.vectors.shape[0]} vectors, "
+            f"{dense.ntotal} in FAISS"
+        )
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
+    tmp = root / f"{_TMP_PREFIX}{stamp}"
+    final = root / f"{_GEN_PREFIX}{stamp}"
+    tmp.mkdir()
+    try:
+        _write_chunk_store(tmp / CHUNKS_FILE, contents.chunks, contents.files)
+        bm25.save(str(tmp / BM25_DIR), allow_pickle=False, show_progress=False)
+        faiss.write_index(dense, str(tmp / DENSE_FILE))
+        manifest = {
+            "format": FORMAT_NAME,
+            "format_version": FORMAT_VERSION,
+            "embedder": contents.embedder,
+            "chunking": contents.chunking,
+            "chunk_count": n,
+            "file_count": len(contents.files),
+            "fields": dict(sorted(contents.fields.items())),
+            "dense": dense_info,
+            "bm25": bm25_info,
+            "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            **contents.extra,
+        }
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        for path in tmp.rglob("*"):
+            if path.is_file():
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+        os.rename(tmp, final)
+        _fsync_dir(root)
+        pointer_tmp = root / f".{CURRENT_FILE}.{stamp}"
+        pointer_tmp.write_text(final.name + "\n", encoding="utf-8")
+        with open(pointer_tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(pointer_tmp, root / CURRENT_FILE)
+        _fsync_dir(root)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _remove_stale(root, keep=final.name)
+    return final
+
+
+def _remove_stale(root: Path, *, keep: str) -> None:
+    """Delete generations other than ``keep`` and leftovers of interrupted writes."""
+    for entry in root.iterdir():
+        name = entry.name
+        stale_gen = name.startswith(_GEN_PREFIX) and name != keep
+        leftover = name.startswith(_TMP_PREFIX) or name.startswith(f".{CURRENT_FILE}.")
+        if stale_gen or leftover:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- reading
+def current_generation(index_dir: str | Path) -> Path:
+    root = Path(index_dir)
+    pointer = root / CURRENT_FILE
+    if not root.exists():
+        raise IndexNotFoundError(f"no index at {root}: run `ragchains ingest PATH --index {root}`")
+    if not pointer.is_file():
+        raise IndexNotFoundError(
+            f"{root} is not a ragchains index (no {CURRENT_FILE} file); "
+            f"build one with `ragchains ingest PATH --index {root}`"
+        )
+    name = pointer.read_text(encoding="utf-8").strip()
+    if not name.startswith(_GEN_PREFIX) or "/" in name or not (root / name).is_dir():
+        raise IndexDamagedError(
+            f"index {root} is damaged: {CURRENT_FILE} names {name!r}, which is not there"
+        )
+    return root / name
+
+
+def read_manifest(index_dir: str | Path) -> dict[str, Any]:
+    gen = current_generation(index_dir)
+    try:
+        manifest = json.loads((gen / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise IndexDamagedError(
+            f"index {index_dir} is damaged: {MANIFEST_FILE} is missing"
+        ) from exc
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexDamagedError(
+            f"index {index_dir} is damaged: {MANIFEST_FILE} is not valid JSON ({exc})"
+        ) from exc
+    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT_NAME:
+        raise IndexFormatError(f"{index_dir} does not hold a {FORMAT_NAME} manifest")
+    version = manifest.get("format_version")
+    if version != FORMAT_VERSION:
+        raise IndexFormatError(
+            f"index {index_dir} has format version {version!r}; this ragchains reads version "
+            f"{FORMAT_VERSION} only. Rebuild it with `ragchains ingest --rebuild` or use the "
+            "ragchains release that wrote it."
+        )
+    return manifest
+
+
+class ChunkStore:
+    """Read-only access to the chunk table; safe to share between threads."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._con.close()
+
+    def count(self) -> int:
+        with self._lock:
+            return int(self._con.execute("SELECT COUNT(*) FROM chunks").fetchone()[0])
+
+    def documents(self, rows: Sequence[int]) -> list[Document]:
+        """Documents for the given rows, in the order given."""
+        if not rows:
+            return []
+        wanted = [int(r) for r in rows]
+        marks = ",".join("?" * len(wanted))
+        with self._lock:
+            found = {
+                row: (cid, text, meta)
+                for row, cid, text, meta in self._con.execute(
+                    f"SELECT row, id, text, metadata FROM chunks WHERE row IN ({marks})", wanted
+                )
+            }
+        docs = []
+        for row in wanted:
+            cid, text, meta = found[row]
+            metadata = json.loads(meta)
+            metadata["chunk_id"] = cid
+            docs.append(Document(id=cid, page_content=text, metadata=metadata))
+        return docs
+
+    def iter_chunks(self) -> Iterator[Chunk]:
+        with self._lock:
+            rows = self._con.execute(
+                "SELECT id, text, metadata FROM chunks ORDER BY row"
+            ).fetchall()
+        for cid, text, meta in rows:
+            yield Chunk(id=cid, text=text, metadata=json.loads(meta))
+
+    def iter_metadata(self) -> Iterator[dict[str, Any]]:
+        with self._lock:
+            rows = self._con.execute("SELECT metadata FROM chunks ORDER BY row").fetchall()
+        for (meta,) in rows:
+            yield json.loads(meta)
+
+    def files(self) -> dict[str, FileRecord]:
+        with self._lock:
+            rows = self._con.execute(
+                "SELECT source, sha256, size, chunk_count, format FROM files"
+            ).fetchall()
+        return {r[0]: FileRecord(*r) for r in rows}
+
+
+@dataclass
+class SearchIndex:
+    """A loaded generation: chunk store, BM25, FAISS and typed metadata columns."""
+
+    path: Path
+    manifest: dict[str, Any]
+    store: ChunkStore
+    bm25: bm25s.BM25
+    dense: faiss.Index
+    columns: MetadataColumns
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(self.manifest["fields"])
+
+    def __len__(self) -> int:
+        return int(self.manifest["chunk_count"])
+
+    def vectors(self) -> np.ndarray:
+        """All stored embeddings, row-aligned (used to carry vectors over on re-ingest)."""
+        n = self.dense.ntotal
+        if n == 0:
+            return np.zeros((0, self.dense.d), dtype=np.float32)
+        return self.dense.reconstruct_n(0, n)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def load_index(
+    index_dir: str | Path,
+    *,
+    embedder_name: str | None = None,
+    embedder_dimension: int | None = None,
+) -> SearchIndex:
+    """Load the current generation, checking format, embedder and internal consistency."""
+    manifest = read_manifest(index_dir)
+    gen = current_generation(index_dir)
+    embedder = manifest.get("embedder") or {}
+    if embedder_name is not None and embedder.get("name") != embedder_name:
+        raise EmbedderMismatchError(
+            f"index {index_dir} was built with embedder {embedder.get('name')!r} "
+            f"(dimension {embedder.get('dimension')}), but this run uses {embedder_name!r}. "
+            "Use the same embedder, or rebuild with `ragchains ingest --rebuild`."
+        )
+    if embedder_dimension is not None and embedder.get("dimension") != embedder_dimension:
+        raise EmbedderMismatchError(
+            f"index {index_dir} holds {embedder.get('dimension')}-dimensional vectors, but the "
+            f"embedder gives {embedder_dimension}. Rebuild with `ragchains ingest --rebuild`."
+        )
+    for name in (CHUNKS_FILE, DENSE_FILE, BM25_DIR):
+        if not (gen / name).exists():
+            raise IndexDamagedError(f"index {index_dir} is damaged: {name} is missing")
+    expected = manifest.get("chunk_count")
+    try:
+        store = ChunkStore(gen / CHUNKS_FILE)
+        stored = store.count()
+    except sqlite3.DatabaseError as exc:
+        raise IndexDamagedError(f"index {index_dir} is damaged: {CHUNKS_FILE}: {exc}") from exc
+    try:
+        dense = faiss.read_index(str(gen / DENSE_FILE))
+    except RuntimeError as exc:
+        store.close()
+        raise IndexDamagedError(
+            f"index {index_dir} is damaged: {DENSE_FILE} cannot be read"
+        ) from exc
+    try:
+        bm25 = bm25s.BM25.load(str(gen / BM25_DIR), allow_pickle=False, show_progress=False)
+    except Exception as exc:  # bm25s raises several kinds on truncated or missing arrays
+        store.close()
+        raise IndexDamagedError(
+            f"index {index_dir} is damaged: {BM25_DIR}/ cannot be read ({exc})"
+        ) from exc
+    counts = {
+        "manifest": expected,
+        "chunks.sqlite": stored,
+        "dense.faiss": dense.ntotal,
+        "bm25": int(bm25.scores["num_docs"]),
+    }
+    if len(set(counts.values())) != 1:
+        store.close()
+        detail = ", ".join(f"{k}={v}" for k, v in counts.items())
+        raise IndexDamagedError(f"index {index_dir} is damaged: row counts disagree ({detail})")
+    if dense.d != embedder.get("dimension"):
+        store.close()
+        raise IndexDamagedError(
+            f"index {index_dir} is damaged: FAISS dimension {dense.d} != manifest "
+            f"{embedder.get('dimension')}"
+        )
+    columns = MetadataColumns(list(store.iter_metadata()), manifest["fields"])
+    return SearchIndex(
+        path=gen, manifest=manifest, store=store, bm25=bm25, dense=dense, columns=columns
+    )
