@@ -72,9 +72,10 @@ def dense_search(
         if isinstance(index, faiss.IndexHNSW):
             # A filter skips nodes; widen the beam in proportion so k allowed ones are found.
             ef = int(HNSW_EF_SEARCH * n / allowed.size) + k
-            params: Any = faiss.SearchParametersHNSW(sel=selector, efSearch=ef)
+            # faiss's bundled stubs lag its SWIG API, hence the ignores.
+            params: Any = faiss.SearchParametersHNSW(sel=selector, efSearch=ef)  # type: ignore[attr-defined]
         else:
-            params = faiss.SearchParameters(sel=selector)
+            params = faiss.SearchParameters(sel=selector)  # type: ignore[call-arg]
         scores, rows = index.search(q, k, params=params)
     keep = rows[0] >= 0
     return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)

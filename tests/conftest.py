@@ -1,0 +1,64 @@
+"""Shared fixtures: the real embedded embedder, fixture corpora and indexes built from them."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ingest.pipeline import IngestReport
+from ragchains.factory import build_embedder, configure_runtime, run_ingest
+from ragchains.settings import Settings
+from retrievers.embeddings import SentenceTransformerEmbedder
+
+REPO = Path(__file__).resolve().parent.parent
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+SHARED = REPO.parent / "shared"
+CONFIG_ONLY_CROSS_ENCODER = SHARED / "models" / "ms-marco-MiniLM-L-6-v2-config-only"
+
+
+@pytest.fixture(scope="session")
+def settings() -> Settings:
+    # Defaults only: a developer's .env or RAGCHAINS_* variables must not change test results.
+    s = Settings(_env_file=None)  # type: ignore[call-arg]
+    configure_runtime(s)
+    return s
+
+
+@pytest.fixture(scope="session")
+def embedder(settings: Settings) -> SentenceTransformerEmbedder:
+    return build_embedder(settings)
+
+
+@pytest.fixture
+def docs_dir(tmp_path: Path) -> Path:
+    """A private, editable copy of tests/fixtures/docs (the root name 'docs' is kept)."""
+    target = tmp_path / "docs"
+    shutil.copytree(FIXTURES / "docs", target)
+    return target
+
+
+@pytest.fixture
+def ingest_into(
+    settings: Settings, embedder: SentenceTransformerEmbedder
+) -> Callable[..., IngestReport]:
+    def run(paths: list[Path] | Path, index: Path, **kwargs: Any) -> IngestReport:
+        paths = paths if isinstance(paths, list) else [paths]
+        return run_ingest(settings, paths, index, embedder=embedder, progress=False, **kwargs)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def sample_index(
+    tmp_path_factory: pytest.TempPathFactory,
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+) -> Path:
+    """The bundled samples/ corpus, ingested once per session (read-only for tests)."""
+    index = tmp_path_factory.mktemp("sample-index") / "idx"
+    run_ingest(settings, [REPO / "samples"], index, embedder=embedder, progress=False)
+    return index
