@@ -12,13 +12,10 @@ import bm25s
 import numpy as np
 import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
 
-from retrievers.filters import MetadataFilter, validate_filters
-from retrievers.index import SearchIndex
+from retrievers.base import IndexRetriever
+from retrievers.filters import MetadataFilter
 
 # bm25s sets its own logger to DEBUG on import, which floods any application log.
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -68,30 +65,11 @@ def bm25_search(
     return order.astype(np.int64), scores[order].astype(np.float32)
 
 
-class BM25Retriever(BaseRetriever):
-    """Keyword retrieval over a loaded index, with metadata filters applied before ranking.
+class BM25Retriever(IndexRetriever):
+    """Keyword retrieval over a loaded index, with metadata filters applied before ranking."""
 
-    ``invoke(query, k=..., filters=[...])`` overrides the defaults per call.
-    """
-
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    index: SearchIndex
-    k: int = Field(10, ge=1)
-    filters: list[MetadataFilter] = Field(default_factory=list)
-
-    def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        filters: Sequence[MetadataFilter | dict[str, Any]] | None = None,
-    ) -> list[Document]:
-        checked = validate_filters(self.filters if filters is None else filters, self.index.fields)
-        rows, scores = bm25_search(
-            self.index.bm25, query, k or self.k, self.index.columns.mask(checked)
-        )
+    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
+        rows, scores = bm25_search(self.index.bm25, query, k, self.index.columns.mask(filters))
         docs = self.index.store.documents(rows.tolist())
         for rank, (doc, score) in enumerate(zip(docs, scores, strict=True), start=1):
             doc.metadata["bm25_score"] = float(score)

@@ -2,19 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import faiss
 import numpy as np
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
 
+from retrievers.base import IndexRetriever
 from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.filters import MetadataFilter, validate_filters
-from retrievers.index import SearchIndex
+from retrievers.filters import MetadataFilter
 
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 100
@@ -81,30 +77,17 @@ def dense_search(
     return rows[0][keep].astype(np.int64), scores[0][keep].astype(np.float32)
 
 
-class FaissRetriever(BaseRetriever):
+class FaissRetriever(IndexRetriever):
     """Semantic retrieval over a loaded index, with metadata filters applied before ranking."""
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    index: SearchIndex
     embedder: SentenceTransformerEmbedder
-    k: int = Field(10, ge=1)
-    filters: list[MetadataFilter] = Field(default_factory=list)
 
-    def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        filters: Sequence[MetadataFilter | dict[str, Any]] | None = None,
-    ) -> list[Document]:
-        checked = validate_filters(self.filters if filters is None else filters, self.index.fields)
+    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         rows, scores = dense_search(
             self.index.dense,
             self.embedder.encode_query(query),
-            k or self.k,
-            self.index.columns.mask(checked),
+            k,
+            self.index.columns.mask(filters),
         )
         docs = self.index.store.documents(rows.tolist())
         for rank, (doc, score) in enumerate(zip(docs, scores, strict=True), start=1):

@@ -9,18 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
+from retrievers.base import IndexRetriever
 from retrievers.bm25 import bm25_search
 from retrievers.dense import dense_search
 from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.filters import MetadataFilter, validate_filters
+from retrievers.filters import MetadataFilter
 from retrievers.index import SearchIndex
 
 
@@ -93,23 +91,18 @@ def hybrid_search(
     return hits
 
 
-class HybridRetriever(BaseRetriever):
+class HybridRetriever(IndexRetriever):
     """BM25 + FAISS fused by RRF; filters are validated once and applied inside both.
 
-    ``invoke(query, k=..., filters=[...])`` overrides the defaults per call. Each document's
-    metadata carries ``rrf_score`` and the rank and score it had in each retriever.
+    Each document's metadata carries ``rrf_score`` and the rank and score it had in each
+    retriever (None where that retriever did not return it).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    index: SearchIndex
     embedder: SentenceTransformerEmbedder
-    k: int = Field(10, ge=1)
     candidates: int = Field(50, ge=1)
     bm25_weight: float = Field(1.0, ge=0)
     dense_weight: float = Field(1.0, ge=0)
     rrf_k: int = Field(60, ge=1)
-    filters: list[MetadataFilter] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _some_weight(self) -> HybridRetriever:
@@ -117,25 +110,17 @@ class HybridRetriever(BaseRetriever):
             raise ValueError("at least one of bm25_weight and dense_weight must be above 0")
         return self
 
-    def _get_relevant_documents(
-        self,
-        query: str,
-        *,
-        run_manager: CallbackManagerForRetrieverRun,
-        k: int | None = None,
-        filters: Sequence[MetadataFilter | dict[str, Any]] | None = None,
-    ) -> list[Document]:
-        checked = validate_filters(self.filters if filters is None else filters, self.index.fields)
+    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         hits = hybrid_search(
             self.index,
             query,
             self.embedder.encode_query(query),
-            k=k or self.k,
+            k=k,
             candidates=self.candidates,
             bm25_weight=self.bm25_weight,
             dense_weight=self.dense_weight,
             rrf_k=self.rrf_k,
-            mask=self.index.columns.mask(checked),
+            mask=self.index.columns.mask(filters),
         )
         docs = self.index.store.documents([h.row for h in hits])
         for doc, hit in zip(docs, hits, strict=True):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -163,7 +164,7 @@ def test_chunks_respect_token_budget_and_overlap(embedder: SentenceTransformerEm
     assert len(pieces) > 5
     assert all(embedder.count_tokens(p) <= 40 for p in pieces)
     # Consecutive pieces share text (the overlap).
-    assert all(set(a.split()[-3:]) & set(b.split()) for a, b in zip(pieces, pieces[1:]))
+    assert all(set(a.split()[-3:]) & set(b.split()) for a, b in itertools.pairwise(pieces))
     with pytest.raises(ValueError, match="chunk_overlap"):
         Chunker(embedder.count_tokens, chunk_size=10, chunk_overlap=10)
 
@@ -188,7 +189,9 @@ def test_pdf_citation_labels(tmp_path: Path, ingest_into: Ingest) -> None:
     folder.mkdir()
     write_pdf(folder / "handbook.pdf", ["Intro page.", "Vacation is 25 days.", "Sick leave."])
     ingest_into(folder, tmp_path / "idx")
-    labels = sorted(c.metadata["citation"] for c in load_index(tmp_path / "idx").store.iter_chunks())
+    labels = sorted(
+        c.metadata["citation"] for c in load_index(tmp_path / "idx").store.iter_chunks()
+    )
     assert labels == ["handbook.pdf#page=1", "handbook.pdf#page=2", "handbook.pdf#page=3"]
 
 

@@ -1,0 +1,66 @@
+"""What every retriever over a loaded index shares: defaults, per-call overrides, async."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables.config import run_in_executor
+from pydantic import ConfigDict, Field
+
+from retrievers.filters import MetadataFilter, validate_filters
+from retrievers.index import SearchIndex
+
+FilterArg = Sequence[MetadataFilter | dict[str, Any]] | None
+
+
+class IndexRetriever(BaseRetriever):
+    """Base for retrievers over a ``SearchIndex``.
+
+    ``invoke(query, k=..., filters=[...])`` overrides the defaults for one call; filters are
+    validated against the index's field types before any search runs.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    index: SearchIndex
+    k: int = Field(10, ge=1)
+    filters: list[MetadataFilter] = Field(default_factory=list)
+
+    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
+        raise NotImplementedError
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        filters: FilterArg = None,
+    ) -> list[Document]:
+        checked = validate_filters(self.filters if filters is None else filters, self.index.fields)
+        return self._search(query, k=k or self.k, filters=checked)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        filters: FilterArg = None,
+    ) -> list[Document]:
+        # The searches are CPU-bound numpy/FAISS calls: run them off the event loop.
+        return await run_in_executor(
+            None,
+            self._get_relevant_documents,
+            query,
+            run_manager=run_manager.get_sync(),
+            k=k,
+            filters=filters,
+        )

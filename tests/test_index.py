@@ -1,0 +1,221 @@
+"""The on-disk index: atomic generations, crash safety, and clear refusals to load."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from ingest.pipeline import IngestError, IngestReport
+from retrievers.index import (
+    EmbedderMismatchError,
+    IndexDamagedError,
+    IndexFormatError,
+    IndexNotFoundError,
+    current_generation,
+    load_index,
+)
+from tests.conftest import REPO
+
+Ingest = Callable[..., IngestReport]
+
+# Runs an ingest in a child process that dies (os._exit, no cleanup, like a kill -9) at a
+# chosen step of the write, after the previous index was complete.
+CRASHING_INGEST = textwrap.dedent(
+    """
+    import os, sys
+    import faiss
+    import retrievers.index as index_module
+    from ragchains.factory import configure_runtime, run_ingest
+    from ragchains.settings import Settings
+
+    step = sys.argv[3]
+    if step == "mid-generation":
+        real = faiss.write_index
+        def write_then_die(*args, **kwargs):
+            real(*args, **kwargs)
+            os._exit(9)
+        index_module.faiss.write_index = write_then_die
+    elif step == "before-switch":
+        index_module.os.replace = lambda *a, **k: os._exit(9)
+    settings = Settings(_env_file=None)
+    configure_runtime(settings)
+    run_ingest(settings, [sys.argv[1]], sys.argv[2], progress=False)
+    """
+)
+
+
+def _texts(index_dir: Path) -> list[str]:
+    index = load_index(index_dir)
+    try:
+        return [c.text for c in index.store.iter_chunks()]
+    finally:
+        index.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("step", ["mid-generation", "before-switch"])
+def test_crash_during_write_leaves_previous_index_loadable(
+    step: str, docs_dir: Path, tmp_path: Path, ingest_into: Ingest
+) -> None:
+    index_dir = tmp_path / "idx"
+    ingest_into(docs_dir, index_dir)
+    before = _texts(index_dir)
+    generation = current_generation(index_dir)
+
+    (docs_dir / "notes.txt").write_text("Completely new notes about hedgehogs in the garden.")
+    child = subprocess.run(
+        [sys.executable, "-c", CRASHING_INGEST, str(docs_dir), str(index_dir), step],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert child.returncode == 9, child.stderr
+    # The crash left a half-built generation behind ...
+    extra = {p.name for p in index_dir.iterdir()} - {"CURRENT", generation.name}
+    prefix = ".tmp-gen-" if step == "mid-generation" else "gen-"
+    assert any(name.startswith(prefix) for name in extra), extra
+
+    # ... but the old generation is still current and whole.
+    assert current_generation(index_dir) == generation
+    assert _texts(index_dir) == before
+
+    # The next successful run completes the change and clears what the crash left.
+    report = ingest_into(docs_dir, index_dir)
+    assert report.updated == ["docs/notes.txt"]
+    assert sorted(p.name for p in index_dir.iterdir()) == sorted(
+        ["CURRENT", current_generation(index_dir).name]
+    )
+    assert any("hedgehogs" in t for t in _texts(index_dir))
+
+
+def test_failed_write_cleans_its_temporary_folder(
+    docs_dir: Path, tmp_path: Path, ingest_into: Ingest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import retrievers.index as index_module
+
+    index_dir = tmp_path / "idx"
+    ingest_into(docs_dir, index_dir)
+    generation = current_generation(index_dir)
+    (docs_dir / "notes.txt").write_text("Edited.")
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(index_module.faiss, "write_index", disk_full)
+    with pytest.raises(OSError, match="No space"):
+        ingest_into(docs_dir, index_dir)
+    assert sorted(p.name for p in index_dir.iterdir()) == ["CURRENT", generation.name]
+
+
+def test_manifest_records_what_was_built(
+    docs_dir: Path, tmp_path: Path, ingest_into: Ingest
+) -> None:
+    ingest_into(docs_dir, tmp_path / "idx")
+    manifest = load_index(tmp_path / "idx").manifest
+    assert manifest["format_version"] == 1
+    assert manifest["embedder"] == {"name": "all-MiniLM-L6-v2", "dimension": 384}
+    assert manifest["chunk_count"] == 15 and manifest["file_count"] == 6
+    assert manifest["fields"]["price"] == "number"
+    assert manifest["fields"]["electric"] == "boolean"
+    assert manifest["fields"]["page"] == "number"
+    assert manifest["dense"]["kind"] == "flat"
+    assert manifest["built_at"]
+
+
+def test_no_pickle_in_the_index(docs_dir: Path, tmp_path: Path, ingest_into: Ingest) -> None:
+    ingest_into(docs_dir, tmp_path / "idx")
+    for path in (tmp_path / "idx").rglob("*.npy"):
+        # An object array would be pickled; numeric arrays load with pickling refused.
+        import numpy as np
+
+        np.load(path, allow_pickle=False)
+    assert not list((tmp_path / "idx").rglob("*.pkl")) and not list(
+        (tmp_path / "idx").rglob("*.pickle")
+    )
+
+
+@pytest.fixture
+def built(docs_dir: Path, tmp_path: Path, ingest_into: Ingest) -> Path:
+    ingest_into(docs_dir, tmp_path / "idx")
+    return tmp_path / "idx"
+
+
+def test_missing_index_is_named(tmp_path: Path) -> None:
+    with pytest.raises(IndexNotFoundError, match="no index at"):
+        load_index(tmp_path / "nothing")
+    (tmp_path / "plain").mkdir()
+    with pytest.raises(IndexNotFoundError, match="not a ragchains index"):
+        load_index(tmp_path / "plain")
+
+
+def test_unknown_format_version_is_refused(built: Path) -> None:
+    manifest_path = current_generation(built) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["format_version"] = 99
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="format version 99"):
+        load_index(built)
+
+
+def test_other_embedder_is_refused(built: Path) -> None:
+    with pytest.raises(EmbedderMismatchError, match="built with embedder 'all-MiniLM-L6-v2'"):
+        load_index(built, embedder_name="some/other-model")
+    with pytest.raises(EmbedderMismatchError, match="384-dimensional"):
+        load_index(built, embedder_dimension=768)
+
+
+def test_ingest_with_other_embedder_asks_for_rebuild(
+    built: Path,
+    docs_dir: Path,
+    ingest_into: Ingest,
+    embedder: object,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(embedder, "name", "some/other-model")
+    with pytest.raises(IngestError, match="--rebuild"):
+        ingest_into(docs_dir, built)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda g: (g / "dense.faiss").unlink(), "dense.faiss is missing"),
+        (lambda g: (g / "dense.faiss").write_bytes(b"junk"), "dense.faiss cannot be read"),
+        (lambda g: (g / "chunks.sqlite").write_bytes(b"not sqlite at all" * 100), "chunks.sqlite"),
+        (lambda g: (g / "manifest.json").write_text("{"), "manifest.json is not valid JSON"),
+        (lambda g: (g / "manifest.json").unlink(), "manifest.json is missing"),
+        (lambda g: (g / "bm25" / "params.index.json").unlink(), "bm25/ cannot be read"),
+        (lambda g: (g.parent / "CURRENT").write_text("gen-missing\n"), "names 'gen-missing'"),
+    ],
+    ids=[
+        "no-faiss",
+        "bad-faiss",
+        "bad-sqlite",
+        "bad-manifest",
+        "no-manifest",
+        "no-bm25",
+        "bad-ptr",
+    ],
+)
+def test_damaged_index_is_named(
+    built: Path, damage: Callable[[Path], object], message: str
+) -> None:
+    damage(current_generation(built))
+    with pytest.raises(IndexDamagedError, match=message):
+        load_index(built)
+
+
+def test_row_count_mismatch_is_damage(built: Path) -> None:
+    manifest_path = current_generation(built) / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["chunk_count"] += 1
+    manifest_path.write_text(json.dumps(manifest))
+    with pytest.raises(IndexDamagedError, match="row counts disagree"):
+        load_index(built)
