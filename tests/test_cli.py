@@ -1,0 +1,201 @@
+"""The installed `ragchains` command, run as a user would: exit codes, output, no tracebacks."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.e2e
+
+RAGCHAINS = Path(sys.executable).parent / "ragchains"
+
+
+def run(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+    result = subprocess.run(
+        [str(RAGCHAINS), *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        stdin=subprocess.DEVNULL,
+    )
+    assert "Traceback" not in result.stderr, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def samples_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    target = tmp_path_factory.mktemp("cli") / "samples"
+    shutil.copytree(REPO / "samples", target)
+    return target
+
+
+@pytest.fixture(scope="module")
+def index(samples_copy: Path) -> Path:
+    index = samples_copy.parent / "index"
+    result = run("ingest", samples_copy, "--index", index)
+    assert result.returncode == 0, result.stderr
+    assert "9 added, 0 updated, 0 removed, 0 unchanged, 0 skipped" in result.stdout
+    return index
+
+
+def test_retrieve_finds_the_benefits_chunk_with_its_citation(index: Path) -> None:
+    result = run("retrieve", "--index", index, "what does the standard plan cost", "--k", "3")
+    assert result.returncode == 0, result.stderr
+    first = result.stdout.splitlines()[0]
+    assert first.startswith(" 1. [employee-handbook.md#benefit-plans]")
+    assert "rrf=" in first and "bm25=" in first and "dense=" in first
+
+    data = json.loads(
+        run("retrieve", "--index", index, "what does the standard plan cost", "--json").stdout
+    )
+    top = data["results"][0]
+    assert top["citation"] == "employee-handbook.md#benefit-plans"
+    assert "| Standard | $45.00 |" in top["text"]
+    assert set(top["scores"]) == {"rrf_score", "bm25_score", "dense_score"}
+
+
+def test_second_ingest_reports_no_changes(index: Path, samples_copy: Path) -> None:
+    result = run("ingest", samples_copy, "--index", index, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert (report["added"], report["updated"], report["removed"], report["unchanged"]) == (
+        0,
+        0,
+        0,
+        9,
+    )
+    assert report["embedded"] == 0 and report["wrote"] is False
+
+
+def test_editing_one_file_reembeds_only_that_file(index: Path, samples_copy: Path) -> None:
+    perks = samples_copy / "handbook" / "perks-policy.md"
+    perks.write_text(perks.read_text() + "\n## Bike leasing\n\nBikes can be leased via payroll.\n")
+    report = json.loads(run("ingest", samples_copy, "--index", index, "--json").stdout)
+    assert (report["added"], report["updated"], report["removed"], report["unchanged"]) == (
+        0,
+        1,
+        0,
+        8,
+    )
+    # Unchanged sections of the edited file keep their vectors too: only the new one embeds.
+    assert report["embedded"] == 1
+    hit = json.loads(run("retrieve", "--index", index, "bike leasing", "--json").stdout)
+    assert hit["results"][0]["citation"] == "perks-policy.md#bike-leasing"
+
+
+def test_price_filter_returns_only_rows_under_100(index: Path) -> None:
+    data = json.loads(
+        run(
+            "retrieve",
+            "--index",
+            index,
+            "sensor",
+            "--filter",
+            "price",
+            "<",
+            "100",
+            "--k",
+            "50",
+            "--json",
+        ).stdout
+    )
+    assert data["results"], "expected catalog rows"
+    assert data["filters"] == [{"field": "price", "op": "<", "value": 100}]
+    for result in data["results"]:
+        assert result["source"].startswith("samples/catalog/")
+        row = dict(line.split(": ", 1) for line in result["text"].splitlines())
+        assert float(row["price"].lstrip("$")) < 100
+
+
+def test_glob_and_in_filters(index: Path) -> None:
+    data = json.loads(
+        run(
+            "retrieve",
+            "--index",
+            index,
+            "policy",
+            "--filter",
+            "filename",
+            "=",
+            "*.pdf",
+            "--json",
+        ).stdout
+    )
+    assert {r["citation"].split("#")[0] for r in data["results"]} <= {
+        "travel-policy.pdf",
+        "security-policy.pdf",
+    }
+    data = json.loads(
+        run(
+            "retrieve",
+            "--index",
+            index,
+            "controller",
+            "--filter",
+            "brand",
+            "in",
+            "Acreon,Globex Ag",
+            "--json",
+        ).stdout
+    )
+    assert data["results"]
+    assert all(
+        "brand: Acreon" in r["text"] or "brand: Globex Ag" in r["text"] for r in data["results"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--filter", "price", "<", "cheap"], 'error: filter price < "cheap": expected a number'),
+        (["--filter", "colour", "=", "red"], "error: unknown filter field 'colour'"),
+        (["--filter", "brand", ">", "A"], "error: operator '>' does not apply to string field"),
+        (["--filter", "price", "~", "1"], "error: unknown filter operator '~'"),
+    ],
+)
+def test_bad_filters_exit_2_with_one_line(index: Path, args: list[str], message: str) -> None:
+    result = run("retrieve", "--index", index, "sensor", *args)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith(message), result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_rerank_shows_the_fallback(index: Path) -> None:
+    result = run(
+        "retrieve", "--index", index, "what does the standard plan cost", "--rerank", "--json"
+    )
+    data = json.loads(result.stdout)
+    assert data["compressor"]["fallback"] is True
+    assert data["results"][0]["citation"] == "employee-handbook.md#benefit-plans"
+    assert "rerank_score" in data["results"][0]["scores"]
+
+
+def test_missing_index_and_nothing_to_ingest(tmp_path: Path) -> None:
+    result = run("retrieve", "--index", tmp_path / "none", "query")
+    assert result.returncode == 2 and "error: no index at" in result.stderr
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "blank.txt").write_text("")
+    result = run("ingest", empty, "--index", tmp_path / "idx")
+    assert result.returncode == 1
+    assert "error: nothing could be ingested (empty/blank.txt: empty file)" in result.stderr
+    result = run("ingest", tmp_path / "typo", "--index", tmp_path / "idx")
+    assert result.returncode == 2 and "input path not found" in result.stderr
+
+
+def test_help_explains_each_command() -> None:
+    for args in ([], ["ingest"], ["retrieve"]):
+        result = run(*args, "--help")
+        assert result.returncode == 0 and "Usage: ragchains" in result.stdout
+    assert "--filter FIELD OP VALUE" in run("retrieve", "--help").stdout
