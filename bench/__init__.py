@@ -1,0 +1,1 @@
+"""Benchmarks (not tests): run by `make bench` or `python -m bench.<name>`."""
