@@ -24,8 +24,8 @@ from langchain_core.embeddings import Embeddings
 from bench.common import (
     machine_line,
     median_of,
-    percentile_ms,
     peak_rss_mb,
+    percentile_ms,
     time_calls,
     write_section,
 )
@@ -134,8 +134,12 @@ def recall_at_10(results: list[list[Document]], corpus: Corpus, key: Any) -> flo
 def measure(run_query: Any, queries: list[str], repeats: int) -> tuple[float, float, list[Any]]:
     p50s, p95s, results = [], [], []
     for _ in range(repeats):
-        results = []
-        samples = time_calls(lambda i: results.append(run_query(queries[i])), len(queries))
+        results = [None] * len(queries)
+
+        def one(i: int, results: list[Any] = results) -> None:
+            results[i] = run_query(queries[i])
+
+        samples = time_calls(one, len(queries))
         p50s.append(percentile_ms(samples, 50))
         p95s.append(percentile_ms(samples, 95))
     return median_of(p50s), median_of(p95s), results
@@ -160,7 +164,7 @@ def main() -> None:
         q_vectors = cached_embeddings(embedder, corpus.queries, "synthetic-queries")
         table = dict(zip(corpus.queries, q_vectors, strict=True))
         encode_samples = time_calls(
-            lambda i: embedder.encode_query(corpus.queries[i]), len(corpus.queries)
+            lambda i, queries=corpus.queries: embedder.encode_query(queries[i]), len(corpus.queries)
         )
 
         with tempfile.TemporaryDirectory() as tmp:
@@ -173,7 +177,7 @@ def main() -> None:
                 k=K,
                 candidates=CANDIDATES,
             )
-            o50, o95, o_res = measure(lambda q: ours.invoke(q), corpus.queries, args.repeats)
+            o50, o95, o_res = measure(ours.invoke, corpus.queries, args.repeats)
             o_recall = recall_at_10(o_res, corpus, lambda d: d.id)
 
             # Dense only: exact vs HNSW on the same vectors (sets hnsw_min_chunks).
@@ -182,8 +186,12 @@ def main() -> None:
             hnsw, _ = build_faiss(vectors, hnsw_min_chunks=1)
             hnsw_build = time.perf_counter() - hnsw_start
             qv = [table[q] for q in corpus.queries]
-            f50, _, f_res = measure(lambda v: dense_search(flat, v, K), qv, args.repeats)
-            h50, _, h_res = measure(lambda v: dense_search(hnsw, v, K), qv, args.repeats)
+            f50, _, f_res = measure(
+                lambda v, index=flat: dense_search(index, v, K), qv, args.repeats
+            )
+            h50, _, h_res = measure(
+                lambda v, index=hnsw: dense_search(index, v, K), qv, args.repeats
+            )
             overlap = np.mean(
                 [
                     len(set(a[0].tolist()) & set(b[0].tolist())) / K
@@ -198,7 +206,9 @@ def main() -> None:
             gc.collect()
 
         stock, stock_build = build_stock(corpus, vectors, table)
-        s50, s95, s_res = measure(lambda q: stock.invoke(q)[:K], corpus.queries, args.repeats)
+        s50, s95, s_res = measure(
+            lambda q, stock=stock: stock.invoke(q)[:K], corpus.queries, args.repeats
+        )
         s_recall = recall_at_10(s_res, corpus, lambda d: d.metadata["id"])
         del stock
         gc.collect()

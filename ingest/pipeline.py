@@ -26,14 +26,17 @@ from retrievers.bm25 import BM25_PARAMS, build_bm25
 from retrievers.dense import build_faiss
 from retrievers.embeddings import SentenceTransformerEmbedder
 from retrievers.index import (
+    LOCK_FILE,
     Chunk,
     FileRecord,
+    IndexBusyError,
     IndexContents,
     IndexLoadError,
     IndexNotFoundError,
     SearchIndex,
     load_index,
     write_index,
+    writer_lock,
 )
 
 log = logging.getLogger(__name__)
@@ -231,7 +234,7 @@ def _open_previous(
     try:
         return load_index(index_dir, embedder_name=embedder.name)
     except IndexNotFoundError:
-        if index_dir.exists() and any(index_dir.iterdir()):
+        if any(p.name != LOCK_FILE for p in index_dir.iterdir()):
             raise IngestError(
                 f"{index_dir} exists, is not empty and is not a ragchains index; "
                 "choose another --index folder"
@@ -267,8 +270,37 @@ def ingest(
 ) -> IngestReport:
     """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring."""
     index_dir = Path(index_dir)
+    found = discover(paths)  # before locking: a typo in a path must not create the folder
+    try:
+        with writer_lock(index_dir):
+            return _ingest_locked(
+                found,
+                index_dir,
+                embedder=embedder,
+                chunk_size=chunk_size,
+                chunk_overlap=chunk_overlap,
+                hnsw_min_chunks=hnsw_min_chunks,
+                text_columns=text_columns,
+                rebuild=rebuild,
+                progress=progress,
+            )
+    except IndexBusyError as exc:
+        raise IngestError(str(exc)) from exc
+
+
+def _ingest_locked(
+    found: Discovered,
+    index_dir: Path,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    hnsw_min_chunks: int,
+    text_columns: Sequence[str] | None,
+    rebuild: bool,
+    progress: bool,
+) -> IngestReport:
     report = IngestReport(index=index_dir)
-    found = discover(paths)
     report.skipped.extend(found.skipped)
     if progress:
         tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)

@@ -17,6 +17,7 @@ complete generation; leftovers are removed by the next successful write. No pick
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -24,6 +25,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +45,7 @@ MANIFEST_FILE = "manifest.json"
 CHUNKS_FILE = "chunks.sqlite"
 BM25_DIR = "bm25"
 DENSE_FILE = "dense.faiss"
+LOCK_FILE = ".lock"
 _GEN_PREFIX = "gen-"
 _TMP_PREFIX = ".tmp-gen-"
 
@@ -101,6 +104,33 @@ class IndexContents:
 
 
 # ----------------------------------------------------------------------------- writing
+class IndexBusyError(IndexLoadError):
+    pass
+
+
+@contextmanager
+def writer_lock(index_dir: str | Path) -> Iterator[None]:
+    """Hold the index's writer lock; a second writer fails at once instead of racing."""
+    root = Path(index_dir)
+    created = not root.exists()
+    root.mkdir(parents=True, exist_ok=True)
+    with open(root / LOCK_FILE, "a+b") as fh:
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise IndexBusyError(
+                f"another ingest is writing {root}; wait for it to finish"
+            ) from None
+        try:
+            yield
+        finally:
+            if created and [p.name for p in root.iterdir()] == [LOCK_FILE]:
+                # Nothing was written: leave no empty index folder behind.
+                (root / LOCK_FILE).unlink()
+                root.rmdir()
+            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
+
+
 def _fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:

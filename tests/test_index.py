@@ -78,7 +78,7 @@ def test_crash_during_write_leaves_previous_index_loadable(
     )
     assert child.returncode == 9, child.stderr
     # The crash left a half-built generation behind ...
-    extra = {p.name for p in index_dir.iterdir()} - {"CURRENT", generation.name}
+    extra = {p.name for p in index_dir.iterdir()} - {"CURRENT", ".lock", generation.name}
     prefix = ".tmp-gen-" if step == "mid-generation" else "gen-"
     assert any(name.startswith(prefix) for name in extra), extra
 
@@ -90,9 +90,19 @@ def test_crash_during_write_leaves_previous_index_loadable(
     report = ingest_into(docs_dir, index_dir)
     assert report.updated == ["docs/notes.txt"]
     assert sorted(p.name for p in index_dir.iterdir()) == sorted(
-        ["CURRENT", current_generation(index_dir).name]
+        [".lock", "CURRENT", current_generation(index_dir).name]
     )
     assert any("hedgehogs" in t for t in _texts(index_dir))
+
+
+def test_second_writer_is_refused(docs_dir: Path, tmp_path: Path, ingest_into: Ingest) -> None:
+    from retrievers.index import writer_lock
+
+    index_dir = tmp_path / "idx"
+    ingest_into(docs_dir, index_dir)
+    with writer_lock(index_dir), pytest.raises(IngestError, match="another ingest is writing"):
+        ingest_into(docs_dir, index_dir)
+    assert ingest_into(docs_dir, index_dir).counts()["unchanged"] == 6  # lock released
 
 
 def test_failed_write_cleans_its_temporary_folder(
@@ -111,7 +121,7 @@ def test_failed_write_cleans_its_temporary_folder(
     monkeypatch.setattr(index_module.faiss, "write_index", disk_full)
     with pytest.raises(OSError, match="No space"):
         ingest_into(docs_dir, index_dir)
-    assert sorted(p.name for p in index_dir.iterdir()) == ["CURRENT", generation.name]
+    assert sorted(p.name for p in index_dir.iterdir()) == [".lock", "CURRENT", generation.name]
 
 
 def test_manifest_records_what_was_built(

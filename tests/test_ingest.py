@@ -72,7 +72,7 @@ def test_nothing_ingestable_fails_and_writes_nothing(tmp_path: Path, ingest_into
     (folder / "binary.txt").write_bytes(b"\x00\x01\x02")
     with pytest.raises(IngestError, match="nothing could be ingested"):
         ingest_into(folder, tmp_path / "idx")
-    assert not (tmp_path / "idx" / "CURRENT").exists()
+    assert not (tmp_path / "idx").exists()  # no half-made index folder either
 
 
 def test_missing_input_path_is_an_error(tmp_path: Path, ingest_into: Ingest) -> None:

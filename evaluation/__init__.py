@@ -1,0 +1,1 @@
+"""Evaluation: retrieval and answer metrics (the eval CLI builds on these)."""
