@@ -356,6 +356,9 @@ def _ingest_locked(
                     raise SkipFile("no text left after chunking")
             except SkipFile as exc:
                 failure = str(exc)
+            except Exception as exc:  # a parser bug must not sink the other files
+                log.debug("loading %s failed", path, exc_info=True)
+                failure = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
         if failure is not None:
             report.skipped.append(Skipped(source, failure))
             if old is not None:

@@ -53,6 +53,22 @@ def test_bad_files_are_skipped_with_reasons(tmp_path: Path, ingest_into: Ingest)
     assert len(index) == 1
 
 
+def test_a_loader_crash_skips_only_that_file(
+    docs_dir: Path, tmp_path: Path, ingest_into: Ingest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import ingest.loaders as loaders
+
+    def broken(path: Path, options: object) -> None:
+        raise ImportError("some parser dependency is missing")
+
+    monkeypatch.setitem(loaders.LOADERS, ".html", broken)
+    report = ingest_into(docs_dir, tmp_path / "idx")
+    assert _reasons(report) == {
+        "docs/page.html": "could not be parsed (ImportError: some parser dependency is missing)"
+    }
+    assert len(report.added) == 5
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
 def test_permission_denied_is_skipped(tmp_path: Path, ingest_into: Ingest) -> None:
     folder = tmp_path / "in"
