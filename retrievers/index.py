@@ -26,7 +26,7 @@ import threading
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -100,7 +100,6 @@ class IndexContents:
     fields: dict[str, str]
     embedder: dict[str, Any]
     chunking: dict[str, Any]
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -216,7 +215,6 @@ def write_index(
             "dense": dense_info,
             "bm25": bm25_info,
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
-            **contents.extra,
         }
         (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         for path in tmp.rglob("*"):
