@@ -75,18 +75,18 @@ def parse_citations(answer: str, documents: Sequence[Document]) -> list[Citation
     seen: set[str] = set()
     for marker in _MARKER.findall(answer):
         for label in _SPLIT.split(marker.strip()):
-            doc = by_label.get(label)
-            if doc is None or label in seen:
+            hit = by_label.get(label)
+            if hit is None or label in seen:
                 continue
             seen.add(label)
-            page = doc.metadata.get("page")
+            page = hit.metadata.get("page")
             cited.append(
                 Citation(
-                    id=str(doc.id or doc.metadata.get("chunk_id")),
+                    id=str(hit.id or hit.metadata.get("chunk_id")),
                     label=label,
-                    source=str(doc.metadata.get("source", "")),
+                    source=str(hit.metadata.get("source", "")),
                     page=int(page) if page is not None else None,
-                    score=_score(doc),
+                    score=_score(hit),
                 )
             )
     return cited
