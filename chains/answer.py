@@ -18,7 +18,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from pydantic import BaseModel, Field
 
-from prompts.registry import Prompt, PromptRegistry
+from prompts.registry import PromptRegistry
 
 DONT_KNOW = "I don't know based on the available documents."
 _MARKER = re.compile(r"\[([^\[\]\n]{1,300})\]")
@@ -92,12 +92,6 @@ def parse_citations(answer: str, documents: Sequence[Document]) -> list[Citation
     return cited
 
 
-def select_prompt(prompts: PromptRegistry, name: str, config: RunnableConfig | None) -> Prompt:
-    """The prompt a request asked for through ``configurable`` (domain, prompt_version)."""
-    configurable: dict[str, Any] = dict((config or {}).get("configurable") or {})
-    return prompts.get(configurable.get("domain"), name, configurable.get("prompt_version"))
-
-
 def build_answer_chain(
     *, llm: BaseChatModel, prompts: PromptRegistry
 ) -> Runnable[AnswerInput | dict[str, Any], AnswerOutput]:
@@ -108,7 +102,7 @@ def build_answer_chain(
         data = inputs if isinstance(inputs, AnswerInput) else AnswerInput.model_validate(inputs)
         if not data.documents:
             return AnswerOutput(answer=DONT_KNOW, citations=[], abstained=True)
-        prompt = select_prompt(prompts, "answer", config)
+        prompt = prompts.select("answer", config.get("configurable"))
         params = prompt.model_parameters
         chain = (
             prompt.template

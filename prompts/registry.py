@@ -285,6 +285,11 @@ class PromptRegistry:
             )
         return versions[number]
 
+    def select(self, name: str, configurable: Mapping[str, Any] | None) -> Prompt:
+        """The prompt a request asked for through its ``configurable`` domain and version."""
+        chosen = configurable or {}
+        return self.get(chosen.get("domain"), name, chosen.get("prompt_version"))
+
 
 def _parse_version(value: int | str) -> int:
     text = str(value).strip().lower().removeprefix("v")

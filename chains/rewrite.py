@@ -1,0 +1,280 @@
+"""The rewrite stage: question + history -> {search_query, filters}, never crashing on junk.
+
+With a tool-calling model the LLM gets three tools: ``search_sources(search_query)``,
+``search_by_filename(filename)`` and ``add_filter(field, op, value)`` whose JSON schema lists
+the index's own metadata fields. A model without tool calling answers in plain text in the
+same call syntax the few-shots show (``search_sources(search_query='...')``), or with a bare
+query. Whatever comes back is sanitised: no usable query means the raw question is searched;
+an invalid filter is dropped with a note, never run.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, BaseMessage, trim_messages
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from pydantic import BaseModel, Field
+
+from prompts.registry import PromptRegistry
+from retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
+
+SEARCH_TOOL = "search_sources"
+FILENAME_TOOL = "search_by_filename"
+FILTER_TOOL = "add_filter"
+# Replies that mean "no query": small models produce these instead of calling a tool.
+_EMPTY_REPLIES = frozenset({"", "0", "empty string", "none", "null", "n/a", "no query", '""', "''"})
+_QUOTES = "\"'`“”‘’"
+_CALL = re.compile(r"(search_sources|search_by_filename|add_filter)\s*\((.*?)\)\s*(?:;|$)", re.S)
+MAX_QUERY_CHARS = 400
+
+
+class RewriteInput(BaseModel):
+    question: str
+    chat_history: list[BaseMessage] = Field(default_factory=list)
+
+
+class RewriteOutput(BaseModel):
+    search_query: str
+    filters: list[MetadataFilter] = Field(default_factory=list)
+    fallback: bool = Field(False, description="the raw question was used as the query")
+    notes: list[str] = Field(default_factory=list)
+    prompt: str | None = None
+
+
+def sanitize_query(raw: Any) -> str | None:
+    """A usable search query from whatever the model produced, or None."""
+    if not isinstance(raw, str):
+        return None
+    text = raw.strip()
+    # Strip matched quotes, repeatedly: '"\'query\'"' happens.
+    while len(text) >= 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
+        text = text[1:-1].strip()
+    if text.lower().rstrip(".") in _EMPTY_REPLIES:
+        return None
+    if text.startswith(("{", "[")):
+        return None  # JSON where a query belongs: the model misread the protocol
+    text = " ".join(text.split())
+    return text[:MAX_QUERY_CHARS] or None
+
+
+def expand_glossary(query: str, glossary: Mapping[str, str]) -> str:
+    """Append the meaning after each abbreviation found: "PTO" -> "PTO (paid time off)"."""
+    for short, meaning in glossary.items():
+        pattern = re.compile(rf"(?<![\w(]){re.escape(short)}(?![\w)])")
+        if meaning.lower() not in query.lower():
+            query = pattern.sub(f"{short} ({meaning})", query, count=1)
+    return query
+
+
+def describe_fields(fields: Mapping[str, str]) -> str:
+    return ", ".join(f"{name} ({kind})" for name, kind in sorted(fields.items()))
+
+
+def build_tools(fields: Mapping[str, str]) -> list[dict[str, Any]]:
+    """OpenAI-style tool schemas; ``add_filter`` only admits the index's own fields."""
+    return [
+        {
+            "type": "function",
+            "function": {
+                "name": SEARCH_TOOL,
+                "description": "Search the documents with one standalone query.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"search_query": {"type": "string"}},
+                    "required": ["search_query"],
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": FILENAME_TOOL,
+                "description": "Search only in the file with this name (globs like *.pdf work).",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"filename": {"type": "string"}},
+                    "required": ["filename"],
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": FILTER_TOOL,
+                "description": "Keep only chunks whose metadata field satisfies a condition.",
+                "parameters": {
+                    "type": "object",
+                    "properties": {
+                        "field": {"type": "string", "enum": sorted(fields)},
+                        "op": {"type": "string", "enum": list(OPERATORS)},
+                        "value": {
+                            "anyOf": [
+                                {"type": "number"},
+                                {"type": "string"},
+                                {"type": "boolean"},
+                                {"type": "array", "items": {"type": ["number", "string"]}},
+                            ]
+                        },
+                    },
+                    "required": ["field", "op", "value"],
+                },
+            },
+        },
+    ]
+
+
+def supports_tool_calling(llm: BaseChatModel) -> bool:
+    try:
+        llm.bind_tools(build_tools({"source": "string"}))
+    except (NotImplementedError, ValueError, TypeError):
+        return False
+    return True
+
+
+def _text_calls(text: str) -> list[dict[str, Any]]:
+    """Tool calls written as text, e.g. ``search_sources(search_query='x'); add_filter(...)``."""
+    calls = []
+    for name, raw_args in _CALL.findall(text):
+        args: dict[str, Any] = {}
+        try:
+            tree = ast.parse(f"f({raw_args})", mode="eval")
+            call = tree.body
+            assert isinstance(call, ast.Call)
+            for kw in call.keywords:
+                if kw.arg is not None:
+                    args[kw.arg] = ast.literal_eval(kw.value)
+            if call.args and not args:  # search_sources('x')
+                key = {SEARCH_TOOL: "search_query", FILENAME_TOOL: "filename"}.get(name)
+                if key:
+                    args[key] = ast.literal_eval(call.args[0])
+        except (SyntaxError, ValueError, AssertionError):
+            calls.append(
+                {"name": name, "args": None, "error": f"unparsable arguments {raw_args!r}"}
+            )
+            continue
+        calls.append({"name": name, "args": args})
+    return calls
+
+
+def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]) -> RewriteOutput:
+    """Turn the model's reply into a query and checked filters; fall back, never raise."""
+    notes: list[str] = []
+    calls: list[dict[str, Any]]
+    if isinstance(message, AIMessage):
+        calls = [{"name": c["name"], "args": c["args"]} for c in message.tool_calls]
+        for bad in message.invalid_tool_calls:
+            notes.append(f"ignored a {bad.get('name') or 'tool'} call with invalid JSON arguments")
+        text = message.content if isinstance(message.content, str) else ""
+    else:
+        calls, text = [], message
+    if not calls and text:
+        calls = _text_calls(text)
+    query: str | None = None
+    filters: list[MetadataFilter] = []
+    for call in calls:
+        name, args = call["name"], call.get("args")
+        if args is None:
+            notes.append(f"ignored {name}: {call.get('error', 'no arguments')}")
+            continue
+        if name == SEARCH_TOOL:
+            query = query or sanitize_query(args.get("search_query"))
+        elif name == FILENAME_TOOL:
+            filename = sanitize_query(args.get("filename"))
+            if filename:
+                filters.append(MetadataFilter(field="filename", op="=", value=filename))
+            else:
+                notes.append("ignored search_by_filename without a file name")
+        elif name == FILTER_TOOL:
+            try:
+                filters.extend(validate_filters([args], fields))
+            except FilterError as exc:
+                notes.append(f"dropped filter: {exc}")
+        else:
+            notes.append(f"ignored unknown tool {name!r}")
+    if query is None and not calls and text:
+        query = sanitize_query(text.strip().splitlines()[0] if text.strip() else "")
+    fallback = query is None
+    if fallback:
+        notes.append("no usable search query from the model; searching the question as asked")
+        query = " ".join(question.split())
+    return RewriteOutput(search_query=query, filters=filters, fallback=fallback, notes=notes)
+
+
+def trim_history(
+    history: Sequence[BaseMessage], *, max_tokens: int, count_tokens: Callable[[str], int]
+) -> list[BaseMessage]:
+    """Newest turns first, within ``max_tokens``; never a turn split in half."""
+    if not history:
+        return []
+
+    def counter(messages: list[BaseMessage]) -> int:
+        return sum(count_tokens(str(m.content)) + 4 for m in messages)
+
+    return trim_messages(
+        list(history),
+        max_tokens=max_tokens,
+        token_counter=counter,
+        strategy="last",
+        start_on="human",
+        end_on=("ai", "human"),
+        allow_partial=False,
+    )
+
+
+def build_rewrite_chain(
+    *,
+    llm: BaseChatModel,
+    prompts: PromptRegistry,
+    fields: Mapping[str, str],
+    count_tokens: Callable[[str], int],
+    history_tokens: int = 1024,
+) -> Runnable[RewriteInput | dict[str, Any], RewriteOutput]:
+    """History-aware query rewriting with tool calls, glossary expansion and safe fallbacks.
+
+    The prompt (domain, version) is chosen per request through ``configurable``.
+    """
+    use_tools = supports_tool_calling(llm)
+    tools = build_tools(fields)
+    field_text = describe_fields(fields)
+
+    def rewrite(inputs: RewriteInput | dict[str, Any], config: RunnableConfig) -> RewriteOutput:
+        data = inputs if isinstance(inputs, RewriteInput) else RewriteInput.model_validate(inputs)
+        configurable = config.get("configurable") or {}
+        prompt = prompts.select("rewrite", configurable)
+        domain = prompts.domain(configurable.get("domain"))
+        params = prompt.model_parameters
+        model: Runnable[Any, Any] = llm.bind_tools(tools) if use_tools else llm
+        model = model.bind(temperature=params.temperature, max_tokens=params.max_tokens)
+        history = trim_history(
+            data.chat_history, max_tokens=history_tokens, count_tokens=count_tokens
+        )
+        try:
+            reply = (prompt.template | model).invoke(
+                {"question": data.question, "fields": field_text, "chat_history": history},
+                config,
+            )
+        except (json.JSONDecodeError, ValueError) as exc:
+            # Some providers raise while parsing malformed tool-call JSON.
+            reply = AIMessage(content="")
+            note = f"the model's reply could not be parsed ({type(exc).__name__})"
+        else:
+            note = ""
+        out = interpret(reply, data.question, fields)
+        if note:
+            out.notes.insert(0, note)
+        if domain.expand_glossary and domain.glossary:
+            out.search_query = expand_glossary(out.search_query, domain.glossary)
+        out.prompt = prompt.ref
+        return out
+
+    return (
+        RunnableLambda(rewrite)
+        .with_types(input_type=RewriteInput, output_type=RewriteOutput)
+        .with_config(run_name="rewrite")
+    )
