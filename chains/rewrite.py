@@ -11,7 +11,6 @@ an invalid filter is dropped with a note, never run.
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -254,20 +253,17 @@ def build_rewrite_chain(
         history = trim_history(
             data.chat_history, max_tokens=history_tokens, count_tokens=count_tokens
         )
+        notes = []
         try:
             reply = (prompt.template | model).invoke(
                 {"question": data.question, "fields": field_text, "chat_history": history},
                 config,
             )
-        except (json.JSONDecodeError, ValueError) as exc:
-            # Some providers raise while parsing malformed tool-call JSON.
+        except ValueError as exc:  # some providers raise on malformed tool-call JSON
             reply = AIMessage(content="")
-            note = f"the model's reply could not be parsed ({type(exc).__name__})"
-        else:
-            note = ""
+            notes.append(f"the model's reply could not be parsed ({type(exc).__name__})")
         out = interpret(reply, data.question, fields)
-        if note:
-            out.notes.insert(0, note)
+        out.notes[:0] = notes
         if domain.expand_glossary and domain.glossary:
             out.search_query = expand_glossary(out.search_query, domain.glossary)
         out.prompt = prompt.ref

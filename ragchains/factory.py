@@ -50,7 +50,9 @@ def build_embedder(settings: Settings) -> SentenceTransformerEmbedder:
 
 def open_index(index_dir: str | Path, embedder: SentenceTransformerEmbedder) -> SearchIndex:
     """Load an index, refusing one built with another embedder."""
-    return load_index(index_dir, embedder_name=embedder.name)
+    index = load_index(index_dir, embedder_name=embedder.name)
+    _ = index.columns  # build the filter columns now, not during the first query
+    return index
 
 
 def build_retriever(

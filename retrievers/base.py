@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
     CallbackManagerForRetrieverRun,
@@ -35,6 +36,14 @@ class IndexRetriever(BaseRetriever):
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         raise NotImplementedError
+
+    def _ranked_documents(self, rows: np.ndarray, scores: np.ndarray, name: str) -> list[Document]:
+        """Documents for ranked rows, each tagged with ``<name>_score`` and ``<name>_rank``."""
+        docs = self.index.store.documents(rows.tolist())
+        for rank, (doc, score) in enumerate(zip(docs, scores, strict=True), start=1):
+            doc.metadata[f"{name}_score"] = float(score)
+            doc.metadata[f"{name}_rank"] = rank
+        return docs
 
     def _get_relevant_documents(
         self,

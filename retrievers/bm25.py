@@ -70,8 +70,4 @@ class BM25Retriever(IndexRetriever):
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         rows, scores = bm25_search(self.index.bm25, query, k, self.index.columns.mask(filters))
-        docs = self.index.store.documents(rows.tolist())
-        for rank, (doc, score) in enumerate(zip(docs, scores, strict=True), start=1):
-            doc.metadata["bm25_score"] = float(score)
-            doc.metadata["bm25_rank"] = rank
-        return docs
+        return self._ranked_documents(rows, scores, "bm25")

@@ -91,8 +91,4 @@ class FaissRetriever(IndexRetriever):
             k,
             self.index.columns.mask(filters),
         )
-        docs = self.index.store.documents(rows.tolist())
-        for rank, (doc, score) in enumerate(zip(docs, scores, strict=True), start=1):
-            doc.metadata["dense_score"] = float(score)
-            doc.metadata["dense_rank"] = rank
-        return docs
+        return self._ranked_documents(rows, scores, "dense")

@@ -28,6 +28,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -352,18 +353,22 @@ class ChunkStore:
 
 @dataclass
 class SearchIndex:
-    """A loaded generation: chunk store, BM25, FAISS and typed metadata columns."""
+    """A loaded generation: chunk store, BM25, FAISS and (lazily) typed metadata columns."""
 
     path: Path
     manifest: dict[str, Any]
     store: ChunkStore
     bm25: bm25s.BM25
     dense: faiss.Index
-    columns: MetadataColumns
 
     @property
     def fields(self) -> dict[str, str]:
-        return dict(self.manifest["fields"])
+        return self.manifest["fields"]  # type: ignore[no-any-return]
+
+    @cached_property
+    def columns(self) -> MetadataColumns:
+        """Typed filter columns, built on first use: re-ingesting never needs them."""
+        return MetadataColumns(list(self.store.iter_metadata()), self.fields)
 
     def __len__(self) -> int:
         return int(self.manifest["chunk_count"])
@@ -403,43 +408,48 @@ def load_index(
     for name in (CHUNKS_FILE, DENSE_FILE, BM25_DIR):
         if not (gen / name).exists():
             raise IndexDamagedError(f"index {index_dir} is damaged: {name} is missing")
-    expected = manifest.get("chunk_count")
     try:
         store = ChunkStore(gen / CHUNKS_FILE)
+    except sqlite3.DatabaseError as exc:
+        raise IndexDamagedError(f"index {index_dir} is damaged: {CHUNKS_FILE}: {exc}") from exc
+    try:
+        return _check_and_open(index_dir, gen, manifest, store)
+    except BaseException:
+        store.close()
+        raise
+
+
+def _check_and_open(
+    index_dir: str | Path, gen: Path, manifest: dict[str, Any], store: ChunkStore
+) -> SearchIndex:
+    try:
         stored = store.count()
     except sqlite3.DatabaseError as exc:
         raise IndexDamagedError(f"index {index_dir} is damaged: {CHUNKS_FILE}: {exc}") from exc
     try:
         dense = faiss.read_index(str(gen / DENSE_FILE))
     except RuntimeError as exc:
-        store.close()
         raise IndexDamagedError(
             f"index {index_dir} is damaged: {DENSE_FILE} cannot be read"
         ) from exc
     try:
         bm25 = bm25s.BM25.load(str(gen / BM25_DIR), allow_pickle=False, show_progress=False)
     except Exception as exc:  # bm25s raises several kinds on truncated or missing arrays
-        store.close()
         raise IndexDamagedError(
             f"index {index_dir} is damaged: {BM25_DIR}/ cannot be read ({exc})"
         ) from exc
     counts = {
-        "manifest": expected,
+        "manifest": manifest.get("chunk_count"),
         "chunks.sqlite": stored,
         "dense.faiss": dense.ntotal,
         "bm25": int(bm25.scores["num_docs"]),
     }
     if len(set(counts.values())) != 1:
-        store.close()
         detail = ", ".join(f"{k}={v}" for k, v in counts.items())
         raise IndexDamagedError(f"index {index_dir} is damaged: row counts disagree ({detail})")
-    if dense.d != embedder.get("dimension"):
-        store.close()
+    dimension = (manifest.get("embedder") or {}).get("dimension")
+    if dense.d != dimension:
         raise IndexDamagedError(
-            f"index {index_dir} is damaged: FAISS dimension {dense.d} != manifest "
-            f"{embedder.get('dimension')}"
+            f"index {index_dir} is damaged: FAISS dimension {dense.d} != manifest {dimension}"
         )
-    columns = MetadataColumns(list(store.iter_metadata()), manifest["fields"])
-    return SearchIndex(
-        path=gen, manifest=manifest, store=store, bm25=bm25, dense=dense, columns=columns
-    )
+    return SearchIndex(path=gen, manifest=manifest, store=store, bm25=bm25, dense=dense)

@@ -61,7 +61,6 @@ def run(prompts: PromptRegistry, reply: AIMessage, **config: Any) -> Any:
 @pytest.mark.parametrize(
     "reply",
     [
-        AIMessage(content="I will help you find sensors."),  # no tool call, prose
         AIMessage(content="", tool_calls=[call("search_sources", search_query="0")]),
         AIMessage(content="", tool_calls=[call("search_sources", search_query="")]),
         AIMessage(content="", tool_calls=[call("search_sources", search_query="empty string")]),
@@ -85,7 +84,6 @@ def run(prompts: PromptRegistry, reply: AIMessage, **config: Any) -> Any:
         AIMessage(content=""),
     ],
     ids=[
-        "prose",
         "zero",
         "empty",
         "empty-string-words",
@@ -100,13 +98,14 @@ def run(prompts: PromptRegistry, reply: AIMessage, **config: Any) -> Any:
 )
 def test_junk_falls_back_to_the_question(prompts: PromptRegistry, reply: AIMessage) -> None:
     out = run(prompts, reply)
-    if reply.content == "I will help you find sensors.":
-        # A plain-text reply with no call syntax is taken as the query itself.
-        assert out.search_query == "I will help you find sensors." and not out.fallback
-        return
     assert out.fallback is True
     assert out.search_query == QUESTION
     assert any("searching the question as asked" in n for n in out.notes)
+
+
+def test_plain_reply_without_call_syntax_is_the_query(prompts: PromptRegistry) -> None:
+    out = run(prompts, AIMessage(content="soil moisture sensors\nunder 100 dollars"))
+    assert out.search_query == "soil moisture sensors" and not out.fallback
 
 
 def test_quoted_query_is_unquoted(prompts: PromptRegistry) -> None:
