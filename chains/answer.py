@@ -3,21 +3,30 @@
 Kept chunks are shown to the model as ``[label] text`` blocks. The model cites with those labels
 in square brackets; ``parse_citations`` maps the markers back to chunks, in order of first use,
 and drops markers that name no chunk it was given.
+
+The stage streams: ``{"answer": token}`` events, then one event with the citations. For a model
+that takes a GBNF grammar (the embedded llama.cpp one) decoding is constrained so that every
+sentence ends with the label of a given chunk, or the reply is exactly the don't-know sentence:
+small models otherwise forget to cite.
 """
 
 from __future__ import annotations
 
+import json
 import re
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.documents import Document
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator
+from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
+from chains.llm import LLM
+from chains.rewrite import trim_history
 from prompts.registry import PromptRegistry
 
 DONT_KNOW = "I don't know based on the available documents."
@@ -34,12 +43,14 @@ class Citation(BaseModel):
 
 
 class AnswerInput(BaseModel):
-    question: str
+    question: str = Field(min_length=1)
     chat_history: list[BaseMessage] = Field(default_factory=list)
     documents: list[Document] = Field(default_factory=list)
 
 
 class AnswerOutput(BaseModel):
+    """What ``invoke`` returns (as a dict): the stream's events merged."""
+
     answer: str
     citations: list[Citation]
     abstained: bool
@@ -92,39 +103,119 @@ def parse_citations(answer: str, documents: Sequence[Document]) -> list[Citation
     return cited
 
 
-def build_answer_chain(
-    *, llm: BaseChatModel, prompts: PromptRegistry
-) -> Runnable[AnswerInput | dict[str, Any], AnswerOutput]:
-    """Answer from the given chunks only, with citations; abstain without calling the LLM
-    when no chunk survived compression."""
+def citation_grammar(labels: Sequence[str], *, sentences: int = 3) -> str:
+    """GBNF: the don't-know sentence, or 1..``sentences`` sentences each ending in a label."""
+    choices = " | ".join(json.dumps(label) for label in dict.fromkeys(labels))
+    return (
+        f'root ::= dontknow | sentence (" " sentence){{0,{sentences - 1}}}\n'
+        f"dontknow ::= {json.dumps(DONT_KNOW)}\n"
+        'sentence ::= text " [" label "]" "."?\n'
+        "text ::= [^\\[\\]\\n] [^\\[\\]\\n]{0,159}\n"
+        f"label ::= {choices}\n"
+    )
 
-    def answer(inputs: AnswerInput | dict[str, Any], config: RunnableConfig) -> AnswerOutput:
+
+@dataclass
+class _Plan:
+    chain: Runnable[dict[str, Any], str] | None  # None: abstain without calling the LLM
+    variables: dict[str, Any]
+    documents: list[Document]
+    prompt: str | None
+
+
+def _strip_leading(pieces: Iterator[str]) -> Iterator[str]:
+    started = False
+    for piece in pieces:
+        if not started:
+            piece = piece.lstrip()
+            started = bool(piece)
+        if piece:
+            yield piece
+
+
+def _ending(text: str, plan: _Plan) -> AddableDict:
+    """The stream's last event: citations parsed from the whole answer."""
+    citations = parse_citations(text, plan.documents)
+    abstained = plan.chain is None or (
+        not citations and DONT_KNOW.lower().rstrip(".") in text.lower()
+    )
+    return AddableDict(
+        citations=[c.model_dump() for c in citations], abstained=abstained, prompt=plan.prompt
+    )
+
+
+def build_answer_chain(
+    *, llm: LLM, prompts: PromptRegistry, history_tokens: int = 1024
+) -> Runnable[AnswerInput | dict[str, Any], dict[str, Any]]:
+    """Answer from the given chunks only, with citations; abstain without calling the LLM
+    when no chunk survived compression. Streams ``answer`` tokens, then ``citations``."""
+
+    def plan(inputs: AnswerInput | dict[str, Any], config: RunnableConfig) -> _Plan:
         data = inputs if isinstance(inputs, AnswerInput) else AnswerInput.model_validate(inputs)
         if not data.documents:
-            return AnswerOutput(answer=DONT_KNOW, citations=[], abstained=True)
+            return _Plan(None, {}, [], None)
         prompt = prompts.select("answer", config.get("configurable"))
         params = prompt.model_parameters
-        chain = (
-            prompt.template
-            | llm.bind(temperature=params.temperature, max_tokens=params.max_tokens)
-            | StrOutputParser()
+        labels = [str(d.metadata.get("citation", d.id)) for d in data.documents]
+        model = llm.bound(
+            temperature=params.temperature,
+            max_tokens=params.max_tokens,
+            grammar=citation_grammar(labels),
         )
-        text = chain.invoke(
-            {
-                "question": data.question,
-                "context": format_context(data.documents),
-                "chat_history": data.chat_history,
-            },
-            config,
-        ).strip()
-        citations = parse_citations(text, data.documents)
-        abstained = not citations and DONT_KNOW.lower().rstrip(".") in text.lower()
-        return AnswerOutput(
-            answer=text, citations=citations, abstained=abstained, prompt=prompt.ref
+        history = trim_history(
+            data.chat_history, max_tokens=history_tokens, count_tokens=llm.count_tokens
+        )
+        variables = {
+            "question": data.question,
+            "context": format_context(data.documents),
+            "chat_history": history,
+        }
+        return _Plan(
+            prompt.template | model | StrOutputParser(), variables, data.documents, prompt.ref
         )
 
+    def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
+        p = plan(_single(inputs), config)
+        if p.chain is None:
+            yield AddableDict(answer=DONT_KNOW)
+            yield _ending(DONT_KNOW, p)
+            return
+        parts = []
+        for piece in _strip_leading(p.chain.stream(p.variables, config)):
+            parts.append(piece)
+            yield AddableDict(answer=piece)
+        yield _ending("".join(parts), p)
+
+    async def astream(
+        inputs: AsyncIterator[Any], config: RunnableConfig
+    ) -> AsyncIterator[AddableDict]:
+        items = [item async for item in inputs]
+        p = plan(_single(iter(items)), config)
+        if p.chain is None:
+            yield AddableDict(answer=DONT_KNOW)
+            yield _ending(DONT_KNOW, p)
+            return
+        parts: list[str] = []
+        async for piece in p.chain.astream(p.variables, config):
+            if not parts:
+                piece = piece.lstrip()
+            if piece:
+                parts.append(piece)
+                yield AddableDict(answer=piece)
+        yield _ending("".join(parts), p)
+
     return (
-        RunnableLambda(answer)
+        RunnableGenerator(stream, astream)
         .with_types(input_type=AnswerInput, output_type=AnswerOutput)
         .with_config(run_name="answer")
     )
+
+
+def _single(inputs: Iterator[Any]) -> Any:
+    """The one input a stage was given (a stage's input arrives as an iterator of chunks)."""
+    last = None
+    for item in inputs:
+        last = item
+    if last is None:
+        raise ValueError("the answer stage got no input")
+    return last

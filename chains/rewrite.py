@@ -4,23 +4,29 @@ With a tool-calling model the LLM gets three tools: ``search_sources(search_quer
 ``search_by_filename(filename)`` and ``add_filter(field, op, value)`` whose JSON schema lists
 the index's own metadata fields. A model without tool calling answers in plain text in the
 same call syntax the few-shots show (``search_sources(search_query='...')``), or with a bare
-query. Whatever comes back is sanitised: no usable query means the raw question is searched;
-an invalid filter is dropped with a note, never run.
+query; a model that takes a GBNF grammar (llama.cpp) is held to that syntax while it decodes.
+Whatever comes back is sanitised: no usable query means the raw question is searched; an
+invalid filter is dropped with a note, never run.
+
+A domain may ask for multi-query: the model writes N-1 more phrasings, and retrieval fuses
+the N result lists by reciprocal rank fusion.
 """
 
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, trim_messages
+from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from pydantic import BaseModel, Field
 
-from prompts.registry import PromptRegistry
+from chains.llm import LLM
+from prompts.registry import Domain, PromptRegistry
 from retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
 
 SEARCH_TOOL = "search_sources"
@@ -31,19 +37,28 @@ _EMPTY_REPLIES = frozenset({"", "0", "empty string", "none", "null", "n/a", "no 
 _QUOTES = "\"'`“”‘’"
 _CALL = re.compile(r"(search_sources|search_by_filename|add_filter)\s*\((.*?)\)\s*(?:;|$)", re.S)
 MAX_QUERY_CHARS = 400
+# A reply longer than this, or one with citation markers, is an answer, not a query.
+MAX_PROSE_QUERY_WORDS = 16
+_CITATION_LIKE = re.compile(r"\[[^\]\s]+[#.][^\]]*\]")
+_LIST_MARK = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 
 
 class RewriteInput(BaseModel):
-    question: str
+    question: str = Field(min_length=1)
     chat_history: list[BaseMessage] = Field(default_factory=list)
 
 
 class RewriteOutput(BaseModel):
     search_query: str
     filters: list[MetadataFilter] = Field(default_factory=list)
+    alternatives: list[str] = Field(
+        default_factory=list, description="more phrasings (multi-query), fused by RRF"
+    )
     fallback: bool = Field(False, description="the raw question was used as the query")
     notes: list[str] = Field(default_factory=list)
-    prompt: str | None = None
+    prompts: dict[str, str] = Field(
+        default_factory=dict, description='prompt refs used, e.g. {"rewrite": "hr/rewrite@v2"}'
+    )
 
 
 def sanitize_query(raw: Any) -> str | None:
@@ -128,12 +143,35 @@ def build_tools(fields: Mapping[str, str]) -> list[dict[str, Any]]:
     ]
 
 
-def supports_tool_calling(llm: BaseChatModel) -> bool:
-    try:
-        llm.bind_tools(build_tools({"source": "string"}))
-    except (NotImplementedError, ValueError, TypeError):
-        return False
-    return True
+_GBNF_TEXT = r"[^'\\\n] [^'\\\n]"
+
+
+def call_grammar(fields: Mapping[str, str]) -> str:
+    """GBNF for the plain-text call syntax: one search or file lookup, then up to three
+    filters on the index's own fields with known operators."""
+    rules = [
+        'root ::= lookup (";" " " filter){0,3}' if fields else "root ::= lookup",
+        'lookup ::= "search_sources(search_query=\'" text "\')" '
+        '| "search_by_filename(filename=\'" text "\')"',
+        f"text ::= {_GBNF_TEXT}{{0,149}}",
+    ]
+    if fields:
+        rules += [
+            'filter ::= "add_filter(field=\'" field "\', op=\'" op "\', value=" value ")"',
+            "field ::= " + " | ".join(json.dumps(name) for name in sorted(fields)),
+            "op ::= " + " | ".join(json.dumps(op) for op in OPERATORS),
+            'value ::= item | "True" | "False" | "[" item (", " item){0,7} "]"',
+            "item ::= number | string",
+            'number ::= "-"? [0-9] [0-9]{0,8} ("." [0-9]{1,4})?',
+            f'string ::= "\'" {_GBNF_TEXT}{{0,59}} "\'"',
+        ]
+    return "\n".join(rules) + "\n"
+
+
+def lines_grammar(count: int) -> str:
+    """GBNF for exactly ``count`` non-empty lines (multi-query phrasings, a re-query)."""
+    more = f' ("\\n" line){{{count - 1}}}' if count > 1 else ""
+    return f"root ::= line{more}\nline ::= [^\\n] [^\\n]{{0,149}}\n"
 
 
 def _text_calls(text: str) -> list[dict[str, Any]]:
@@ -196,13 +234,35 @@ def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]
                 notes.append(f"dropped filter: {exc}")
         else:
             notes.append(f"ignored unknown tool {name!r}")
-    if query is None and not calls and text:
-        query = sanitize_query(text.strip().splitlines()[0] if text.strip() else "")
+    if query is None and not calls and text.strip():
+        query = _prose_query(text)
+        if query is None:
+            notes.append("the model answered in prose instead of writing a query")
     fallback = query is None
     if fallback:
         notes.append("no usable search query from the model; searching the question as asked")
         query = " ".join(question.split())
     return RewriteOutput(search_query=query, filters=filters, fallback=fallback, notes=notes)
+
+
+def _prose_query(text: str) -> str | None:
+    """A bare query written as text; a long or cited reply is an answer, not a query."""
+    first = text.strip().splitlines()[0]
+    if len(first.split()) > MAX_PROSE_QUERY_WORDS or _CITATION_LIKE.search(first):
+        return None
+    return sanitize_query(first)
+
+
+def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
+    """Up to ``count`` distinct phrasings, one per line, list marks removed."""
+    seen = {main.casefold()}
+    found = []
+    for line in text.splitlines():
+        query = sanitize_query(_LIST_MARK.sub("", line))
+        if query and query.casefold() not in seen:
+            seen.add(query.casefold())
+            found.append(query)
+    return found[:count]
 
 
 def trim_history(
@@ -228,19 +288,34 @@ def trim_history(
 
 def build_rewrite_chain(
     *,
-    llm: BaseChatModel,
+    llm: LLM,
     prompts: PromptRegistry,
     fields: Mapping[str, str],
-    count_tokens: Callable[[str], int],
     history_tokens: int = 1024,
 ) -> Runnable[RewriteInput | dict[str, Any], RewriteOutput]:
     """History-aware query rewriting with tool calls, glossary expansion and safe fallbacks.
 
     The prompt (domain, version) is chosen per request through ``configurable``.
     """
-    use_tools = supports_tool_calling(llm)
     tools = build_tools(fields)
+    grammar = call_grammar(fields)
     field_text = describe_fields(fields)
+
+    def alternatives(
+        question: str, query: str, domain: Domain, configurable: Mapping[str, Any], config: Any
+    ) -> tuple[list[str], str]:
+        wanted = domain.multi_query - 1
+        prompt = prompts.select("multi_query", configurable)
+        params = prompt.model_parameters
+        model = llm.bound(
+            temperature=params.temperature,
+            max_tokens=params.max_tokens,
+            grammar=lines_grammar(wanted),
+        )
+        text = (prompt.template | model | StrOutputParser()).invoke(
+            {"question": question, "search_query": query, "n": wanted}, config
+        )
+        return parse_alternatives(text, main=query, count=wanted), prompt.ref
 
     def rewrite(inputs: RewriteInput | dict[str, Any], config: RunnableConfig) -> RewriteOutput:
         data = inputs if isinstance(inputs, RewriteInput) else RewriteInput.model_validate(inputs)
@@ -248,10 +323,14 @@ def build_rewrite_chain(
         prompt = prompts.select("rewrite", configurable)
         domain = prompts.domain(configurable.get("domain"))
         params = prompt.model_parameters
-        model: Runnable[Any, Any] = llm.bind_tools(tools) if use_tools else llm
-        model = model.bind(temperature=params.temperature, max_tokens=params.max_tokens)
+        model = llm.bound(
+            temperature=params.temperature,
+            max_tokens=params.max_tokens,
+            tools=tools,
+            grammar=grammar,
+        )
         history = trim_history(
-            data.chat_history, max_tokens=history_tokens, count_tokens=count_tokens
+            data.chat_history, max_tokens=history_tokens, count_tokens=llm.count_tokens
         )
         notes = []
         try:
@@ -264,9 +343,14 @@ def build_rewrite_chain(
             notes.append(f"the model's reply could not be parsed ({type(exc).__name__})")
         out = interpret(reply, data.question, fields)
         out.notes[:0] = notes
+        out.prompts["rewrite"] = prompt.ref
+        if domain.multi_query > 1:
+            out.alternatives, out.prompts["multi_query"] = alternatives(
+                data.question, out.search_query, domain, configurable, config
+            )
         if domain.expand_glossary and domain.glossary:
             out.search_query = expand_glossary(out.search_query, domain.glossary)
-        out.prompt = prompt.ref
+            out.alternatives = [expand_glossary(q, domain.glossary) for q in out.alternatives]
         return out
 
     return (

@@ -118,6 +118,23 @@ def ingest_command(
     )
 
 
+def _parse_filters(filters: tuple[tuple[str, str, str], ...], fields: dict[str, str]) -> list[Any]:
+    """``--filter FIELD OP VALUE`` options, typed by the index's fields and checked."""
+    from retrievers.filters import OPERATORS, FilterError, parse_cli_value, validate_filters
+
+    try:
+        raw = []
+        for field, op, value in filters:
+            if op not in OPERATORS:
+                _fail(f"unknown filter operator {op!r}; use one of {' '.join(OPERATORS)}")
+            raw.append(
+                {"field": field, "op": op, "value": parse_cli_value(field, op, value, fields)}
+            )
+        return validate_filters(raw, fields)
+    except FilterError as exc:
+        _fail(str(exc))
+
+
 @app.command("retrieve")
 @click.argument("query")
 @click.option(
@@ -156,7 +173,6 @@ def retrieve_command(
     Prints the ranked chunks with their citation labels and scores.
     """
     from ragchains.factory import build_compressor, build_embedder, build_retriever, open_index
-    from retrievers.filters import OPERATORS, FilterError, parse_cli_value, validate_filters
     from retrievers.index import IndexLoadError
 
     settings = _settings()
@@ -167,16 +183,7 @@ def retrieve_command(
         search_index = open_index(index, embedder)
     except IndexLoadError as exc:
         _fail(str(exc))
-    try:
-        raw_filters = []
-        for field, op, raw in filters or []:
-            if op not in OPERATORS:
-                _fail(f"unknown filter operator {op!r}; use one of {' '.join(OPERATORS)}")
-            value = parse_cli_value(field, op, raw, search_index.fields)
-            raw_filters.append({"field": field, "op": op, "value": value})
-        checked = validate_filters(raw_filters, search_index.fields)
-    except FilterError as exc:
-        _fail(str(exc))
+    checked = _parse_filters(filters, search_index.fields)
     retriever = build_retriever(settings, search_index, embedder)
     want = k or settings.k
     docs = retriever.invoke(query, k=want if not rerank else max(want, settings.k), filters=checked)
@@ -230,6 +237,170 @@ def retrieve_command(
         snippet = " ".join(r["text"].split())
         limit = max(40, width - 6)
         click.echo(f"    {snippet[:limit]}{'…' if len(snippet) > limit else ''}")
+
+
+def _parse_prompt_versions(values: tuple[str, ...]) -> int | str | dict[str, str] | None:
+    """``--prompt-version 2`` for every prompt, or ``--prompt-version rewrite=2`` per prompt."""
+    if not values:
+        return None
+    mapping: dict[str, str] = {}
+    for value in values:
+        name, sep, version = value.partition("=")
+        if not sep:
+            if len(values) > 1:
+                _fail("give one --prompt-version N, or NAME=N for each prompt")
+            return value
+        mapping[name.strip()] = version.strip()
+    return mapping
+
+
+def _load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
+    """Models, index and graphs, with every problem reported as one line before any work."""
+    from chains.graph import check_configurable
+    from prompts.registry import PromptFileError, PromptRegistry, PromptSelectionError
+    from ragchains.factory import build_service
+    from ragchains.llms import LLMConfigError
+    from retrievers.index import IndexLoadError
+
+    try:
+        check_configurable(PromptRegistry(), configurable, mode)
+        return build_service(settings, index)
+    except (IndexLoadError, LLMConfigError, PromptFileError, PromptSelectionError) as exc:
+        _fail(str(exc))
+    except ValueError as exc:
+        _fail(str(exc))
+
+
+def _print_turn(events: Any, *, show_query: bool) -> str:
+    """Stream one turn: the answer as it is written, then what it cites."""
+    out: dict[str, Any] = {}
+    for event in events:
+        if "answer" in event:
+            click.echo(event["answer"], nl=False)
+        for key, value in event.items():
+            out[key] = out.get(key, "") + value if key == "answer" else value
+    click.echo()
+    if show_query:
+        filters = " ".join(f"{f['field']}{f['op']}{f['value']!r}" for f in out.get("filters", []))
+        searched = out.get("search_query", "")
+        click.echo(f"  searched: {searched}" + (f"  filters: {filters}" if filters else ""))
+    for n, cite in enumerate(out.get("citations", []), start=1):
+        page = f", page {cite['page']}" if cite.get("page") else ""
+        click.echo(f"  [{n}] {cite['label']}  ({cite['source']}{page})")
+    if out.get("abstained") and out.get("sources") == []:
+        click.echo("  (no chunk passed the relevance threshold; the model was not asked)")
+    return str(out.get("answer", ""))
+
+
+_DOMAIN = click.option(
+    "--domain", help="Prompt domain (e.g. hr, catalog); default: the 'default' domain."
+)
+_PROMPT_VERSION = click.option(
+    "--prompt-version",
+    "prompt_versions",
+    multiple=True,
+    metavar="N|NAME=N",
+    help="Prompt version: N for every prompt, or NAME=N (e.g. rewrite=2), repeatable. "
+    "Default: the latest.",
+)
+_K = click.option("--k", type=click.IntRange(1, 200), help="Chunks retrieved before reranking.")
+
+
+def _configurable(domain: str | None, versions: tuple[str, ...], k: int | None) -> dict[str, Any]:
+    chosen: dict[str, Any] = {"domain": domain, "prompt_version": _parse_prompt_versions(versions)}
+    chosen["k"] = k
+    return {key: value for key, value in chosen.items() if value is not None}
+
+
+@app.command("ask")
+@click.argument("question")
+@click.option("--index", required=True, type=click.Path(path_type=Path), help="Index folder.")
+@_DOMAIN
+@_PROMPT_VERSION
+@_K
+@click.option(
+    "--filter",
+    "filters",
+    nargs=3,
+    multiple=True,
+    metavar="FIELD OP VALUE",
+    help="Metadata filter, as for `retrieve`; repeat to AND them.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the whole answer object as JSON.")
+def ask_command(
+    question: str,
+    index: Path,
+    domain: str | None,
+    prompt_versions: tuple[str, ...],
+    k: int | None,
+    filters: tuple[tuple[str, str, str], ...],
+    as_json: bool,
+) -> None:
+    """Answer QUESTION from the index, citing the chunks used (single turn, no rewrite).
+
+    Runs on the configured chat model: by default the embedded SmolLM2, offline.
+    """
+    if not question.strip():
+        _fail("the question is empty")
+    settings = _settings()
+    configurable = _configurable(domain, prompt_versions, k)
+    service = _load_service(settings, index, configurable, "ask")
+    checked = _parse_filters(filters, service.index.fields)
+    request = {"question": question, "filters": checked}
+    config = {"configurable": configurable}
+    if as_json:
+        result = service.graphs.ask.invoke(request, config)
+        click.echo(json.dumps(result, indent=2, ensure_ascii=False, default=str))
+        return
+    _print_turn(service.graphs.ask.stream(request, config), show_query=False)
+
+
+@app.command("chat")
+@click.option("--index", required=True, type=click.Path(path_type=Path), help="Index folder.")
+@_DOMAIN
+@_PROMPT_VERSION
+@_K
+def chat_command(
+    index: Path, domain: str | None, prompt_versions: tuple[str, ...], k: int | None
+) -> None:
+    """Chat with the index: follow-up questions are rewritten with the conversation so far.
+
+    Type a question and press Enter. /reset forgets the conversation; /quit, or Ctrl-D, ends.
+    Reads questions from standard input line by line when it is not a terminal.
+    """
+    from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+
+    settings = _settings()
+    configurable = _configurable(domain, prompt_versions, k)
+    service = _load_service(settings, index, configurable, "chat")
+    interactive = sys.stdin.isatty()
+    if interactive:
+        click.echo("Ask a question (/reset to start over, /quit to leave).")
+    history: list[BaseMessage] = []
+    while True:
+        if interactive:
+            click.echo("> ", nl=False)
+        line = sys.stdin.readline()
+        if not line:
+            break
+        question = line.strip()
+        if not question:
+            continue
+        if question in ("/quit", "/exit"):
+            break
+        if question == "/reset":
+            history = []
+            click.echo("(conversation cleared)")
+            continue
+        try:
+            events = service.graphs.chat.stream(
+                {"question": question, "chat_history": history}, {"configurable": configurable}
+            )
+            answer = _print_turn(events, show_query=True)
+        except ValueError as exc:  # a bad filter or option in this turn; the session goes on
+            click.echo(f"error: {exc}", err=True)
+            continue
+        history += [HumanMessage(question), AIMessage(answer)]
 
 
 def run() -> None:

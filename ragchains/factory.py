@@ -9,9 +9,14 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
+from chains.graph import REQUIRED_PROMPTS, Graphs, RequeryPolicy, build_graphs
+from chains.llm import LLM
+from chains.retrieve import Searcher
 from ingest.pipeline import IngestReport, ingest
+from prompts.registry import PromptRegistry
 from ragchains.settings import Settings
 from retrievers.compressors import (
     EmbeddingSimilarityScorer,
@@ -76,6 +81,74 @@ def build_compressor(settings: Settings, embedder: SentenceTransformerEmbedder) 
         top_n=settings.rerank_top_n,
         threshold=settings.rerank_threshold,
     )
+
+
+def build_llm(settings: Settings) -> LLM:
+    """The configured chat model; ``LLMConfigError`` says what is missing."""
+    from ragchains import llms  # imports llama.cpp / openai clients only when a model is wanted
+
+    if settings.llm_provider == "embedded":
+        return llms.embedded_llm(
+            settings.llm_model_path,
+            context_tokens=settings.llm_context_tokens,
+            threads=settings.llm_threads,
+            seed=settings.llm_seed,
+        )
+    return llms.openai_llm(
+        model=settings.openai_model,
+        base_url=settings.openai_base_url,
+        api_key=settings.openai_api_key,
+        timeout=settings.llm_timeout,
+        max_retries=settings.llm_max_retries,
+        fallback_model=settings.openai_fallback_model,
+    )
+
+
+@dataclass
+class Service:
+    """Everything a chat turn needs, loaded once: models, index, prompts and the graphs."""
+
+    settings: Settings
+    embedder: SentenceTransformerEmbedder
+    index: SearchIndex
+    compressor: RerankCompressor
+    llm: LLM
+    prompts: PromptRegistry
+    graphs: Graphs
+
+
+def build_service(
+    settings: Settings,
+    index_dir: str | Path,
+    *,
+    llm: LLM | None = None,
+    embedder: SentenceTransformerEmbedder | None = None,
+) -> Service:
+    """Load the index and every model, check the prompt files, and build the graphs.
+
+    Fails early (IndexLoadError, PromptFileError, LLMConfigError) rather than at the first
+    request.
+    """
+    prompts = PromptRegistry(required=REQUIRED_PROMPTS)
+    embedder = embedder or build_embedder(settings)
+    index = open_index(index_dir, embedder)
+    compressor = build_compressor(settings, embedder)
+    compressor.warm_up()
+    llm = llm or build_llm(settings)
+    graphs = build_graphs(
+        llm=llm,
+        prompts=prompts,
+        searcher=Searcher(build_retriever(settings, index, embedder), compressor),
+        fields=index.fields,
+        history_tokens=settings.history_tokens,
+        requery=RequeryPolicy(
+            enabled=settings.requery,
+            below=settings.requery_threshold,
+            min_ratio=settings.requery_min_ratio,
+            min_gain=settings.requery_min_gain,
+        ),
+    )
+    return Service(settings, embedder, index, compressor, llm, prompts, graphs)
 
 
 def run_ingest(

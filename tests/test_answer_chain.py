@@ -2,14 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
-from pydantic import Field
 
-from chains.answer import DONT_KNOW, build_answer_chain, format_context, parse_citations
+from chains.answer import (
+    DONT_KNOW,
+    build_answer_chain,
+    citation_grammar,
+    format_context,
+    parse_citations,
+)
+from chains.graph import REQUIRED_PROMPTS
+from chains.llm import LLM
 from prompts.registry import PromptRegistry, PromptSelectionError
+from tests.fakes import NoCallModel, RecordingModel
 
 DOCS = [
     Document(
@@ -41,14 +51,13 @@ DOCS = [
 
 @pytest.fixture(scope="module")
 def prompts() -> PromptRegistry:
-    return PromptRegistry(required=("rewrite", "answer", "requery"))
+    return PromptRegistry(required=REQUIRED_PROMPTS)
 
 
-class NoCallModel(FakeListChatModel):
-    """Fails the test if the chain calls it."""
-
-    def _call(self, *args: object, **kwargs: object) -> str:
-        raise AssertionError("the LLM must not be called")
+def answer_chain(model: FakeListChatModel, prompts: PromptRegistry, **kwargs: object) -> object:
+    return build_answer_chain(
+        llm=LLM(model=model, name="fake", count_tokens=len, **kwargs), prompts=prompts
+    )
 
 
 def test_citations_in_order_of_use_unknown_dropped() -> None:
@@ -74,45 +83,69 @@ def test_context_lists_each_chunk_with_its_label() -> None:
 
 
 def test_no_chunks_abstains_without_calling_the_llm(prompts: PromptRegistry) -> None:
-    chain = build_answer_chain(llm=NoCallModel(responses=["x"]), prompts=prompts)
+    chain = answer_chain(NoCallModel(), prompts)
     out = chain.invoke({"question": "What is the moon made of?", "documents": []})
-    assert out.abstained and out.answer == DONT_KNOW and out.citations == [] and out.prompt is None
+    assert out == {"answer": DONT_KNOW, "citations": [], "abstained": True, "prompt": None}
 
 
 def test_answer_with_citations_and_prompt_ref(prompts: PromptRegistry) -> None:
     llm = FakeListChatModel(
         responses=["The Standard plan costs $45.00 [handbook.md#benefit-plans]."]
     )
-    out = build_answer_chain(llm=llm, prompts=prompts).invoke(
+    out = answer_chain(llm, prompts).invoke(
         {"question": "standard plan cost?", "documents": DOCS},
         config={"configurable": {"domain": "hr"}},
     )
-    assert not out.abstained
-    assert [c.id for c in out.citations] == ["c1"]
-    assert out.prompt == "hr/answer@v1"
+    assert not out["abstained"]
+    assert out["answer"] == "The Standard plan costs $45.00 [handbook.md#benefit-plans]."
+    assert [c["id"] for c in out["citations"]] == ["c1"]
+    assert out["prompt"] == "hr/answer@v1"
+
+
+def test_answer_streams_tokens_then_citations(prompts: PromptRegistry) -> None:
+    llm = FakeListChatModel(responses=["  $45.00 [handbook.md#benefit-plans]."])
+    events = list(answer_chain(llm, prompts).stream({"question": "q", "documents": DOCS}))
+    tokens = [e["answer"] for e in events[:-1]]
+    assert all(set(e) == {"answer"} for e in events[:-1]) and len(tokens) > 5
+    assert "".join(tokens) == "$45.00 [handbook.md#benefit-plans]."  # leading blanks dropped
+    assert set(events[-1]) == {"citations", "abstained", "prompt"}
+    assert events[-1]["citations"][0]["label"] == "handbook.md#benefit-plans"
+
+
+def test_answer_streams_the_same_asynchronously(prompts: PromptRegistry) -> None:
+    llm = FakeListChatModel(responses=["$45.00 [handbook.md#benefit-plans]."])
+    chain = answer_chain(llm, prompts)
+
+    async def collect() -> list:
+        return [e async for e in chain.astream({"question": "q", "documents": DOCS})]
+
+    events = asyncio.run(collect())
+    assert "".join(e.get("answer", "") for e in events) == "$45.00 [handbook.md#benefit-plans]."
+    assert events[-1]["citations"][0]["id"] == "c1"
+
+
+def test_grammar_model_must_cite_a_given_label(prompts: PromptRegistry) -> None:
+    model = RecordingModel(responses=["$45.00 [handbook.md#benefit-plans]."])
+    answer_chain(model, prompts, grammar=True).invoke({"question": "q", "documents": DOCS})
+    (grammar,) = model.grammars
+    assert grammar == citation_grammar(["handbook.md#benefit-plans", "travel.pdf#page=2"])
+    assert 'label ::= "handbook.md#benefit-plans" | "travel.pdf#page=2"' in grammar
+    assert f'dontknow ::= "{DONT_KNOW}"' in grammar
+    answer_chain(model := RecordingModel(responses=["x"]), prompts).invoke(
+        {"question": "q", "documents": DOCS}
+    )
+    assert model.grammars == [None]  # only models that take grammars get one
 
 
 def test_model_saying_it_does_not_know_is_abstention(prompts: PromptRegistry) -> None:
     llm = FakeListChatModel(responses=[DONT_KNOW])
-    out = build_answer_chain(llm=llm, prompts=prompts).invoke(
-        {"question": "capital of France?", "documents": DOCS}
-    )
-    assert out.abstained and out.citations == []
-
-
-class RecordingModel(FakeListChatModel):
-    """Answers from a list and keeps the messages it was sent."""
-
-    seen: list = Field(default_factory=list)
-
-    def _call(self, messages: list, *args: object, **kwargs: object) -> str:
-        self.seen.append(messages)
-        return super()._call(messages, *args, **kwargs)
+    out = answer_chain(llm, prompts).invoke({"question": "capital of France?", "documents": DOCS})
+    assert out["abstained"] and out["citations"] == []
 
 
 def test_rendered_prompt_holds_sources_history_and_question(prompts: PromptRegistry) -> None:
-    llm = RecordingModel(responses=["Children cost $30.00 [handbook.md#benefit-plans]."], seen=[])
-    out = build_answer_chain(llm=llm, prompts=prompts).invoke(
+    llm = RecordingModel(responses=["Children cost $30.00 [handbook.md#benefit-plans]."])
+    out = answer_chain(llm, prompts).invoke(
         {
             "question": "and for children?",
             "chat_history": [HumanMessage("standard plan cost?"), AIMessage("$45.00")],
@@ -126,11 +159,11 @@ def test_rendered_prompt_holds_sources_history_and_question(prompts: PromptRegis
     assert "[travel.pdf#page=2] Hotels up to $220 per night." in messages[0].content
     assert messages[1].content == "standard plan cost?"
     assert messages[-1].content == "and for children?"
-    assert out.prompt == "catalog/answer@v1"
+    assert out["prompt"] == "catalog/answer@v1"
 
 
 def test_unknown_domain_or_version_is_an_error(prompts: PromptRegistry) -> None:
-    chain = build_answer_chain(llm=FakeListChatModel(responses=["x"]), prompts=prompts)
+    chain = answer_chain(FakeListChatModel(responses=["x"]), prompts)
     with pytest.raises(PromptSelectionError, match="unknown domain 'legal'"):
         chain.invoke({"question": "q", "documents": DOCS}, {"configurable": {"domain": "legal"}})
     with pytest.raises(PromptSelectionError, match="no version"):

@@ -12,15 +12,20 @@ from langchain_core.language_models.fake_chat_models import (
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import Field
 
+from chains.graph import REQUIRED_PROMPTS
+from chains.llm import LLM, supports_tool_calling
 from chains.rewrite import (
     build_rewrite_chain,
+    call_grammar,
     expand_glossary,
     interpret,
+    lines_grammar,
+    parse_alternatives,
     sanitize_query,
-    supports_tool_calling,
     trim_history,
 )
 from prompts.registry import PromptRegistry
+from tests.fakes import RecordingModel
 
 FIELDS = {"price": "number", "brand": "string", "filename": "string", "in_stock": "boolean"}
 QUESTION = "which soil sensors cost less than 100?"
@@ -41,19 +46,21 @@ class ToolModel(FakeMessagesListChatModel):
         return super()._generate(messages, *args, **kwargs)
 
 
+def tool_llm(*replies: AIMessage) -> LLM:
+    return LLM.of(ToolModel(responses=list(replies)), count_tokens=len)
+
+
 def call(name: str, **args: Any) -> dict[str, Any]:
     return {"name": name, "args": args, "id": f"call-{name}", "type": "tool_call"}
 
 
 @pytest.fixture(scope="module")
 def prompts() -> PromptRegistry:
-    return PromptRegistry(required=("rewrite", "answer", "requery"))
+    return PromptRegistry(required=REQUIRED_PROMPTS)
 
 
 def run(prompts: PromptRegistry, reply: AIMessage, **config: Any) -> Any:
-    chain = build_rewrite_chain(
-        llm=ToolModel(responses=[reply]), prompts=prompts, fields=FIELDS, count_tokens=len
-    )
+    chain = build_rewrite_chain(llm=tool_llm(reply), prompts=prompts, fields=FIELDS)
     return chain.invoke({"question": QUESTION}, {"configurable": config})
 
 
@@ -106,6 +113,21 @@ def test_junk_falls_back_to_the_question(prompts: PromptRegistry, reply: AIMessa
 def test_plain_reply_without_call_syntax_is_the_query(prompts: PromptRegistry) -> None:
     out = run(prompts, AIMessage(content="soil moisture sensors\nunder 100 dollars"))
     assert out.search_query == "soil moisture sensors" and not out.fallback
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "The Standard plan costs $45.00 per month [employee-handbook.md#benefit-plans].",
+        "Soil sensors are devices that measure how much water is in the soil so that farmers "
+        "know when to water their fields and how much.",
+    ],
+    ids=["cited", "long"],
+)
+def test_prose_answer_instead_of_a_query_falls_back(prompts: PromptRegistry, reply: str) -> None:
+    out = run(prompts, AIMessage(content=reply))
+    assert out.fallback and out.search_query == QUESTION
+    assert any("answered in prose" in n for n in out.notes)
 
 
 def test_quoted_query_is_unquoted(prompts: PromptRegistry) -> None:
@@ -167,11 +189,44 @@ def test_plain_text_model_uses_the_call_syntax_of_the_few_shots(prompts: PromptR
         ]
     )
     assert not supports_tool_calling(llm)
-    chain = build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS, count_tokens=len)
-    out = chain.invoke({"question": QUESTION}, {"configurable": {"domain": "catalog"}})
+    chain = build_rewrite_chain(llm=LLM.of(llm, count_tokens=len), prompts=prompts, fields=FIELDS)
+    out = chain.invoke({"question": QUESTION})
     assert out.search_query == "soil moisture sensor"
     assert [f.model_dump() for f in out.filters] == [{"field": "price", "op": "<", "value": 100}]
-    assert out.prompt == "catalog/rewrite@v1"
+    assert out.prompts == {"rewrite": "default/rewrite@v1"}
+
+
+def test_grammar_model_is_held_to_the_call_syntax(prompts: PromptRegistry) -> None:
+    model = RecordingModel(responses=["search_sources(search_query='soil sensor')"])
+    llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
+    build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke({"question": "q"})
+    (grammar,) = model.grammars
+    assert grammar == call_grammar(FIELDS)
+    assert 'field ::= "brand" | "filename" | "in_stock" | "price"' in grammar
+    assert call_grammar({}).startswith("root ::= lookup\n")  # no fields: no filter rule
+
+
+def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
+    """The catalog domain asks for 2 queries: the rewrite and one more phrasing."""
+    model = RecordingModel(
+        responses=[
+            "search_sources(search_query='soil sensor')",
+            "1. SKU moisture probe\n2. soil sensor\n3. ground humidity meter",
+        ]
+    )
+    llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
+    out = build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke(
+        {"question": "q"}, {"configurable": {"domain": "catalog"}}
+    )
+    assert out.search_query == "soil sensor"
+    assert out.alternatives == ["SKU (product code) moisture probe"]  # glossary applies too
+    assert out.prompts == {
+        "rewrite": "catalog/rewrite@v1",
+        "multi_query": "default/multi_query@v1",
+    }
+    assert model.grammars[1] == lines_grammar(1) == "root ::= line\nline ::= [^\\n] [^\\n]{0,149}\n"
+    assert lines_grammar(3).startswith('root ::= line ("\\n" line){2}\n')
+    assert parse_alternatives("- a\n* b\nx\n\n0", main="x", count=5) == ["a", "b"]
 
 
 def test_plain_text_with_bad_arguments_falls_back() -> None:
@@ -180,13 +235,9 @@ def test_plain_text_with_bad_arguments_falls_back() -> None:
 
 
 def test_tools_offer_only_the_index_fields(prompts: PromptRegistry) -> None:
-    llm = ToolModel(
-        responses=[AIMessage(content="", tool_calls=[call("search_sources", search_query="x")])]
-    )
-    build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS, count_tokens=len).invoke(
-        {"question": "q"}
-    )
-    tools = {t["function"]["name"]: t["function"] for t in llm.bound[-1]}
+    llm = tool_llm(AIMessage(content="", tool_calls=[call("search_sources", search_query="x")]))
+    build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke({"question": "q"})
+    tools = {t["function"]["name"]: t["function"] for t in llm.model.bound[-1]}
     assert set(tools) == {"search_sources", "search_by_filename", "add_filter"}
     assert tools["add_filter"]["parameters"]["properties"]["field"]["enum"] == sorted(FIELDS)
 
@@ -204,9 +255,9 @@ def test_glossary_expansion_per_domain(prompts: PromptRegistry) -> None:
 
 def test_domain_and_version_pick_the_prompt(prompts: PromptRegistry) -> None:
     reply = AIMessage(content="", tool_calls=[call("search_sources", search_query="x")])
-    assert run(prompts, reply, domain="hr").prompt == "hr/rewrite@v2"
-    assert run(prompts, reply, domain="hr", prompt_version=1).prompt == "hr/rewrite@v1"
-    assert run(prompts, reply).prompt == "default/rewrite@v1"
+    assert run(prompts, reply, domain="hr").prompts["rewrite"] == "hr/rewrite@v2"
+    assert run(prompts, reply, domain="hr", prompt_version=1).prompts["rewrite"] == "hr/rewrite@v1"
+    assert run(prompts, reply).prompts["rewrite"] == "default/rewrite@v1"
 
 
 # ----------------------------------------------------------------------------- history
@@ -220,17 +271,13 @@ def test_history_trimmed_to_budget_newest_turns_whole(prompts: PromptRegistry) -
     assert len(kept) % 2 == 0 and 0 < len(kept) < len(history)
     assert sum(len(str(m.content)) + 4 for m in kept) <= 200
 
-    llm = ToolModel(
-        responses=[AIMessage(content="", tool_calls=[call("search_sources", search_query="x")])]
-    )
-    chain = build_rewrite_chain(
-        llm=llm, prompts=prompts, fields=FIELDS, count_tokens=len, history_tokens=200
-    )
+    llm = tool_llm(AIMessage(content="", tool_calls=[call("search_sources", search_query="x")]))
+    chain = build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS, history_tokens=200)
     chain.invoke(
         {"question": "and the last one?", "chat_history": history},
         {"configurable": {"domain": "hr"}},
     )
-    sent = llm.seen[-1]
+    sent = llm.model.seen[-1]
     # System prompt and few-shots are always there, before the trimmed history.
     assert isinstance(sent[0], SystemMessage)
     assert sent[1].content == "what does the standard plan cost per month?"

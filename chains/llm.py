@@ -1,0 +1,79 @@
+"""What the chains need to know about a chat model, whichever provider serves it.
+
+The chains never import a provider. ``ragchains/llms.py`` builds a provider's model and
+describes it with an ``LLM``: the runnable, its own token counter, and which of the two
+ways of getting structured replies it supports (tool calling, or a GBNF grammar that
+constrains decoding, as llama.cpp does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from langchain_core.language_models import LanguageModelInput
+from langchain_core.messages import BaseMessage
+from langchain_core.messages.utils import count_tokens_approximately
+from langchain_core.runnables import Runnable
+
+ChatRunnable = Runnable[LanguageModelInput, BaseMessage] | Runnable[LanguageModelInput, Any]
+
+
+def approximate_tokens(text: str) -> int:
+    """langchain_core's chars-per-token estimate, for models whose tokenizer is not at hand."""
+    return count_tokens_approximately([("human", text)])
+
+
+@dataclass(frozen=True)
+class LLM:
+    """A chat model and its capabilities.
+
+    ``model`` is a chat model or a chat model with fallbacks (``with_fallbacks`` keeps
+    ``bind_tools`` working on every member).
+    """
+
+    model: ChatRunnable
+    name: str
+    count_tokens: Callable[[str], int] = approximate_tokens
+    tool_calling: bool = False
+    grammar: bool = False  # accepts ``grammar=<GBNF text>`` per call
+    status: Callable[[], dict[str, Any]] = field(default=lambda: {})
+
+    @classmethod
+    def of(cls, model: Any, **kwargs: Any) -> LLM:
+        """Describe a chat model, probing whether it takes tools."""
+        kwargs.setdefault("tool_calling", supports_tool_calling(model))
+        return cls(model=model, name=kwargs.pop("name", type(model).__name__), **kwargs)
+
+    def bound(
+        self,
+        *,
+        temperature: float,
+        max_tokens: int,
+        tools: list[dict[str, Any]] | None = None,
+        grammar: str | None = None,
+    ) -> Any:
+        """The model with one prompt's sampling parameters, tools or grammar."""
+        model: Any = self.model
+        if tools and self.tool_calling:
+            model = model.bind_tools(tools)
+        kwargs: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
+        if grammar is not None and self.grammar:
+            kwargs["grammar"] = grammar
+        return model.bind(**kwargs)
+
+
+def supports_tool_calling(model: Any) -> bool:
+    """Whether ``bind_tools`` works with a free choice of tool (llama.cpp's only forces one)."""
+    probe = [
+        {
+            "type": "function",
+            "function": {"name": "probe", "parameters": {"type": "object", "properties": {}}},
+        }
+    ]
+    try:
+        model.bind_tools(probe)
+    except (AttributeError, NotImplementedError, ValueError, TypeError):
+        return False
+    return True

