@@ -5,6 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 INDEX ?= .index/samples
+# llama.cpp must not target the build machine's CPU: a native build crashes on CPUs that
+# advertise AMX. pip caches the built wheel, so only the first set-up compiles (~15 min).
+LLAMA_CPP_VERSION := 0.3.36
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON \
+	-DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF
 
 .PHONY: setup quickstart test lint format bench clean
 
@@ -15,6 +20,8 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: 2.13.0 is a CPU build; a looser pin pulls a multi-GB CUDA build.
 	$(BIN)/pip install --quiet torch==2.13.0
+	@echo "installing llama-cpp-python $(LLAMA_CPP_VERSION) (compiles on a new machine: ~15 min)"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
@@ -22,6 +29,7 @@ $(STAMP): pyproject.toml
 quickstart: setup
 	$(BIN)/ragchains ingest samples --index $(INDEX)
 	$(BIN)/ragchains retrieve --index $(INDEX) "what does the standard plan cost" --k 3
+	$(BIN)/ragchains ask --index $(INDEX) --domain hr "what does the standard plan cost?"
 
 test: setup
 	$(BIN)/pytest

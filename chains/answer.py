@@ -16,7 +16,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
@@ -204,10 +204,11 @@ def build_answer_chain(
                 yield AddableDict(answer=piece)
         yield _ending("".join(parts), p)
 
-    return (
-        RunnableGenerator(stream, astream)
-        .with_types(input_type=AnswerInput, output_type=AnswerOutput)
-        .with_config(run_name="answer")
+    # RunnableGenerator passes the run's config to functions that take one; its type hints
+    # do not say so.
+    generator: Runnable[Any, Any] = RunnableGenerator(cast(Any, stream), cast(Any, astream))
+    return generator.with_types(input_type=AnswerInput, output_type=AnswerOutput).with_config(
+        run_name="answer"
     )
 
 

