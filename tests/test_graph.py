@@ -336,3 +336,24 @@ def test_bad_configurable_values_fail_before_any_work(
 def test_good_configurable_values_pass() -> None:
     check_configurable(PROMPTS, {"domain": "hr", "prompt_version": {"rewrite": 1}, "k": 5}, "chat")
     check_configurable(PROMPTS, {"domain": "catalog", "threshold": 0.5}, "ask")
+
+
+def test_every_stage_stands_alone_with_types_and_names(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, plain_model("search_sources(search_query='plans')"))
+    expected = {
+        "chat": ({"question", "chat_history"}, "ChatOutput"),
+        "ask": ({"question", "filters"}, "ChatOutput"),
+        "rewrite": ({"question", "chat_history"}, "RewriteOutput"),
+        "retrieve": ({"query", "filters", "alternatives"}, "RetrieveOutput"),
+        "answer": ({"question", "chat_history", "documents"}, "AnswerOutput"),
+    }
+    for name, (inputs, output) in expected.items():
+        runnable = getattr(graphs, name)
+        assert set(runnable.get_input_jsonschema()["properties"]) == inputs, name
+        assert runnable.get_output_jsonschema()["title"] == output, name
+        assert runnable.config["run_name"] == name  # type: ignore[attr-defined]
+    out = graphs.retrieve.invoke({"query": "benefit plans"})
+    assert out.sources and out.sources[0].label.startswith("employee-handbook.md#")
+    assert graphs.rewrite.invoke({"question": "q"}).search_query == "plans"
