@@ -58,10 +58,14 @@ class AnswerOutput(BaseModel):
 
 
 def format_context(documents: Sequence[Document]) -> str:
-    """The sources block of the answer prompt: one ``[label] text`` paragraph per chunk."""
+    """The sources block of the answer prompt: one ``[label] text`` paragraph per chunk.
+
+    ``documents`` come best first; the block lists them best *last*, next to the question
+    that follows it, where small models look most.
+    """
     return "\n\n".join(
         f"[{doc.metadata.get('citation', doc.id)}] {' '.join(doc.page_content.split())}"
-        for doc in documents
+        for doc in reversed(documents)
     )
 
 

@@ -74,11 +74,11 @@ def test_citations_in_order_of_use_unknown_dropped() -> None:
     assert parse_citations("No markers at all.", DOCS) == []
 
 
-def test_context_lists_each_chunk_with_its_label() -> None:
+def test_context_lists_each_chunk_with_its_label_best_last() -> None:
     context = format_context(DOCS[:2])
     assert context == (
-        "[handbook.md#benefit-plans] | Standard | $45.00 | $1,000 |\n\n"
-        "[travel.pdf#page=2] Hotels up to $220 per night."
+        "[travel.pdf#page=2] Hotels up to $220 per night.\n\n"
+        "[handbook.md#benefit-plans] | Standard | $45.00 | $1,000 |"
     )
 
 
@@ -99,7 +99,7 @@ def test_answer_with_citations_and_prompt_ref(prompts: PromptRegistry) -> None:
     assert not out["abstained"]
     assert out["answer"] == "The Standard plan costs $45.00 [handbook.md#benefit-plans]."
     assert [c["id"] for c in out["citations"]] == ["c1"]
-    assert out["prompt"] == "hr/answer@v1"
+    assert out["prompt"] == "hr/answer@v2"
 
 
 def test_answer_streams_tokens_then_citations(prompts: PromptRegistry) -> None:
@@ -155,11 +155,20 @@ def test_rendered_prompt_holds_sources_history_and_question(prompts: PromptRegis
     )
     (messages,) = llm.seen
     assert [m.type for m in messages] == ["system", "human", "ai", "human"]
-    assert "Catalog rows:" in messages[0].content  # the catalog domain's own prompt
-    assert "[travel.pdf#page=2] Hotels up to $220 per night." in messages[0].content
+    assert "customers" in messages[0].content  # the catalog domain's own prompt
     assert messages[1].content == "standard plan cost?"
-    assert messages[-1].content == "and for children?"
-    assert out["prompt"] == "catalog/answer@v1"
+    assert messages[-1].content.startswith("Catalog rows:\n[handbook.md#benefit-plans] Adding")
+    assert "[travel.pdf#page=2] Hotels up to $220 per night." in messages[-1].content
+    assert messages[-1].content.endswith("\n\nQuestion: and for children?")
+    assert out["prompt"] == "catalog/answer@v2"
+    # v1 keeps the sources in the system message.
+    llm = RecordingModel(responses=["x"])
+    answer_chain(llm, prompts).invoke(
+        {"question": "and for children?", "documents": DOCS},
+        config={"configurable": {"domain": "catalog", "prompt_version": 1}},
+    )
+    assert "Catalog rows:" in llm.seen[0][0].content
+    assert llm.seen[0][-1].content == "and for children?"
 
 
 def test_unknown_domain_or_version_is_an_error(prompts: PromptRegistry) -> None:

@@ -155,7 +155,7 @@ def test_ask_takes_filters_and_skips_the_rewrite(
         ("sensor brackets", 10, [{"field": "price", "op": "<=", "value": 20}])
     ]
     assert len(model.seen) == 1  # the answer only
-    assert "rewrite" not in out["prompts"] and out["prompts"]["answer"] == "default/answer@v1"
+    assert "rewrite" not in out["prompts"] and out["prompts"]["answer"] == "default/answer@v2"
 
 
 # ----------------------------------------------------------------------------- re-query
@@ -287,7 +287,7 @@ def test_invoke_returns_the_documented_output(
         {"configurable": {"domain": "hr", "prompt_version": {"rewrite": 1}}},
     )
     parsed = ChatOutput.model_validate(out)
-    assert parsed.prompts == {"rewrite": "hr/rewrite@v1", "answer": "hr/answer@v1"}
+    assert parsed.prompts == {"rewrite": "hr/rewrite@v1", "answer": "hr/answer@v2"}
     cited = parsed.citations[0]
     assert cited.label == "employee-handbook.md#benefit-plans"
     assert cited.source == "samples/handbook/employee-handbook.md" and cited.score == 0.6

@@ -56,8 +56,8 @@ def test_selection_latest_explicit_and_inherited() -> None:
     assert registry.get("hr", "rewrite", 1).ref == "hr/rewrite@v1"
     assert registry.get("hr", "rewrite", "v1").ref == "hr/rewrite@v1"
     assert registry.get("hr", "rewrite", {"rewrite": 1, "answer": 1}).ref == "hr/rewrite@v1"
-    assert registry.get("hr", "answer", {"rewrite": 1}).ref == "hr/answer@v1"  # unnamed: latest
-    assert registry.get(None, "answer").ref == "default/answer@v1"
+    assert registry.get("hr", "answer", {"rewrite": 1}).ref == "hr/answer@v2"  # unnamed: latest
+    assert registry.get(None, "answer").ref == "default/answer@v2"
     assert registry.get("hr", "requery").ref == "default/requery@v1"  # inherited
 
 
