@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import PrivateAttr, SecretStr
@@ -64,10 +65,12 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
 
     One llama.cpp context cannot decode two sequences at once; concurrent requests (batch,
     the server's thread pool) queue on a lock instead of corrupting each other. The lock is
-    held while a stream is consumed and released when it ends or is abandoned.
+    held while a stream is consumed and released when it ends or is abandoned. It is a plain
+    Lock, not an RLock: LangChain's async streaming advances a sync stream from whichever
+    executor thread is free, so the thread that releases may not be the one that acquired.
     """
 
-    _lock: threading.RLock = PrivateAttr(default_factory=threading.RLock)
+    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     @staticmethod
     def _with_grammar(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -82,6 +85,8 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
+        if self.streaming and not kwargs.get("tool_choice"):
+            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
         with self._lock:
             return super()._generate(messages, stop, run_manager, **self._with_grammar(kwargs))
 

@@ -7,6 +7,7 @@ are exercised through the real client over real sockets.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -48,6 +49,21 @@ def test_embedded_model_serves_concurrent_calls(smollm: LLM) -> None:
     prompts = [[SystemMessage("Reply with a number."), HumanMessage(f"{n} + 1 = ?")] for n in "123"]
     replies = model.batch(prompts, {"max_concurrency": 3})
     assert len(replies) == 3 and all(r.content.isdigit() for r in replies)
+
+
+def test_embedded_model_serves_concurrent_async_streams(smollm: LLM) -> None:
+    """Async streams advance from executor threads; the lock must survive that."""
+    model = smollm.bound(temperature=0.0, max_tokens=6, grammar="root ::= [a-z]{2,5}\n")
+
+    async def one(word: str) -> str:
+        parts = [c.content async for c in model.astream([HumanMessage(f"Say {word}.")])]
+        return "".join(str(p) for p in parts)
+
+    async def together() -> list[str]:
+        return list(await asyncio.gather(one("hello"), one("bye"), one("yes")))
+
+    replies = asyncio.run(together())
+    assert len(replies) == 3 and all(r.isalpha() and r.islower() for r in replies)
 
 
 def test_missing_model_file_is_a_clear_error(tmp_path: Any) -> None:
