@@ -127,14 +127,23 @@ class _Plan:
     prompt: str | None
 
 
-def _strip_leading(pieces: Iterator[str]) -> Iterator[str]:
-    started = False
-    for piece in pieces:
-        if not started:
+class _Written:
+    """The answer as it streams: leading blanks dropped, the whole text kept for citations."""
+
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def add(self, piece: str) -> AddableDict | None:
+        if not self.parts:
             piece = piece.lstrip()
-            started = bool(piece)
-        if piece:
-            yield piece
+        if not piece:
+            return None
+        self.parts.append(piece)
+        return AddableDict(answer=piece)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 def _ending(text: str, plan: _Plan) -> AddableDict:
@@ -180,33 +189,25 @@ def build_answer_chain(
 
     def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
         p = plan(_single(inputs), config)
-        if p.chain is None:
-            yield AddableDict(answer=DONT_KNOW)
-            yield _ending(DONT_KNOW, p)
-            return
-        parts = []
-        for piece in _strip_leading(p.chain.stream(p.variables, config)):
-            parts.append(piece)
-            yield AddableDict(answer=piece)
-        yield _ending("".join(parts), p)
+        written = _Written()
+        for piece in [DONT_KNOW] if p.chain is None else p.chain.stream(p.variables, config):
+            if (event := written.add(piece)) is not None:
+                yield event
+        yield _ending(written.text, p)
 
     async def astream(
         inputs: AsyncIterator[Any], config: RunnableConfig
     ) -> AsyncIterator[AddableDict]:
-        items = [item async for item in inputs]
-        p = plan(_single(iter(items)), config)
+        p = plan(_single(iter([item async for item in inputs])), config)
+        written = _Written()
         if p.chain is None:
+            written.add(DONT_KNOW)
             yield AddableDict(answer=DONT_KNOW)
-            yield _ending(DONT_KNOW, p)
-            return
-        parts: list[str] = []
-        async for piece in p.chain.astream(p.variables, config):
-            if not parts:
-                piece = piece.lstrip()
-            if piece:
-                parts.append(piece)
-                yield AddableDict(answer=piece)
-        yield _ending("".join(parts), p)
+        else:
+            async for piece in p.chain.astream(p.variables, config):
+                if (event := written.add(piece)) is not None:
+                    yield event
+        yield _ending(written.text, p)
 
     # RunnableGenerator passes the run's config to functions that take one; its type hints
     # do not say so.
