@@ -26,7 +26,7 @@ from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
 from chains.llm import LLM
-from chains.rewrite import trim_history
+from chains.retrieve import citation_label, to_source
 from prompts.registry import PromptRegistry
 
 DONT_KNOW = "I don't know based on the available documents."
@@ -64,7 +64,7 @@ def format_context(documents: Sequence[Document]) -> str:
     that follows it, where small models look most.
     """
     return "\n\n".join(
-        f"[{doc.metadata.get('citation', doc.id)}] {' '.join(doc.page_content.split())}"
+        f"[{citation_label(doc)}] {' '.join(doc.page_content.split())}"
         for doc in reversed(documents)
     )
 
@@ -85,7 +85,7 @@ def parse_citations(answer: str, documents: Sequence[Document]) -> list[Citation
     """
     by_label: dict[str, Document] = {}
     for doc in documents:
-        by_label.setdefault(str(doc.metadata.get("citation", doc.id)), doc)
+        by_label.setdefault(citation_label(doc), doc)
     cited: list[Citation] = []
     seen: set[str] = set()
     for marker in _MARKER.findall(answer):
@@ -94,13 +94,13 @@ def parse_citations(answer: str, documents: Sequence[Document]) -> list[Citation
             if hit is None or label in seen:
                 continue
             seen.add(label)
-            page = hit.metadata.get("page")
+            source = to_source(hit)
             cited.append(
                 Citation(
-                    id=str(hit.id or hit.metadata.get("chunk_id")),
+                    id=source.id,
                     label=label,
-                    source=str(hit.metadata.get("source", "")),
-                    page=int(page) if page is not None else None,
+                    source=source.source,
+                    page=source.page,
                     score=_score(hit),
                 )
             )
@@ -168,24 +168,15 @@ def build_answer_chain(
         if not data.documents:
             return _Plan(None, {}, [], None)
         prompt = prompts.select("answer", config.get("configurable"))
-        params = prompt.model_parameters
-        labels = [str(d.metadata.get("citation", d.id)) for d in data.documents]
-        model = llm.bound(
-            temperature=params.temperature,
-            max_tokens=params.max_tokens,
-            grammar=citation_grammar(labels),
-        )
-        history = trim_history(
-            data.chat_history, max_tokens=history_tokens, count_tokens=llm.count_tokens
-        )
+        labels = [citation_label(d) for d in data.documents]
+        chain = llm.prompted(prompt, grammar=citation_grammar(labels)) | StrOutputParser()
+        history = llm.trim_history(data.chat_history, history_tokens)
         variables = {
             "question": data.question,
             "context": format_context(data.documents),
             "chat_history": history,
         }
-        return _Plan(
-            prompt.template | model | StrOutputParser(), variables, data.documents, prompt.ref
-        )
+        return _Plan(chain, variables, data.documents, prompt.ref)
 
     def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
         p = plan(_single(inputs), config)

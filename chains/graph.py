@@ -34,7 +34,7 @@ from chains.rewrite import (
     build_rewrite_chain,
     expand_glossary,
     lines_grammar,
-    sanitize_query,
+    parse_alternatives,
 )
 from prompts.registry import PromptRegistry
 from retrievers.filters import MetadataFilter
@@ -57,7 +57,7 @@ def check_configurable(
         if name == "multi_query" and domain.multi_query < 2:
             continue
         prompts.select(name, configurable)
-    RetrievalOptions.from_config({"configurable": dict(configurable)})
+    RetrievalOptions.from_configurable(configurable)
 
 
 class ChatInput(BaseModel):
@@ -193,22 +193,18 @@ def build_graphs(
         since = time.perf_counter()
         configurable = config.get("configurable") or {}
         prompt = prompts.select("requery", configurable)
-        params = prompt.model_parameters
-        model = llm.bound(
-            temperature=params.temperature, max_tokens=params.max_tokens, grammar=lines_grammar(1)
-        )
-        reply = (prompt.template | model | StrOutputParser()).invoke(
+        reply = (llm.prompted(prompt, grammar=lines_grammar(1)) | StrOutputParser()).invoke(
             {"question": turn.question, "previous_query": turn.search_query}, config
         )
-        new = sanitize_query(reply.strip().splitlines()[0] if reply.strip() else "")
-        domain = prompts.domain(configurable.get("domain"))
-        if new and domain.expand_glossary and domain.glossary:
-            new = expand_glossary(new, domain.glossary)
+        # A usable query that differs from the one already searched, or nothing.
+        fresh = parse_alternatives(reply, main=turn.search_query, count=1)
+        glossary = prompts.domain(configurable.get("domain")).query_glossary
+        new = expand_glossary(fresh[0], glossary) if fresh else None
         report = RequeryReport(
             first_query=turn.search_query, first_best_score=turn.best_score, query=new
         )
         turn.prompts["requery"] = prompt.ref
-        if new and new.casefold() != turn.search_query.casefold():
+        if new:
             found = searcher.search(new, filters=turn.filters, config=config)
             report.best_score = found.best_score
             if found.best_score is not None and policy.keeps(turn.best_score, found.best_score):

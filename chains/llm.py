@@ -8,14 +8,16 @@ constrains decoding, as llama.cpp does).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import BaseMessage, trim_messages
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import Runnable
+
+from prompts.registry import Prompt
 
 ChatRunnable = Runnable[LanguageModelInput, BaseMessage] | Runnable[LanguageModelInput, Any]
 
@@ -38,7 +40,6 @@ class LLM:
     count_tokens: Callable[[str], int] = approximate_tokens
     tool_calling: bool = False
     grammar: bool = False  # accepts ``grammar=<GBNF text>`` per call
-    status: Callable[[], dict[str, Any]] = field(default=lambda: {})
 
     @classmethod
     def of(cls, model: Any, **kwargs: Any) -> LLM:
@@ -63,6 +64,26 @@ class LLM:
             kwargs["grammar"] = grammar
         return model.bind(**kwargs)
 
+    def prompted(
+        self,
+        prompt: Prompt,
+        *,
+        tools: list[dict[str, Any]] | None = None,
+        grammar: str | None = None,
+    ) -> Runnable[dict[str, Any], Any]:
+        """``prompt``'s template piped into the model with the prompt's own parameters."""
+        params = prompt.model_parameters
+        model = self.bound(
+            temperature=params.temperature,
+            max_tokens=params.max_tokens,
+            tools=tools,
+            grammar=grammar,
+        )
+        return prompt.template | model
+
+    def trim_history(self, history: Sequence[BaseMessage], max_tokens: int) -> list[BaseMessage]:
+        return trim_history(history, max_tokens=max_tokens, count_tokens=self.count_tokens)
+
 
 def supports_tool_calling(model: Any) -> bool:
     """Whether ``bind_tools`` works with a free choice of tool (llama.cpp's only forces one)."""
@@ -77,3 +98,24 @@ def supports_tool_calling(model: Any) -> bool:
     except (AttributeError, NotImplementedError, ValueError, TypeError):
         return False
     return True
+
+
+def trim_history(
+    history: Sequence[BaseMessage], *, max_tokens: int, count_tokens: Callable[[str], int]
+) -> list[BaseMessage]:
+    """Newest turns first, within ``max_tokens``; never a turn split in half."""
+    if not history:
+        return []
+
+    def counter(messages: list[BaseMessage]) -> int:
+        return sum(count_tokens(str(m.content)) + 4 for m in messages)
+
+    return trim_messages(
+        list(history),
+        max_tokens=max_tokens,
+        token_counter=counter,
+        strategy="last",
+        start_on="human",
+        end_on=("ai", "human"),
+        allow_partial=False,
+    )

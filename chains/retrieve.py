@@ -29,8 +29,8 @@ class RetrievalOptions(BaseModel):
     threshold: float | None = Field(None, description="minimum compressor score to keep a chunk")
 
     @classmethod
-    def from_config(cls, config: RunnableConfig | None) -> RetrievalOptions:
-        configurable = (config or {}).get("configurable") or {}
+    def from_configurable(cls, configurable: Mapping[str, Any] | None) -> RetrievalOptions:
+        configurable = configurable or {}
         try:
             return cls.model_validate({key: configurable.get(key) for key in ("k", "threshold")})
         except ValidationError as exc:
@@ -75,11 +75,16 @@ class Retrieval:
     threshold: float
 
 
+def citation_label(doc: Document) -> str:
+    """The label a chunk is shown and cited with, e.g. ``handbook.pdf#page=3``."""
+    return str(doc.metadata.get("citation", doc.id))
+
+
 def to_source(doc: Document) -> Source:
     page = doc.metadata.get("page")
     return Source(
         id=str(doc.id or doc.metadata.get("chunk_id")),
-        label=str(doc.metadata.get("citation", doc.id)),
+        label=citation_label(doc),
         source=str(doc.metadata.get("source", "")),
         page=int(page) if page is not None else None,
         section=doc.metadata.get("section"),
@@ -103,7 +108,7 @@ class Searcher:
         alternatives: Sequence[str] = (),
         config: RunnableConfig | None = None,
     ) -> Retrieval:
-        options = RetrievalOptions.from_config(config)
+        options = RetrievalOptions.from_configurable((config or {}).get("configurable"))
         k = options.k or self.retriever.k
         lists = [
             self.retriever.invoke(q, config, k=k, filters=list(filters))

@@ -17,10 +17,10 @@ from __future__ import annotations
 import ast
 import json
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage, trim_messages
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from pydantic import BaseModel, Field
@@ -265,27 +265,6 @@ def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
     return found[:count]
 
 
-def trim_history(
-    history: Sequence[BaseMessage], *, max_tokens: int, count_tokens: Callable[[str], int]
-) -> list[BaseMessage]:
-    """Newest turns first, within ``max_tokens``; never a turn split in half."""
-    if not history:
-        return []
-
-    def counter(messages: list[BaseMessage]) -> int:
-        return sum(count_tokens(str(m.content)) + 4 for m in messages)
-
-    return trim_messages(
-        list(history),
-        max_tokens=max_tokens,
-        token_counter=counter,
-        strategy="last",
-        start_on="human",
-        end_on=("ai", "human"),
-        allow_partial=False,
-    )
-
-
 def build_rewrite_chain(
     *,
     llm: LLM,
@@ -306,13 +285,7 @@ def build_rewrite_chain(
     ) -> tuple[list[str], str]:
         wanted = domain.multi_query - 1
         prompt = prompts.select("multi_query", configurable)
-        params = prompt.model_parameters
-        model = llm.bound(
-            temperature=params.temperature,
-            max_tokens=params.max_tokens,
-            grammar=lines_grammar(wanted),
-        )
-        text = (prompt.template | model | StrOutputParser()).invoke(
+        text = (llm.prompted(prompt, grammar=lines_grammar(wanted)) | StrOutputParser()).invoke(
             {"question": question, "search_query": query, "n": wanted}, config
         )
         return parse_alternatives(text, main=query, count=wanted), prompt.ref
@@ -322,19 +295,10 @@ def build_rewrite_chain(
         configurable = config.get("configurable") or {}
         prompt = prompts.select("rewrite", configurable)
         domain = prompts.domain(configurable.get("domain"))
-        params = prompt.model_parameters
-        model = llm.bound(
-            temperature=params.temperature,
-            max_tokens=params.max_tokens,
-            tools=tools,
-            grammar=grammar,
-        )
-        history = trim_history(
-            data.chat_history, max_tokens=history_tokens, count_tokens=llm.count_tokens
-        )
+        history = llm.trim_history(data.chat_history, history_tokens)
         notes = []
         try:
-            reply = (prompt.template | model).invoke(
+            reply = llm.prompted(prompt, tools=tools, grammar=grammar).invoke(
                 {"question": data.question, "fields": field_text, "chat_history": history},
                 config,
             )
@@ -348,9 +312,8 @@ def build_rewrite_chain(
             out.alternatives, out.prompts["multi_query"] = alternatives(
                 data.question, out.search_query, domain, configurable, config
             )
-        if domain.expand_glossary and domain.glossary:
-            out.search_query = expand_glossary(out.search_query, domain.glossary)
-            out.alternatives = [expand_glossary(q, domain.glossary) for q in out.alternatives]
+        out.search_query = expand_glossary(out.search_query, domain.query_glossary)
+        out.alternatives = [expand_glossary(q, domain.query_glossary) for q in out.alternatives]
         return out
 
     return (

@@ -114,6 +114,11 @@ class Domain:
     multi_query: int
     prompts: dict[str, dict[int, Prompt]] = field(default_factory=dict)
 
+    @property
+    def query_glossary(self) -> dict[str, str]:
+        """The abbreviations to expand in search queries (none when expansion is off)."""
+        return self.glossary if self.expand_glossary else {}
+
 
 def _build_template(spec: PromptFile, path: Path) -> ChatPromptTemplate:
     parts: list[Any] = []

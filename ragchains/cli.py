@@ -135,15 +135,13 @@ def _parse_filters(filters: tuple[tuple[str, str, str], ...], fields: dict[str, 
         _fail(str(exc))
 
 
-@app.command("retrieve")
-@click.argument("query")
-@click.option(
+_INDEX = click.option(
     "--index",
     required=True,
     type=click.Path(path_type=Path),
     help="Index folder built by `ingest`.",
 )
-@click.option(
+_FILTER = click.option(
     "--filter",
     "filters",
     nargs=3,
@@ -152,6 +150,12 @@ def _parse_filters(filters: tuple[tuple[str, str, str], ...], fields: dict[str, 
     help="e.g. --filter price '<' 100, --filter filename = '*.pdf', "
     "--filter brand in Acme,Globex. OP: = != < <= > >= in. Repeat to AND them.",
 )
+
+
+@app.command("retrieve")
+@click.argument("query")
+@_INDEX
+@_FILTER
 @click.option("--k", type=click.IntRange(min=1), help="How many chunks to return.")
 @click.option(
     "--rerank/--no-rerank",
@@ -256,17 +260,16 @@ def _parse_prompt_versions(values: tuple[str, ...]) -> int | str | dict[str, str
 
 def _load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
     """Models, index and graphs, with every problem reported as one line before any work."""
-    from chains.graph import check_configurable
-    from prompts.registry import PromptFileError, PromptRegistry, PromptSelectionError
+    from chains.graph import REQUIRED_PROMPTS, check_configurable
+    from prompts.registry import PromptRegistry
     from ragchains.factory import build_service
-    from ragchains.llms import LLMConfigError
-    from retrievers.index import IndexLoadError
 
+    # Every expected failure (bad prompt file or selection, index, model, key) is a
+    # ValueError subclass with a message made for the user.
     try:
-        check_configurable(PromptRegistry(), configurable, mode)
-        return build_service(settings, index)
-    except (IndexLoadError, LLMConfigError, PromptFileError, PromptSelectionError) as exc:
-        _fail(str(exc))
+        prompts = PromptRegistry(required=REQUIRED_PROMPTS)
+        check_configurable(prompts, configurable, mode)  # before the slow model loading
+        return build_service(settings, index, prompts=prompts)
     except ValueError as exc:
         _fail(str(exc))
 
@@ -314,18 +317,11 @@ def _configurable(domain: str | None, versions: tuple[str, ...], k: int | None) 
 
 @app.command("ask")
 @click.argument("question")
-@click.option("--index", required=True, type=click.Path(path_type=Path), help="Index folder.")
+@_INDEX
 @_DOMAIN
 @_PROMPT_VERSION
 @_K
-@click.option(
-    "--filter",
-    "filters",
-    nargs=3,
-    multiple=True,
-    metavar="FIELD OP VALUE",
-    help="Metadata filter, as for `retrieve`; repeat to AND them.",
-)
+@_FILTER
 @click.option("--json", "as_json", is_flag=True, help="Print the whole answer object as JSON.")
 def ask_command(
     question: str,
@@ -356,7 +352,7 @@ def ask_command(
 
 
 @app.command("chat")
-@click.option("--index", required=True, type=click.Path(path_type=Path), help="Index folder.")
+@_INDEX
 @_DOMAIN
 @_PROMPT_VERSION
 @_K

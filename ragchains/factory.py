@@ -123,13 +123,14 @@ def build_service(
     *,
     llm: LLM | None = None,
     embedder: SentenceTransformerEmbedder | None = None,
+    prompts: PromptRegistry | None = None,
 ) -> Service:
     """Load the index and every model, check the prompt files, and build the graphs.
 
     Fails early (IndexLoadError, PromptFileError, LLMConfigError) rather than at the first
     request.
     """
-    prompts = PromptRegistry(required=REQUIRED_PROMPTS)
+    prompts = prompts or PromptRegistry(required=REQUIRED_PROMPTS)
     llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
     index = open_index(index_dir, embedder)

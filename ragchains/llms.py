@@ -135,18 +135,12 @@ def embedded_llm(
         )
     except ValueError as exc:
         raise LLMConfigError(f"cannot load {path}: {exc}") from exc
-    name = path.stem
-
-    def status() -> dict[str, Any]:
-        return {"provider": "embedded", "model": name, "path": str(path), "ready": True}
-
     return LLM(
         model=model,
-        name=name,
+        name=path.stem,
         count_tokens=model.count_tokens,
         tool_calling=False,
         grammar=True,
-        status=status,
     )
 
 
@@ -197,20 +191,10 @@ def openai_llm(
 
     runnable = primary.with_fallbacks([chat(fallback_model)]) if fallback_model else primary
 
-    def status() -> dict[str, Any]:
-        return {
-            "provider": "openai",
-            "model": model,
-            "fallback_model": fallback_model,
-            "base_url": base_url or "https://api.openai.com/v1",
-            "ready": True,
-        }
-
     return LLM(
         model=runnable,
         name=model,
         count_tokens=count_tokens,
         tool_calling=True,
         grammar=False,
-        status=status,
     )

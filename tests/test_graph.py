@@ -199,6 +199,22 @@ def test_requery_discarded_when_not_better_by_the_margin(
     assert all(s["score"] == 0.30 for s in out["sources"])
 
 
+def test_requery_repeating_the_first_query_searches_nothing_more(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = plain_model("search_sources(search_query='bad query')", "Bad Query", "Fine.")
+    graphs, retriever = build(index, embedder, model, scores={"bad query": 0.1})
+    out = graphs.chat.invoke({"question": "q?"})
+    assert [c[0] for c in retriever.calls] == ["bad query"]
+    assert out["requery"] == {
+        "first_query": "bad query",
+        "first_best_score": 0.1,
+        "query": None,
+        "best_score": None,
+        "kept": False,
+    }
+
+
 def test_requery_margin_is_the_larger_of_ratio_and_gain() -> None:
     policy = RequeryPolicy()
     assert policy.keeps(0.2, 0.26) and not policy.keeps(0.2, 0.24)  # gain 0.05 decides

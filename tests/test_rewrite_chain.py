@@ -13,7 +13,7 @@ from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import Field
 
 from chains.graph import REQUIRED_PROMPTS
-from chains.llm import LLM, supports_tool_calling
+from chains.llm import LLM, supports_tool_calling, trim_history
 from chains.rewrite import (
     build_rewrite_chain,
     call_grammar,
@@ -22,7 +22,6 @@ from chains.rewrite import (
     lines_grammar,
     parse_alternatives,
     sanitize_query,
-    trim_history,
 )
 from prompts.registry import PromptRegistry
 from tests.fakes import RecordingModel
