@@ -19,13 +19,12 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.documents import Document
-from langchain_core.messages import BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
-from chains.llm import LLM
+from chains.llm import LLM, ChatHistory
 from chains.retrieve import citation_label, to_source
 from prompts.registry import PromptRegistry
 
@@ -44,7 +43,7 @@ class Citation(BaseModel):
 
 class AnswerInput(BaseModel):
     question: str = Field(min_length=1)
-    chat_history: list[BaseMessage] = Field(default_factory=list)
+    chat_history: ChatHistory = Field(default_factory=list)
     documents: list[Document] = Field(default_factory=list)
 
 

@@ -13,14 +13,13 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.documents import Document
-from langchain_core.messages import BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator, RunnableLambda
-from langchain_core.runnables.utils import AddableDict
+from langchain_core.runnables.utils import AddableDict, ConfigurableFieldSpec
 from pydantic import BaseModel, ConfigDict, Field
 
 from chains.answer import AnswerInput, Citation, build_answer_chain
-from chains.llm import LLM
+from chains.llm import LLM, ChatHistory
 from chains.retrieve import (
     RetrievalOptions,
     Searcher,
@@ -41,7 +40,46 @@ from retrievers.filters import MetadataFilter
 
 # The prompts every domain must be able to resolve (its own or the default domain's).
 REQUIRED_PROMPTS = ("rewrite", "multi_query", "requery", "answer")
-PROMPTS_USED = {"chat": REQUIRED_PROMPTS, "ask": ("answer",)}
+# The prompts each servable runnable may use, for checking a request before any work.
+PROMPTS_USED = {
+    "chat": REQUIRED_PROMPTS,
+    "ask": ("answer",),
+    "rewrite": ("rewrite", "multi_query"),
+    "retrieve": (),
+}
+
+# What a request may choose through ``config["configurable"]``; nothing else is accepted.
+CONFIGURABLE_SPECS = (
+    ConfigurableFieldSpec(
+        id="domain",
+        annotation=str | None,
+        default=None,
+        name="Domain",
+        description="prompt domain, e.g. hr or catalog; default: the 'default' domain",
+    ),
+    ConfigurableFieldSpec(
+        id="prompt_version",
+        annotation=int | str | dict[str, int | str] | None,
+        default=None,
+        name="Prompt version",
+        description="N (or 'vN') for every prompt, or {prompt name: N}; default: the latest",
+    ),
+    ConfigurableFieldSpec(
+        id="k",
+        annotation=int | None,
+        default=None,
+        name="k",
+        description="chunks retrieved and handed to the compressor (1-200)",
+    ),
+    ConfigurableFieldSpec(
+        id="threshold",
+        annotation=float | None,
+        default=None,
+        name="Threshold",
+        description="minimum compressor score for a chunk to be kept",
+    ),
+)
+CONFIGURABLE_KEYS = tuple(spec.id for spec in CONFIGURABLE_SPECS)
 
 
 def check_configurable(
@@ -49,9 +87,16 @@ def check_configurable(
 ) -> None:
     """Fail before any work if a request's domain, prompt version, k or threshold is bad.
 
-    Raises PromptSelectionError or ValueError with the reason.
+    Raises PromptSelectionError, or ValueError for a key that is not one of
+    ``CONFIGURABLE_KEYS`` or a value of the wrong kind.
     """
     configurable = configurable or {}
+    unknown = sorted(set(configurable) - set(CONFIGURABLE_KEYS))
+    if unknown:
+        raise ValueError(
+            f"unknown configurable key(s) {', '.join(map(repr, unknown))}; "
+            f"known: {', '.join(CONFIGURABLE_KEYS)}"
+        )
     domain = prompts.domain(configurable.get("domain"))
     for name in PROMPTS_USED[mode]:
         if name == "multi_query" and domain.multi_query < 2:
@@ -62,7 +107,7 @@ def check_configurable(
 
 class ChatInput(BaseModel):
     question: str = Field(min_length=1)
-    chat_history: list[BaseMessage] = Field(default_factory=list)
+    chat_history: ChatHistory = Field(default_factory=list)
 
 
 class AskInput(BaseModel):
@@ -115,7 +160,7 @@ class _Turn(BaseModel):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     question: str
-    chat_history: list[BaseMessage] = Field(default_factory=list)
+    chat_history: ChatHistory = Field(default_factory=list)
     search_query: str = ""
     filters: list[MetadataFilter] = Field(default_factory=list)
     alternatives: list[str] = Field(default_factory=list)

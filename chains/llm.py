@@ -10,12 +10,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
 from langchain_core.language_models import LanguageModelInput
-from langchain_core.messages import BaseMessage, trim_messages
+from langchain_core.messages import AnyMessage, BaseMessage, convert_to_messages, trim_messages
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import Runnable
+from pydantic import BeforeValidator
 
 from prompts.registry import Prompt
 
@@ -119,3 +120,24 @@ def trim_history(
         end_on=("ai", "human"),
         allow_partial=False,
     )
+
+
+def _as_messages(value: Any) -> list[BaseMessage]:
+    """Messages as LangChain serialises them ({"type": "human", ...}), as OpenAI writes them
+    ({"role": "user", ...}) or as message objects; anything else is a validation error."""
+    if not isinstance(value, list | tuple):
+        raise ValueError("chat_history must be a list of messages")
+    messages = []
+    for n, item in enumerate(value):
+        try:
+            messages.extend(convert_to_messages([item]))
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            raise ValueError(
+                f"chat_history[{n}] is not a message; give {{'type': 'human' or 'ai', "
+                "'content': text} or {'role': 'user' or 'assistant', 'content': text}"
+            ) from exc
+    return messages
+
+
+# The chat history field of every input that takes one.
+ChatHistory = Annotated[list[AnyMessage], BeforeValidator(_as_messages)]

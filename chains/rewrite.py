@@ -20,12 +20,12 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from langchain_core.messages import AIMessage, BaseMessage
+from langchain_core.messages import AIMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from pydantic import BaseModel, Field
 
-from chains.llm import LLM
+from chains.llm import LLM, ChatHistory
 from prompts.registry import Domain, PromptRegistry
 from retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
 
@@ -45,7 +45,7 @@ _LIST_MARK = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 
 class RewriteInput(BaseModel):
     question: str = Field(min_length=1)
-    chat_history: list[BaseMessage] = Field(default_factory=list)
+    chat_history: ChatHistory = Field(default_factory=list)
 
 
 class RewriteOutput(BaseModel):

@@ -13,6 +13,7 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -198,3 +199,54 @@ def openai_llm(
         tool_calling=True,
         grammar=False,
     )
+
+
+@dataclass(frozen=True)
+class LLMFailure:
+    """A chat model call that failed for a reason outside ragchains, said for the caller."""
+
+    timed_out: bool
+    message: str
+
+
+def explain_failure(exc: BaseException) -> LLMFailure | None:
+    """What went wrong if ``exc`` (or an exception it groups or wraps) is a model failure.
+
+    None for anything else: those are bugs or bad input, reported differently.
+    """
+    import httpx
+    import openai
+
+    for error in _causes(exc):
+        if isinstance(error, openai.APITimeoutError | httpx.TimeoutException | TimeoutError):
+            return LLMFailure(True, "the chat model did not answer in time")
+        if isinstance(error, openai.APIStatusError):
+            return LLMFailure(
+                False, f"the chat model's server answered {error.status_code}: {_short(error)}"
+            )
+        if isinstance(error, openai.APIConnectionError | httpx.TransportError):
+            return LLMFailure(False, "the chat model's server cannot be reached")
+        if isinstance(error, openai.APIError):
+            return LLMFailure(False, f"the chat model failed: {_short(error)}")
+    return None
+
+
+def _causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the members of exception groups (anyio task groups raise those) and causes."""
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        error = pending.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        yield error
+        if isinstance(error, BaseExceptionGroup):
+            pending.extend(error.exceptions)
+        if error.__cause__ is not None:
+            pending.append(error.__cause__)
+
+
+def _short(error: BaseException, limit: int = 200) -> str:
+    text = " ".join(str(getattr(error, "message", None) or error).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr, model_validator
@@ -84,6 +85,27 @@ class Settings(BaseSettings):
     # The new results are kept only if best >= max(old * ratio, old + gain).
     requery_min_ratio: float = Field(1.1, ge=1.0)
     requery_min_gain: float = Field(0.05, ge=0.0)
+
+    # Serving (`ragchains serve`, server.create_app).
+    index: Path | None = Field(None, description="index folder the server answers from")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=1, le=65535)
+    api_key: SecretStr | None = Field(
+        None,
+        description="when set, every route but /healthz and /readyz needs it in the X-API-Key "
+        "header or as 'Authorization: Bearer <key>'",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list, description='origins allowed by CORS, e.g. ["http://localhost:3000"]'
+    )
+    max_request_bytes: int = Field(1_000_000, ge=1024, description="larger bodies get 413")
+    max_question_chars: int = Field(4000, ge=1, description="longer questions get 422")
+    max_history_messages: int = Field(100, ge=0, description="longer chat histories get 422")
+    max_history_chars: int = Field(100_000, ge=0, description="total characters of the history")
+    max_batch_inputs: int = Field(32, ge=1, description="inputs per /batch request")
+    worker_threads: int = Field(
+        64, ge=1, description="threads for the blocking stages (retrieval, non-streamed calls)"
+    )
 
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:
