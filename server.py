@@ -282,6 +282,8 @@ def create_app(
             enable_feedback_endpoint=False,
         )
 
+    # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
+    app.router.on_startup.clear()
     app.include_router(openai_router(state.loaded, lambda: state.requests["chat"]))
 
     @app.get("/healthz", tags=["health"])

@@ -221,8 +221,11 @@ def explain_failure(exc: BaseException) -> LLMFailure | None:
         if isinstance(error, openai.APITimeoutError | httpx.TimeoutException | TimeoutError):
             return LLMFailure(True, "the chat model did not answer in time")
         if isinstance(error, openai.APIStatusError):
+            # The upstream's own words when its body has them, not the client's wrapping.
+            body = error.body if isinstance(error.body, dict) else {}
+            said = body.get("message") or _short(error)
             return LLMFailure(
-                False, f"the chat model's server answered {error.status_code}: {_short(error)}"
+                False, f"the chat model's server answered {error.status_code}: {said}"
             )
         if isinstance(error, openai.APIConnectionError | httpx.TransportError):
             return LLMFailure(False, "the chat model's server cannot be reached")

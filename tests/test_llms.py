@@ -8,11 +8,7 @@ are exercised through the real client over real sockets.
 from __future__ import annotations
 
 import asyncio
-import json
-import threading
-import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import openai
@@ -21,6 +17,7 @@ from langchain_core.messages import HumanMessage, SystemMessage
 
 from chains.llm import LLM
 from ragchains.llms import LLMConfigError, embedded_llm, openai_llm, packaged_gguf
+from tests.servers import FakeOpenAI, fake_openai_server
 
 
 # ----------------------------------------------------------------------------- embedded
@@ -76,72 +73,10 @@ def test_missing_model_file_is_a_clear_error(tmp_path: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- OpenAI-compatible
-class FakeOpenAI(ThreadingHTTPServer):
-    """Answers /v1/chat/completions per model: "ok-*" replies, "down" fails with 503,
-    "slow" sleeps past the client's timeout. Counts the requests per model."""
-
-    daemon_threads = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _Handler)
-        self.requests: dict[str, int] = {}
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
-
-
-class _Handler(BaseHTTPRequestHandler):
-    server: FakeOpenAI
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        model = body["model"]
-        self.server.requests[model] = self.server.requests.get(model, 0) + 1
-        if model == "slow":
-            time.sleep(1.5)
-        if model == "down":
-            self._send(503, {"error": {"message": "overloaded", "type": "server_error"}})
-            return
-        reply = {
-            "id": "chatcmpl-1",
-            "object": "chat.completion",
-            "created": 0,
-            "model": model,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": f"answer from {model}"},
-                    "finish_reason": "stop",
-                }
-            ],
-            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
-        }
-        self._send(200, reply)
-
-    def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
-        try:
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
-            pass
-
-
 @pytest.fixture
 def fake_openai() -> Iterator[FakeOpenAI]:
-    server = FakeOpenAI()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    with fake_openai_server() as server:
+        yield server
 
 
 def test_openai_compatible_answers(fake_openai: FakeOpenAI) -> None:

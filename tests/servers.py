@@ -1,0 +1,138 @@
+"""Real servers for the HTTP tests: our app under uvicorn, and a stand-in OpenAI upstream.
+
+Both listen on a free port of 127.0.0.1 and run in a background thread of the test process.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import uvicorn
+from sse_starlette.sse import AppStatus
+
+
+@contextmanager
+def serving(app: Any) -> Iterator[str]:
+    """Run ``app`` under uvicorn (lifespan included) and yield its base URL."""
+    # sse-starlette 1.x keeps one exit event per process, bound to the first server's event
+    # loop; each test server runs its own loop, so it starts with a fresh one.
+    AppStatus.should_exit_event = None
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 120
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the app did not start")
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        listener.close()
+
+
+class FakeOpenAI(ThreadingHTTPServer):
+    """Answers /v1/chat/completions (plain or streamed) like the real API, per model:
+    "ok-*" replies, "down" fails with 503, "slow" sleeps 1.5 s first. ``behave_as`` makes
+    every model behave as the one named. Counts the requests per model."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _Handler)
+        self.requests: dict[str, int] = {}
+        self.behave_as: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: FakeOpenAI
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        model = body["model"]
+        self.server.requests[model] = self.server.requests.get(model, 0) + 1
+        behaviour = self.server.behave_as or model
+        if behaviour == "slow":
+            time.sleep(1.5)
+        if behaviour == "down":
+            self._send(503, {"error": {"message": "overloaded", "type": "server_error"}})
+            return
+        text = f"answer from {model}"
+        if body.get("stream"):
+            self._stream(model, text)
+            return
+        reply = {
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": model,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": text},
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
+        }
+        self._send(200, reply)
+
+    def _stream(self, model: str, text: str) -> None:
+        def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
+            frame = {
+                "id": "chatcmpl-1",
+                "object": "chat.completion.chunk",
+                "created": 0,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+            return f"data: {json.dumps(frame)}\n\n".encode()
+
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        self.wfile.write(chunk({"role": "assistant", "content": ""}))
+        for word in text.split(" "):
+            self.wfile.write(chunk({"content": word + " "}))
+        self.wfile.write(chunk({}, "stop") + b"data: [DONE]\n\n")
+
+    def _send(self, status: int, payload: dict[str, Any]) -> None:
+        data = json.dumps(payload).encode()
+        try:
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout)
+            pass
+
+
+@contextmanager
+def fake_openai_server() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,274 @@
+"""The HTTP service, called over real sockets: the app runs under uvicorn on a free port.
+
+One server answers with the embedded SmolLM2 over the sample index. A second one talks to a
+stand-in OpenAI upstream (tests/servers.py) that can be told to fail or stall, and has an API
+key and CORS switched on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from langserve import RemoteRunnable
+
+from chains.llm import LLM
+from ragchains.serving.openai_api import ChatMessage, to_chat_input
+from ragchains.settings import Settings
+from retrievers.embeddings import SentenceTransformerEmbedder
+from server import create_app
+from tests.servers import serving
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "what does the standard plan cost?"
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def url(
+    settings: Settings, sample_index: Path, smollm: LLM, embedder: SentenceTransformerEmbedder
+) -> Iterator[str]:
+    app = create_app(
+        settings.model_copy(update={"index": sample_index}), llm=smollm, embedder=embedder
+    )
+    with serving(app) as base:
+        yield base
+
+
+def _sources_back_citations(out: dict[str, Any]) -> None:
+    assert out["citations"], out
+    given = {source["id"]: source["label"] for source in out["sources"]}
+    for cite in out["citations"]:
+        assert given.get(cite["id"]) == cite["label"]
+
+
+# ----------------------------------------------------------------------------- LangServe routes
+def test_remote_runnable_invoke_on_chat_cites_its_sources(url: str) -> None:
+    chat = RemoteRunnable(f"{url}/chat/")
+    out = chat.invoke({"question": QUESTION}, config={"configurable": {"domain": "hr"}})
+    assert out["answer"].strip() and not out["abstained"]
+    _sources_back_citations(out)
+    assert out["prompts"]["answer"] == "hr/answer@v2"
+
+
+def test_remote_runnable_batch_on_ask(url: str) -> None:
+    ask = RemoteRunnable(f"{url}/ask/")
+    outs = ask.batch(
+        [{"question": QUESTION}, {"question": "How many vacation days do employees get?"}],
+        config={"configurable": {"domain": "hr"}},
+    )
+    assert len(outs) == 2
+    for out in outs:
+        _sources_back_citations(out)
+
+
+def test_remote_runnable_stream_sends_sources_then_tokens_then_citations(url: str) -> None:
+    chat = RemoteRunnable(f"{url}/chat/")
+    history = [
+        {"type": "human", "content": "Which health plans are there?"},
+        {"type": "ai", "content": "Basic, Standard and Premium."},
+    ]
+    chunks = list(chat.stream({"question": QUESTION, "chat_history": history}))
+    assert "sources" in chunks[0] and "search_query" in chunks[0]
+    tokens = [c["answer"] for c in chunks if "answer" in c]
+    assert len(tokens) > 1
+    (ending,) = [c for c in chunks if "citations" in c]
+    _sources_back_citations({**ending, "sources": chunks[0]["sources"]})
+    assert chunks.index(ending) > max(i for i, c in enumerate(chunks) if "answer" in c)
+
+
+def test_stream_on_ask(url: str) -> None:
+    chunks = list(RemoteRunnable(f"{url}/ask/").stream({"question": QUESTION}))
+    assert chunks[0]["sources"] and any("answer" in c for c in chunks)
+
+
+def test_playground_and_schemas(url: str) -> None:
+    page = httpx.get(f"{url}/chat/playground/")
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    config = httpx.get(f"{url}/chat/config_schema").json()
+    assert set(config["$defs"]["Configurable"]["properties"]) == {
+        "domain",
+        "prompt_version",
+        "k",
+        "threshold",
+    }
+    assert "question" in httpx.get(f"{url}/ask/input_schema").json()["properties"]
+
+
+@pytest.mark.parametrize(
+    ("configurable", "reported"),
+    [
+        ({}, "default/rewrite@v1"),
+        ({"domain": "hr"}, "hr/rewrite@v2"),
+        ({"domain": "hr", "prompt_version": {"rewrite": 1}}, "hr/rewrite@v1"),
+    ],
+)
+def test_domain_and_version_chosen_by_config(
+    url: str, configurable: dict[str, Any], reported: str
+) -> None:
+    rewrite = RemoteRunnable(f"{url}/rewrite/")
+    out = rewrite.invoke({"question": "cost of the standard plan"}, {"configurable": configurable})
+    assert out["prompts"]["rewrite"] == reported
+
+
+def test_retrieve_route_takes_k_and_filters(url: str) -> None:
+    body = {
+        "input": {
+            "query": "temperature sensor",
+            "filters": [{"field": "price", "op": "<", "value": 50}],
+        },
+        "config": {"configurable": {"k": 5}},
+    }
+    out = httpx.post(f"{url}/retrieve/invoke", json=body).json()["output"]
+    assert out["sources"] and all(s["source"].endswith("products.csv") for s in out["sources"])
+
+
+# ----------------------------------------------------------------------------- OpenAI-compatible
+def test_openai_sdk_gets_an_answer_with_sources(url: str) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    assert {m.id for m in client.models.list()} == {"catalog", "default", "hr"}
+    reply = client.chat.completions.create(
+        model="hr", messages=[{"role": "user", "content": QUESTION}]
+    )
+    assert reply.choices[0].message.content and reply.choices[0].finish_reason == "stop"
+    _sources_back_citations(reply.model_extra["ragchains"])  # type: ignore[index]
+
+
+def test_openai_sdk_streams_sources_first_and_citations_last(url: str) -> None:
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused")
+    messages: list[Any] = [
+        {"role": "system", "content": "ignored: the domain's prompt files decide"},
+        {"role": "user", "content": "Which health plans are there?"},
+        {"role": "assistant", "content": "Basic, Standard and Premium."},
+        {"role": "user", "content": QUESTION},
+    ]
+    chunks = list(client.chat.completions.create(model="hr", messages=messages, stream=True))
+    first, last = chunks[0].model_extra["ragchains"], chunks[-1].model_extra["ragchains"]  # type: ignore[index]
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text.strip() and first["sources"] and chunks[-1].choices[0].finish_reason == "stop"
+    _sources_back_citations({**last, "sources": first["sources"]})
+
+
+def test_openai_messages_become_question_and_history() -> None:
+    messages = [
+        ChatMessage(role="system", content="be brief"),
+        ChatMessage(role="user", content=[{"type": "text", "text": "first"}]),  # type: ignore[list-item]
+        ChatMessage(role="assistant", content="reply"),
+        ChatMessage(role="user", content="second"),
+    ]
+    turn = to_chat_input(messages)
+    assert turn["question"] == "second"
+    assert [(m.type, m.content) for m in turn["chat_history"]] == [
+        ("human", "first"),
+        ("ai", "reply"),
+    ]
+    with pytest.raises(ValueError, match="last message"):
+        to_chat_input(messages[:3])
+
+
+# ----------------------------------------------------------------------------- bad input
+LONG = "x" * 100_000
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "reason"),
+    [
+        ("/chat/invoke", {"input": {"question": ""}}, 422, "at least 1 character"),
+        ("/chat/invoke", {"input": {"question": "   "}}, 422, "the question is empty"),
+        ("/chat/invoke", {"input": {"question": LONG}}, 422, "the limit is 4000"),
+        (
+            "/chat/invoke",
+            {"input": {"question": "hi", "chat_history": [{"role": "user"}]}},
+            422,
+            "chat_history[0] is not a message",
+        ),
+        ("/chat/invoke", {"input": {"question": "hi", "chat_history": "hello"}}, 422, "a list"),
+        (
+            "/chat/invoke",
+            {"input": {"question": "hi"}, "config": {"configurable": {"domain": "legal"}}},
+            400,
+            "unknown domain 'legal'",
+        ),
+        (
+            "/chat/stream",
+            {"input": {"question": "hi"}, "config": {"configurable": {"prompt_version": 9}}},
+            400,
+            "has no version 9",
+        ),
+        (
+            "/ask/invoke",
+            {"input": {"question": "hi"}, "config": {"configurable": {"temperature": 2}}},
+            422,
+            "unknown configurable key(s) 'temperature'",
+        ),
+        (
+            "/ask/invoke",
+            {"input": {"question": "hi"}, "config": {"configurable": {"k": 0}}},
+            422,
+            "k: Input should be greater than or equal to 1",
+        ),
+        (
+            "/ask/invoke",
+            {"input": {"question": "hi", "filters": [{"field": "colour", "op": "=", "value": 1}]}},
+            422,
+            "unknown filter field 'colour'",
+        ),
+        (
+            "/ask/invoke",
+            {"input": {"question": "hi", "filters": [{"field": "price", "op": "<", "value": "x"}]}},
+            422,
+            "expected a number",
+        ),
+        ("/ask/batch", {"inputs": [{"question": "hi"}] * 40}, 413, "the limit is 32"),
+        ("/chat/invoke", {"input": {"question": "y" * 2_000_000}}, 413, "larger than"),
+        ("/v1/chat/completions", {"model": "legal", "messages": []}, 422, "messages"),
+        (
+            "/v1/chat/completions",
+            {"model": "legal", "messages": [{"role": "user", "content": "hi"}]},
+            400,
+            "unknown domain 'legal'",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "hr", "messages": [{"role": "assistant", "content": "hi"}]},
+            422,
+            "the last message must be the user's question",
+        ),
+        (
+            "/v1/chat/completions",
+            {"model": "hr", "messages": [{"role": "user", "content": LONG}]},
+            422,
+            "the limit is 4000",
+        ),
+    ],
+)
+def test_bad_input_gets_the_documented_status_and_reason(
+    url: str, path: str, body: dict[str, Any], status: int, reason: str
+) -> None:
+    response = httpx.post(f"{url}{path}", json=body, timeout=30)
+    assert response.status_code == status, response.text
+    assert reason in response.text
+    assert "Traceback" not in response.text and len(response.text) < 2000
+
+
+def test_malformed_json_is_422(url: str) -> None:
+    response = httpx.post(
+        f"{url}/v1/chat/completions",
+        content=b"{not json",
+        headers={"content-type": "application/json"},
+    )
+    assert response.status_code == 422 and "not valid JSON" in response.json()["error"]["message"]
+
+
+def test_health_and_readiness(url: str) -> None:
+    assert httpx.get(f"{url}/healthz").json() == {"status": "ok"}
+    ready = httpx.get(f"{url}/readyz").json()
+    assert ready["ready"] and ready["llm"]["provider"] == "embedded"
+    assert ready["index"]["chunks"] > 0 and ready["embedder"]["dimension"] == 384
+    # No cross-encoder weights exist offline: the similarity fallback is in use and said so.
+    assert ready["compressor"]["fallback"] and ready["degraded"]

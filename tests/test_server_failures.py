@@ -1,0 +1,130 @@
+"""The HTTP service when things go wrong upstream, and its access checks.
+
+The app runs under uvicorn on a free port with the openai provider pointed at a stand-in
+upstream (tests/servers.py) that can be told to fail or stall; an API key and CORS are on.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from langserve import RemoteRunnable
+from pydantic import SecretStr
+
+from ragchains.settings import Settings
+from retrievers.embeddings import SentenceTransformerEmbedder
+from server import create_app
+from tests.servers import FakeOpenAI, fake_openai_server, serving
+
+pytestmark = pytest.mark.slow
+
+QUESTION = "what does the standard plan cost?"
+KEY = "s3cret-key"
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeOpenAI]:
+    with fake_openai_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def guarded_url(
+    settings: Settings,
+    sample_index: Path,
+    embedder: SentenceTransformerEmbedder,
+    upstream: FakeOpenAI,
+) -> Iterator[str]:
+    """The openai provider against the stand-in upstream, with a key and CORS."""
+    configured = settings.model_copy(
+        update={
+            "index": sample_index,
+            "llm_provider": "openai",
+            "openai_model": "ok-main",
+            "openai_base_url": upstream.base_url,
+            "llm_timeout": 0.5,
+            "llm_max_retries": 0,
+            "api_key": SecretStr(KEY),
+            "cors_origins": ["http://app.example"],
+        }
+    )
+    with serving(create_app(configured, embedder=embedder)) as base:
+        yield base
+
+
+def test_api_key_is_required_except_for_health_checks(guarded_url: str) -> None:
+    body = {"input": {"query": "standard plan"}}
+    assert httpx.post(f"{guarded_url}/retrieve/invoke", json=body).status_code == 401
+    wrong = httpx.post(f"{guarded_url}/retrieve/invoke", json=body, headers={"X-API-Key": "no"})
+    assert wrong.status_code == 401 and "API key" in wrong.json()["detail"]
+    right = httpx.post(f"{guarded_url}/retrieve/invoke", json=body, headers={"X-API-Key": KEY})
+    assert right.status_code == 200
+    assert httpx.get(f"{guarded_url}/healthz").status_code == 200
+    assert httpx.get(f"{guarded_url}/readyz").status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{guarded_url}/v1", api_key="wrong").models.list()
+    assert openai.OpenAI(base_url=f"{guarded_url}/v1", api_key=KEY).models.list().data
+
+
+def test_cors_preflight_for_an_allowed_origin(guarded_url: str) -> None:
+    headers = {
+        "Origin": "http://app.example",
+        "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "content-type,x-api-key",
+    }
+    allowed = httpx.options(f"{guarded_url}/chat/invoke", headers=headers)
+    assert allowed.headers["access-control-allow-origin"] == "http://app.example"
+    other = httpx.options(
+        f"{guarded_url}/chat/invoke", headers={**headers, "Origin": "http://evil"}
+    )
+    assert "access-control-allow-origin" not in other.headers
+
+
+def test_failing_llm_is_502_and_the_next_request_is_served(
+    guarded_url: str, upstream: FakeOpenAI
+) -> None:
+    headers = {"X-API-Key": KEY}
+    body = {"input": {"question": QUESTION}}
+    upstream.behave_as = "down"
+    try:
+        failed = httpx.post(f"{guarded_url}/ask/invoke", json=body, headers=headers)
+        assert failed.status_code == 502
+        assert failed.json() == {"detail": "the chat model's server answered 503: overloaded"}
+        # In a stream the status is already sent: the error event carries it.
+        remote = RemoteRunnable(f"{guarded_url}/ask/", headers=headers)
+        with pytest.raises(httpx.HTTPStatusError) as streamed:
+            list(remote.stream({"question": QUESTION}))
+        assert streamed.value.response.status_code == 502
+        client = openai.OpenAI(base_url=f"{guarded_url}/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.APIStatusError) as sdk:
+            client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": QUESTION}], stream=True
+            )
+        assert sdk.value.status_code == 502
+        ready = httpx.get(f"{guarded_url}/readyz").json()
+        assert "503" in ready["llm"]["last_failure"]["message"]
+    finally:
+        upstream.behave_as = None
+    served = httpx.post(f"{guarded_url}/ask/invoke", json=body, headers=headers)
+    assert served.status_code == 200
+    assert served.json()["output"]["answer"].strip() == "answer from ok-main"
+
+
+def test_llm_timeout_is_504(guarded_url: str, upstream: FakeOpenAI) -> None:
+    upstream.behave_as = "slow"
+    try:
+        response = httpx.post(
+            f"{guarded_url}/chat/invoke",
+            json={"input": {"question": QUESTION}},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=30,
+        )
+    finally:
+        upstream.behave_as = None
+    assert response.status_code == 504
+    assert json.loads(response.text)["detail"] == "the chat model did not answer in time"
