@@ -193,7 +193,7 @@ def retrieve_command(
     docs = retriever.invoke(query, k=want if not rerank else max(want, settings.k), filters=checked)
     compressor_status = None
     if rerank:
-        compressor = build_compressor(settings, embedder)
+        compressor = build_compressor(settings, embedder, search_index)
         compressor.top_n = want
         docs = list(compressor.compress_documents(docs, query))
         compressor_status = compressor.status()

@@ -74,10 +74,15 @@ def build_retriever(
     )
 
 
-def build_compressor(settings: Settings, embedder: SentenceTransformerEmbedder) -> RerankCompressor:
+def build_compressor(
+    settings: Settings, embedder: SentenceTransformerEmbedder, index: SearchIndex | None = None
+) -> RerankCompressor:
+    """The cross-encoder, falling back to embedding similarity (from ``index``'s stored
+    vectors when given) if it cannot load."""
+    stored = index.stored_vectors if index is not None else None
     return RerankCompressor(
         primary=SentenceTransformerCrossEncoder(settings.reranker_model, device=settings.device),
-        fallback=EmbeddingSimilarityScorer(embedder),
+        fallback=EmbeddingSimilarityScorer(embedder, stored=stored),
         top_n=settings.rerank_top_n,
         threshold=settings.rerank_threshold,
     )
@@ -134,7 +139,7 @@ def build_service(
     llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
     index = open_index(index_dir, embedder)
-    compressor = build_compressor(settings, embedder)
+    compressor = build_compressor(settings, embedder, index)
     compressor.warm_up()
     graphs = build_graphs(
         llm=llm,

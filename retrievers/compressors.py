@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -74,15 +74,24 @@ class SentenceTransformerCrossEncoder(BaseCrossEncoder):
 
 
 class EmbeddingSimilarityScorer(BaseCrossEncoder):
-    """Cosine similarity of query and chunk embeddings: needs only the embedder's weights."""
+    """Cosine similarity of query and chunk embeddings: needs only the embedder's weights.
+
+    ``stored`` gives the vectors an index already holds for chunk ids; those chunks are not
+    embedded again (that was most of a chat turn's CPU time).
+    """
 
     kind = "embedding-similarity"
     default_threshold = SIMILARITY_THRESHOLD
     default_requery_below = SIMILARITY_REQUERY_BELOW
 
-    def __init__(self, embedder: SentenceTransformerEmbedder) -> None:
+    def __init__(
+        self,
+        embedder: SentenceTransformerEmbedder,
+        stored: Callable[[Sequence[str]], Mapping[str, np.ndarray]] | None = None,
+    ) -> None:
         self.embedder = embedder
         self.name = embedder.name
+        self.stored = stored
 
     def load(self) -> None:
         self.embedder.encode(["warm up"])
@@ -94,6 +103,14 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
         q_vecs = dict(zip(queries, self.embedder.encode(queries), strict=True))
         d_vecs = self.embedder.encode([d for _, d in text_pairs])
         return [float(q_vecs[q] @ d) for (q, _), d in zip(text_pairs, d_vecs, strict=True)]
+
+    def score_documents(self, query: str, documents: Sequence[Document]) -> list[float]:
+        known = self.stored([str(d.id) for d in documents if d.id]) if self.stored else {}
+        missing = [d.page_content for d in documents if str(d.id) not in known]
+        fresh = iter(self.embedder.encode([query, *missing]))
+        q_vec = next(fresh)
+        vectors = [known[str(d.id)] if str(d.id) in known else next(fresh) for d in documents]
+        return [float(q_vec @ v) for v in vectors]
 
 
 @dataclass
@@ -184,7 +201,10 @@ class RerankCompressor(BaseDocumentCompressor):
         if not documents:
             return Reranked(documents=[], best_score=None, threshold=cut)
         self.warm_up()
-        scores = self._active.score([(query, d.page_content) for d in documents])
+        if hasattr(self._active, "score_documents"):
+            scores = self._active.score_documents(query, documents)
+        else:
+            scores = self._active.score([(query, d.page_content) for d in documents])
         ranked = sorted(zip(documents, scores, strict=True), key=lambda p: p[1], reverse=True)
         kept = []
         for doc, score in ranked[: top_n or self.top_n]:

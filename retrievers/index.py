@@ -329,6 +329,16 @@ class ChunkStore:
             docs.append(Document(id=cid, page_content=text, metadata=metadata))
         return docs
 
+    def rows(self, ids: Sequence[str]) -> dict[str, int]:
+        """The row of each chunk id that is in the store."""
+        if not ids:
+            return {}
+        marks = ",".join("?" * len(ids))
+        with self._lock:
+            return dict(
+                self._con.execute(f"SELECT id, row FROM chunks WHERE id IN ({marks})", list(ids))
+            )
+
     def iter_chunks(self) -> Iterator[Chunk]:
         with self._lock:
             rows = self._con.execute(
@@ -379,6 +389,10 @@ class SearchIndex:
         if n == 0:
             return np.zeros((0, self.dense.d), dtype=np.float32)
         return self.dense.reconstruct_n(0, n)
+
+    def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The embeddings stored for these chunk ids (those the index holds)."""
+        return {cid: self.dense.reconstruct(row) for cid, row in self.store.rows(ids).items()}
 
     def close(self) -> None:
         self.store.close()

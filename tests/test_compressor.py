@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 from langchain_core.documents import Document
@@ -148,3 +149,27 @@ def test_compression_retriever_passes_filters_through(
     scores = [d.metadata["rerank_score"] for d in docs]
     assert scores == sorted(scores, reverse=True) and min(scores) >= 0.25
     assert compressor.status()["fallback"] is True
+
+
+def test_similarity_fallback_scores_from_the_index_vectors(
+    sample_index: Path, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    index = open_index(sample_index, embedder)
+    docs = build_retriever(settings, index, embedder).invoke("what does the standard plan cost")
+    query = "what does the standard plan cost"
+    from_text = EmbeddingSimilarityScorer(embedder).score_documents(query, docs)
+
+    encoded: list[int] = []
+
+    class Counting(SentenceTransformerEmbedder):
+        def encode(self, texts: list[str], **kwargs: Any) -> Any:
+            encoded.append(len(texts))
+            return embedder.encode(texts, **kwargs)
+
+    counting = Counting(embedder.name)
+    from_index = EmbeddingSimilarityScorer(counting, stored=index.stored_vectors)
+    assert from_index.score_documents(query, docs) == pytest.approx(from_text, abs=1e-5)
+    assert encoded == [1]  # the query only: every chunk's vector came from the index
+    unknown = Document(id="not-in-index", page_content="The standard plan costs $45.00.")
+    scores = from_index.score_documents(query, [*docs[:1], unknown])
+    assert encoded[-1] == 2 and scores[1] > 0.5
