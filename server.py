@@ -28,6 +28,7 @@ from fastapi.responses import JSONResponse
 from langchain_core.runnables import Runnable, RunnableConfig
 from langchain_core.runnables.utils import ConfigurableFieldSpec
 from langserve import add_routes
+from langserve.callbacks import AsyncEventAggregatorCallback
 from langserve.lzstring import LZString
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -120,27 +121,43 @@ class _Served(Runnable[Any, Any]):
         return list(CONFIGURABLE_SPECS)
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return self._graph().invoke(input, config, **kwargs)
+        return self._graph().invoke(input, _lean(config), **kwargs)
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return await self._graph().ainvoke(input, config, **kwargs)
+        return await self._graph().ainvoke(input, _lean(config), **kwargs)
 
     def batch(self, inputs: list[Any], config: Any = None, **kwargs: Any) -> list[Any]:
-        return self._graph().batch(inputs, config, **kwargs)
+        configs = [_lean(c) for c in config] if isinstance(config, list) else _lean(config)
+        return self._graph().batch(inputs, configs, **kwargs)
 
     async def abatch(self, inputs: list[Any], config: Any = None, **kwargs: Any) -> list[Any]:
-        return await self._graph().abatch(inputs, config, **kwargs)
+        configs = [_lean(c) for c in config] if isinstance(config, list) else _lean(config)
+        return await self._graph().abatch(inputs, configs, **kwargs)
 
     def stream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> Iterator[Any]:
-        yield from self._graph().stream(input, config, **kwargs)
+        yield from self._graph().stream(input, _lean(config), **kwargs)
 
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        async for chunk in self._graph().astream(input, config, **kwargs):
+        async for chunk in self._graph().astream(input, _lean(config), **kwargs):
             yield chunk
+
+
+def _lean(config: RunnableConfig | None) -> RunnableConfig | None:
+    """``config`` without LangServe's event aggregator.
+
+    LangServe attaches it to every call, though it returns the collected events only with
+    ``include_callback_events`` (off here). It is an async handler, and LangChain runs an
+    async handler called from a stage in a worker thread in a new event loop, once per
+    event: a few milliseconds of every turn, for nothing.
+    """
+    if not config or not isinstance(config.get("callbacks"), list):
+        return config
+    kept = [h for h in config["callbacks"] if not isinstance(h, AsyncEventAggregatorCallback)]
+    return {**config, "callbacks": kept}
 
 
 def _request_configs(body: Any, config_hash: str | None) -> list[Any]:

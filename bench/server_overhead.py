@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import statistics
 import subprocess
@@ -32,8 +33,16 @@ from bench.common import REPO, cache_dir, machine_line, percentile_ms, write_sec
 from chains.llm import LLM
 
 QUESTION = "what does the standard plan cost?"
+_asked = itertools.count()
+
+
+def question() -> str:
+    """A question never asked before in this run: no cache may answer for the work."""
+    return f"{QUESTION} (request {next(_asked)})"
+
+
 ANSWER = "The standard plan costs $45.00 a month [employee-handbook.md#benefit-plans]."
-REPEATS = 3
+REPEATS = 5
 CALLS = 60
 CONCURRENT = 64
 STUB_SECONDS = 2.0
@@ -147,11 +156,12 @@ def in_process_times(index: Path) -> list[float]:
 
     async def run() -> list[float]:
         for _ in range(5):
-            await chat.ainvoke({"question": QUESTION})
+            await chat.ainvoke({"question": question()})
         times = []
         for _ in range(CALLS):
+            body = {"question": question()}
             start = time.perf_counter()
-            await chat.ainvoke({"question": QUESTION})
+            await chat.ainvoke(body)
             times.append(time.perf_counter() - start)
         return times
 
@@ -159,12 +169,12 @@ def in_process_times(index: Path) -> list[float]:
 
 
 def http_times(url: str) -> list[float]:
-    body = {"input": {"question": QUESTION}}
     with httpx.Client(base_url=url, timeout=60) as client:
         for _ in range(5):
-            client.post("/chat/invoke", json=body).raise_for_status()
+            client.post("/chat/invoke", json={"input": {"question": question()}}).raise_for_status()
         times = []
         for _ in range(CALLS):
+            body = {"input": {"question": question()}}
             start = time.perf_counter()
             response = client.post("/chat/invoke", json=body)
             times.append(time.perf_counter() - start)
@@ -176,9 +186,9 @@ def http_times(url: str) -> list[float]:
 async def one_stream(client: httpx.AsyncClient, route: str) -> bool:
     """Reads one stream to its end; True when it ended normally with an answer."""
     if route == "chat":
-        request = ("/chat/stream", {"input": {"question": QUESTION}})
+        request = ("/chat/stream", {"input": {"question": question()}})
     else:
-        messages = [{"role": "user", "content": QUESTION}]
+        messages = [{"role": "user", "content": question()}]
         request = ("/v1/chat/completions", {"model": "hr", "messages": messages, "stream": True})
     answered = ended = failed = False
     async with client.stream("POST", request[0], json=request[1]) as response:

@@ -107,8 +107,8 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
     def score_documents(self, query: str, documents: Sequence[Document]) -> list[float]:
         known = self.stored([str(d.id) for d in documents if d.id]) if self.stored else {}
         missing = [d.page_content for d in documents if str(d.id) not in known]
-        fresh = iter(self.embedder.encode([query, *missing]))
-        q_vec = next(fresh)
+        q_vec = self.embedder.encode_query(query)
+        fresh = iter(self.embedder.encode(missing) if missing else [])
         vectors = [known[str(d.id)] if str(d.id) in known else next(fresh) for d in documents]
         return [float(q_vec @ v) for v in vectors]
 

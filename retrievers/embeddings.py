@@ -6,12 +6,15 @@ matrix instead, so this class offers both. Weights load on first use, never at i
 
 from __future__ import annotations
 
+import functools
 import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from langchain_core.embeddings import Embeddings
+
+QUERY_CACHE_SIZE = 256
 
 # Names that resolve to weights shipped inside an installed package (no network needed).
 _PACKAGED_MODELS = {
@@ -43,6 +46,7 @@ class SentenceTransformerEmbedder(Embeddings):
         self._model: Any = None
         self._token_counter: Any = None
         self._lock = threading.Lock()
+        self._recent_queries = functools.lru_cache(maxsize=QUERY_CACHE_SIZE)(self._encode_one)
 
     # -- lazy loading -------------------------------------------------------------------
     @property
@@ -96,7 +100,14 @@ class SentenceTransformerEmbedder(Embeddings):
         return np.ascontiguousarray(vectors, dtype=np.float32)
 
     def encode_query(self, text: str) -> np.ndarray:
-        return self.encode([text])[0]
+        """One query's vector (read-only). Recent queries are remembered: a chat turn needs
+        its query's vector twice (search, then the similarity reranker)."""
+        return self._recent_queries(text)
+
+    def _encode_one(self, text: str) -> np.ndarray:
+        vector = self.encode([text])[0]
+        vector.flags.writeable = False  # shared by every caller of the cache
+        return vector
 
     # -- LangChain Embeddings API ---------------------------------------------------------
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
