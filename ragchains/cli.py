@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -15,6 +17,7 @@ from pydantic import ValidationError
 from ragchains import __version__
 
 EXIT_NOTHING_INGESTED = 1
+EXIT_FAILED = 1
 EXIT_USAGE = 2
 
 
@@ -274,6 +277,26 @@ def _load_service(settings: Any, index: Path, configurable: dict[str, Any], mode
         _fail(str(exc))
 
 
+def _one_line(exc: Exception) -> str:
+    """What the user is told when a turn fails: the model's failure, or the input's fault."""
+    from ragchains.llms import explain_failure
+
+    failure = explain_failure(exc)
+    if failure is not None:
+        return failure.message
+    if isinstance(exc, ValueError):
+        return str(exc)
+    raise exc  # a bug: the traceback is the useful report
+
+
+@contextlib.contextmanager
+def _model_failures_as_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        _fail(_one_line(exc), EXIT_FAILED)
+
+
 def _print_turn(events: Any, *, show_query: bool) -> str:
     """Stream one turn: the answer as it is written, then what it cites."""
     out: dict[str, Any] = {}
@@ -344,11 +367,12 @@ def ask_command(
     checked = _parse_filters(filters, service.index.fields)
     request = {"question": question, "filters": checked}
     config = {"configurable": configurable}
-    if as_json:
-        result = service.graphs.ask.invoke(request, config)
-        click.echo(json.dumps(result, indent=2, ensure_ascii=False, default=str))
-        return
-    _print_turn(service.graphs.ask.stream(request, config), show_query=False)
+    with _model_failures_as_errors():
+        if as_json:
+            result = service.graphs.ask.invoke(request, config)
+            click.echo(json.dumps(result, indent=2, ensure_ascii=False, default=str))
+            return
+        _print_turn(service.graphs.ask.stream(request, config), show_query=False)
 
 
 @app.command("chat")
@@ -393,8 +417,8 @@ def chat_command(
                 {"question": question, "chat_history": history}, {"configurable": configurable}
             )
             answer = _print_turn(events, show_query=True)
-        except ValueError as exc:  # a bad filter or option in this turn; the session goes on
-            click.echo(f"error: {exc}", err=True)
+        except Exception as exc:  # a bad option or a model failure; the session goes on
+            click.echo(f"\nerror: {_one_line(exc)}", err=True)
             continue
         history += [HumanMessage(question), AIMessage(answer)]
 

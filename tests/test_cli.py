@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -266,3 +267,31 @@ def test_ask_refuses_bad_options_with_one_line(
 def test_ask_on_a_missing_index_is_an_error(tmp_path: Path) -> None:
     result = run("ask", "--index", tmp_path / "none", "question")
     assert result.returncode == 2 and "error: " in result.stderr
+
+
+def test_ask_with_an_unreachable_model_server_is_one_line(index: Path) -> None:
+    with socket.socket() as closed:  # a port nothing listens on once this block ends
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    env = {
+        "RAGCHAINS_LLM_PROVIDER": "openai",
+        "RAGCHAINS_OPENAI_BASE_URL": f"http://127.0.0.1:{port}/v1",
+        "RAGCHAINS_LLM_MAX_RETRIES": "0",
+    }
+    result = run("ask", "--index", index, "what does the standard plan cost?", env=env)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        "error: the chat model's server cannot be reached"
+    )
+    assert "Traceback" not in result.stderr
+
+
+def test_serve_refuses_a_busy_port_and_a_missing_index(index: Path, tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        result = run("serve", "--index", index, "--port", port)
+    assert result.returncode == 2 and f"cannot listen on 127.0.0.1:{port}" in result.stderr
+    result = run("serve", "--index", tmp_path / "none", "--port", port)  # free again
+    assert result.returncode == 2 and "error: no index at" in result.stderr
