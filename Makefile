@@ -25,11 +25,10 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-# The main job on the embedded defaults: no network, no API key.
+# The main job on the embedded defaults: no network, no API key. Serves until Ctrl-C.
 quickstart: setup
 	$(BIN)/ragchains ingest samples --index $(INDEX)
-	$(BIN)/ragchains retrieve --index $(INDEX) "what does the standard plan cost" --k 3
-	$(BIN)/ragchains ask --index $(INDEX) --domain hr "what does the standard plan cost?"
+	$(BIN)/ragchains serve --index $(INDEX)
 
 test: setup
 	$(BIN)/pytest
@@ -48,6 +47,7 @@ bench: setup
 	$(BIN)/python -m bench.retrieval_latency
 	$(BIN)/python -m bench.scifact_quality
 	$(BIN)/python -m bench.ingest_throughput
+	$(BIN)/python -m bench.server_overhead
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache
