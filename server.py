@@ -146,7 +146,7 @@ class _Served(Runnable[Any, Any]):
             yield chunk
 
 
-def _lean(config: RunnableConfig | None) -> RunnableConfig | None:
+def _lean(config: Any) -> Any:
     """``config`` without LangServe's event aggregator.
 
     LangServe attaches it to every call, though it returns the collected events only with
@@ -154,9 +154,10 @@ def _lean(config: RunnableConfig | None) -> RunnableConfig | None:
     async handler called from a stage in a worker thread in a new event loop, once per
     event: a few milliseconds of every turn, for nothing.
     """
-    if not config or not isinstance(config.get("callbacks"), list):
+    callbacks = config.get("callbacks") if config else None
+    if not isinstance(callbacks, list):
         return config
-    kept = [h for h in config["callbacks"] if not isinstance(h, AsyncEventAggregatorCallback)]
+    kept = [h for h in callbacks if not isinstance(h, AsyncEventAggregatorCallback)]
     return {**config, "callbacks": kept}
 
 

@@ -392,7 +392,8 @@ class SearchIndex:
 
     def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         """The embeddings stored for these chunk ids (those the index holds)."""
-        return {cid: self.dense.reconstruct(row) for cid, row in self.store.rows(ids).items()}
+        rows = self.store.rows(ids)
+        return {cid: np.asarray(self.dense.reconstruct(row)) for cid, row in rows.items()}
 
     def close(self) -> None:
         self.store.close()
