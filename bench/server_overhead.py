@@ -189,7 +189,10 @@ async def one_stream(client: httpx.AsyncClient, route: str) -> bool:
         request = ("/chat/stream", {"input": {"question": question()}})
     else:
         messages = [{"role": "user", "content": question()}]
-        request = ("/v1/chat/completions", {"model": "hr", "messages": messages, "stream": True})
+        request = (
+            "/v1/chat/completions",
+            {"model": "default", "messages": messages, "stream": True},
+        )
     answered = ended = failed = False
     async with client.stream("POST", request[0], json=request[1]) as response:
         if response.status_code != 200:
