@@ -33,18 +33,17 @@ from langserve.lzstring import LZString
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from chains.graph import CONFIGURABLE_SPECS, AskInput, ChatInput, ChatOutput, check_configurable
+from chains.graph import CONFIGURABLE_SPECS, AskInput, ChatInput, ChatOutput
 from chains.llm import LLM
 from chains.retrieve import RetrieveInput, RetrieveOutput
 from chains.rewrite import RewriteInput, RewriteOutput
-from prompts.registry import PromptSelectionError
 from ragchains import __version__
 from ragchains.factory import Service, build_service, configure_runtime
 from ragchains.llms import LLMFailure
 from ragchains.serving.errors import ErrorMiddleware, error_body
 from ragchains.serving.guards import ApiKeyMiddleware, BodyLimitMiddleware
 from ragchains.serving.openai_api import openai_router
-from ragchains.serving.requests import Limits, request_models
+from ragchains.serving.requests import Limits, request_models, require_configurable
 from ragchains.settings import Settings
 from retrievers.embeddings import SentenceTransformerEmbedder
 
@@ -195,15 +194,7 @@ def _check_request(state: _State, route: str, limits: Limits) -> Any:
         for config in _request_configs(body, request.path_params.get("config_hash")):
             if not isinstance(config, dict):
                 continue  # LangServe rejects it with 422
-            configurable = config.get("configurable") or {}
-            if not isinstance(configurable, dict):
-                raise HTTPException(422, "config.configurable must be an object")
-            try:
-                check_configurable(service.prompts, configurable, route)
-            except PromptSelectionError as exc:
-                raise HTTPException(400, str(exc)) from exc
-            except ValueError as exc:
-                raise HTTPException(422, str(exc)) from exc
+            require_configurable(service.prompts, config.get("configurable") or {}, route)
 
     return check
 

@@ -21,10 +21,9 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from chains.graph import check_configurable
-from prompts.registry import PromptSelectionError
 from ragchains.factory import Service
 from ragchains.serving.errors import classify, error_body
+from ragchains.serving.requests import require_configurable
 
 
 class ContentPart(BaseModel):
@@ -110,11 +109,9 @@ def openai_router(
         if "domain" in body.configurable:
             raise HTTPException(422, "choose the domain with 'model', not configurable.domain")
         configurable = {**body.configurable, "domain": body.model}
+        require_configurable(loaded.prompts, configurable, "chat")
         try:
-            check_configurable(loaded.prompts, configurable, "chat")
             turn = request_model().model_validate(to_chat_input(body.messages))
-        except PromptSelectionError as exc:
-            raise HTTPException(400, str(exc)) from exc
         except ValidationError as exc:
             raise HTTPException(422, _first_problem(exc)) from exc
         except ValueError as exc:

@@ -7,11 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from fastapi import HTTPException
 from pydantic import BaseModel, field_validator
 
-from chains.graph import AskInput, ChatInput
+from chains.graph import AskInput, ChatInput, check_configurable
 from chains.retrieve import RetrieveInput
 from chains.rewrite import RewriteInput
+from prompts.registry import PromptRegistry, PromptSelectionError
 from ragchains.settings import Settings
 from retrievers.filters import MetadataFilter, validate_filters
 
@@ -95,3 +97,16 @@ def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[
         "rewrite": RewriteRequest,
         "retrieve": RetrieveRequest,
     }
+
+
+def require_configurable(prompts: PromptRegistry, configurable: Any, mode: str) -> None:
+    """``check_configurable`` for a request: 400 for an unknown domain or prompt version,
+    422 for anything else wrong (unknown key, bad k or threshold)."""
+    if not isinstance(configurable, dict):
+        raise HTTPException(422, "config.configurable must be an object")
+    try:
+        check_configurable(prompts, configurable, mode)
+    except PromptSelectionError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    except ValueError as exc:
+        raise HTTPException(422, str(exc)) from exc
