@@ -1,9 +1,20 @@
-"""Ranking metrics over one query: ``ranked`` ids best first, ``relevant`` id -> grade (> 0)."""
+"""Evaluation metrics.
+
+Ranking metrics over one query take ``ranked`` ids best first and ``relevant`` id -> grade
+(> 0). Text metrics compare a prediction with a reference the way SQuAD does: lowercased,
+punctuation and English articles dropped, whitespace collapsed.
+"""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+import re
+import string
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def ndcg_at_k(ranked: Sequence[str], relevant: Mapping[str, float], k: int) -> float:
@@ -28,3 +39,29 @@ def mrr_at_k(ranked: Sequence[str], relevant: Mapping[str, float], k: int) -> fl
         if relevant.get(doc, 0.0) > 0:
             return 1.0 / rank
     return 0.0
+
+
+def normalize_text(text: str) -> str:
+    text = _ARTICLES.sub(" ", text.lower().translate(_PUNCTUATION))
+    return " ".join(text.split())
+
+
+def exact_match(prediction: str, reference: str) -> float:
+    return float(normalize_text(prediction) == normalize_text(reference))
+
+
+def token_f1(prediction: str, reference: str) -> float:
+    """Harmonic mean of token precision and recall (tokens counted with multiplicity)."""
+    predicted, wanted = normalize_text(prediction).split(), normalize_text(reference).split()
+    if not predicted or not wanted:
+        return float(predicted == wanted)
+    common = sum((Counter(predicted) & Counter(wanted)).values())
+    if common == 0:
+        return 0.0
+    precision, recall = common / len(predicted), common / len(wanted)
+    return 2 * precision * recall / (precision + recall)
+
+
+def citation_match(cited: Iterable[str], gold: Iterable[str]) -> bool:
+    """Every gold citation label is among the cited ones (extra citations are allowed)."""
+    return set(gold) <= set(cited)

@@ -6,7 +6,15 @@ import math
 
 import pytest
 
-from evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
+from evaluation.metrics import (
+    citation_match,
+    exact_match,
+    mrr_at_k,
+    ndcg_at_k,
+    normalize_text,
+    recall_at_k,
+    token_f1,
+)
 
 
 def test_ndcg_hand_computed() -> None:
@@ -35,3 +43,27 @@ def test_recall_and_mrr_hand_computed() -> None:
     assert mrr_at_k(["x", "y", "b"], relevant, 10) == pytest.approx(1 / 3)
     assert mrr_at_k(["x", "y", "b"], relevant, 2) == 0.0
     assert mrr_at_k(["z", "a"], relevant, 10) == 0.5  # grade 0 is not relevant
+
+
+def test_text_normalised_like_squad() -> None:
+    assert normalize_text("The  Standard plan's cost!") == "standard plans cost"
+    assert exact_match("the standard plan", "Standard plan.") == 1.0
+    assert exact_match("standard plan cost", "standard plan") == 0.0
+
+
+def test_token_f1_hand_computed() -> None:
+    # prediction: health plan cost children (4); reference: cost of adding children to plan (6)
+    # shared: plan, cost, children = 3 -> P = 3/4, R = 3/6, F1 = 2PR/(P+R) = 0.6
+    assert token_f1("health plan cost children", "cost of adding children to plan") == (
+        pytest.approx(0.6)
+    )
+    # Multiplicity counts: "plan plan" vs "plan" -> P = 1/2, R = 1 -> 2/3.
+    assert token_f1("plan plan", "plan") == pytest.approx(2 / 3)
+    assert token_f1("x", "y") == 0.0
+    assert token_f1("", "") == 1.0 and token_f1("the", "plan") == 0.0
+
+
+def test_citation_match_needs_every_gold_label() -> None:
+    assert citation_match(["a.md#x", "b.md#y"], ["a.md#x"])
+    assert not citation_match(["a.md#x"], ["a.md#x", "b.md#y"])
+    assert citation_match([], [])
