@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -339,7 +339,3 @@ def _problem(err: Any) -> Any:
         "msg": str(err.get("msg", "")).removeprefix("Value error, "),
         "type": err.get("type"),
     }
-
-
-def playground_urls(base: str, routes: Sequence[str] = tuple(ROUTES)) -> list[str]:
-    return [f"{base}/{route}/playground/" for route in routes]

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from chains.answer import AnswerInput, Citation, build_answer_chain
 from chains.llm import LLM, ChatHistory
 from chains.retrieve import (
+    MAX_K,
     RetrievalOptions,
     Searcher,
     Source,
@@ -69,7 +70,7 @@ CONFIGURABLE_SPECS = (
         annotation=int | None,
         default=None,
         name="k",
-        description="chunks retrieved and handed to the compressor (1-200)",
+        description=f"chunks retrieved and handed to the compressor (1-{MAX_K})",
     ),
     ConfigurableFieldSpec(
         id="threshold",

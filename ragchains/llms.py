@@ -218,7 +218,7 @@ def explain_failure(exc: BaseException) -> LLMFailure | None:
     import openai
 
     for error in _causes(exc):
-        if isinstance(error, openai.APITimeoutError | httpx.TimeoutException | TimeoutError):
+        if isinstance(error, openai.APITimeoutError | httpx.TimeoutException):
             return LLMFailure(True, "the chat model did not answer in time")
         if isinstance(error, openai.APIStatusError):
             # The upstream's own words when its body has them, not the client's wrapping.

@@ -20,11 +20,13 @@ from retrievers.filters import MetadataFilter, validate_filters
 
 @dataclass(frozen=True)
 class Limits:
-    request_bytes: int = 1_000_000
-    question_chars: int = 4000
-    history_messages: int = 100
-    history_chars: int = 100_000
-    batch_inputs: int = 32
+    """The request limits of the settings (``max_*``)."""
+
+    request_bytes: int
+    question_chars: int
+    history_messages: int
+    history_chars: int
+    batch_inputs: int
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Limits:
