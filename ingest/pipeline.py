@@ -244,7 +244,9 @@ def _open_previous(
         raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
 
 
-def _embed(embedder: SentenceTransformerEmbedder, texts: list[str], progress: bool) -> np.ndarray:
+def embed_texts(
+    embedder: SentenceTransformerEmbedder, texts: list[str], progress: bool
+) -> np.ndarray:
     if not texts:
         return np.zeros((0, embedder.dimension), dtype=np.float32)
     out = []
@@ -393,17 +395,13 @@ def _ingest_locked(
     missing = [i for i, c in enumerate(all_chunks) if c.id not in old_vectors]
     report.chunks_embedded = len(missing)
     vectors = np.zeros((len(all_chunks), embedder.dimension), dtype=np.float32)
-    fresh = _embed(embedder, [all_chunks[i].text for i in missing], progress)
+    fresh = embed_texts(embedder, [all_chunks[i].text for i in missing], progress)
     for row, chunk in enumerate(all_chunks):
         if chunk.id in old_vectors:
             vectors[row] = old_vectors[chunk.id]
     if missing:
         vectors[np.array(missing)] = fresh
 
-    if progress:
-        tqdm.write(f"Indexing {len(all_chunks)} chunks (BM25 + FAISS)…", file=sys.stderr)
-    bm25 = build_bm25([c.text for c in all_chunks])
-    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min_chunks)
     contents = IndexContents(
         chunks=all_chunks,
         vectors=vectors,
@@ -412,8 +410,19 @@ def _ingest_locked(
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=chunking,
     )
+    build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
+    report.wrote = True
+    return report
+
+
+def build_and_write(
+    index_dir: Path, contents: IndexContents, *, hnsw_min_chunks: int, progress: bool
+) -> None:
+    """Build BM25 and FAISS over embedded chunks and write them as the index's new generation."""
+    if progress:
+        tqdm.write(f"Indexing {len(contents.chunks)} chunks (BM25 + FAISS)…", file=sys.stderr)
+    bm25 = build_bm25([c.text for c in contents.chunks])
+    dense, dense_info = build_faiss(contents.vectors, hnsw_min_chunks=hnsw_min_chunks)
     write_index(
         index_dir, contents, bm25=bm25, dense=dense, dense_info=dense_info, bm25_info=BM25_PARAMS
     )
-    report.wrote = True
-    return report

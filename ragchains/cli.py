@@ -7,7 +7,7 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -318,10 +318,10 @@ def _print_turn(events: Any, *, show_query: bool) -> str:
     return str(out.get("answer", ""))
 
 
-_DOMAIN = click.option(
+_DOMAIN: Callable[[Any], Any] = click.option(
     "--domain", help="Prompt domain (e.g. hr, catalog); default: the 'default' domain."
 )
-_PROMPT_VERSION = click.option(
+_PROMPT_VERSION: Callable[[Any], Any] = click.option(
     "--prompt-version",
     "prompt_versions",
     multiple=True,
@@ -506,3 +506,9 @@ def serve_command(
 
     threading.Thread(target=announce, daemon=True).start()
     server.run(sockets=[listener])
+
+
+# The eval group lives in its own module; imported last, as it uses the helpers above.
+from evaluation.cli import eval_group  # noqa: E402
+
+app.add_command(eval_group)

