@@ -1,1 +1,6 @@
-"""Evaluation: retrieval and answer metrics (the eval CLI builds on these)."""
+"""Evaluation: metrics, datasets, run folders and the `ragchains eval` commands."""
+
+from pathlib import Path
+
+# Prompt files of the judge and of question generation (never served).
+EVAL_PROMPTS = Path(__file__).resolve().parent / "prompts"

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -132,33 +131,3 @@ def recommend(points: Sequence[SweepPoint], max_false_abstain: float) -> SweepPo
     if not allowed:  # cannot happen with a grid starting below every score; be safe
         return min(points, key=lambda p: p.false_abstain_rate)
     return max(allowed, key=lambda p: (p.abstain_rate, -p.threshold))
-
-
-def plot_sweep(
-    points: Sequence[SweepPoint], chosen: SweepPoint, current: float, path: Path, title: str
-) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only; no display on servers
-    import matplotlib.pyplot as plt
-
-    xs = [p.threshold for p in points]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    ax.plot(xs, [p.abstain_rate for p in points], label="abstain rate (unanswerable)")
-    ax.plot(xs, [p.false_abstain_rate for p in points], label="false-abstain rate (answerable)")
-    ax.axvline(
-        chosen.threshold,
-        color="green",
-        linestyle="--",
-        label=f"recommended {chosen.threshold:g}",
-    )
-    ax.axvline(current, color="grey", linestyle=":", label=f"current default {current:g}")
-    ax.set_xlabel("compressor threshold (abstain when the best score is below it)")
-    ax.set_ylabel("rate")
-    ax.set_ylim(-0.02, 1.02)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

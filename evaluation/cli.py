@@ -305,7 +305,7 @@ def rewrites_command(
                 {
                     "count": writer.count,
                     "metrics": metrics,
-                    "item_metrics": ["token_f1", "exact_match", "latency"],
+                    "item_metrics": ["token_f1", "content_f1", "exact_match", "latency"],
                     "item_outputs": ["rewrite"],
                 }
             )
@@ -398,13 +398,8 @@ def abstention_command(
     documents removed from the search (unanswerable). A turn abstains when no chunk scores
     at least the threshold, so the best compressor score decides. Writes sweep.png too.
     """
-    from evaluation.abstention import (
-        best_scores,
-        default_thresholds,
-        plot_sweep,
-        recommend,
-        sweep,
-    )
+    from evaluation.abstention import best_scores, default_thresholds, recommend, sweep
+    from evaluation.plots import plot_sweep
     from evaluation.runs import RunWriter, default_run_dir
     from ragchains.factory import build_compressor
 
@@ -486,4 +481,236 @@ def abstention_command(
         f"scorer: abstains on {chosen.abstain_rate:.0%} of unanswerable questions, wrongly on "
         f"{chosen.false_abstain_rate:.0%} of answerable ones (now {current:g}: "
         f"{now.abstain_rate:.0%} and {now.false_abstain_rate:.0%}). Plot: {path / 'sweep.png'}"
+    )
+
+
+# ----------------------------------------------------------------------------- answers
+_ANSWERS_CONFIG_HELP = """
+\b
+Config file (YAML; relative paths are relative to it):
+  dataset: qa.jsonl          # {question, answer, citations[, answerable]} per line
+  target:
+    index: ../.index/samples # the chain in this process, or
+    # url: http://localhost:8000/chat   (a LangServe route: /chat or /ask)
+    # url: http://localhost:8000/v1     (the OpenAI-compatible API)
+    mode: ask                # ask or chat (in-process target)
+    domain: hr               # optional, as are prompt_version and k
+    # api_key_env: RAGCHAINS_API_KEY   (for a server that needs a key)
+  judge:                     # optional: without it judged metrics are skipped
+    provider: openai         # or embedded
+    model: gpt-4o-mini
+    base_url: http://localhost:11434/v1
+    api_key_env: OPENAI_API_KEY
+"""
+
+
+@eval_group.command("answers", epilog=_ANSWERS_CONFIG_HELP)
+@click.option(
+    "--config",
+    "config_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="YAML file naming the ground truth, the target and (optionally) the judge.",
+)
+@_OUT
+@_LIMIT
+@_QUIET
+def answers_command(config_file: Path, out: Path | None, limit: int | None, quiet: bool) -> None:
+    """Ask every ground-truth question; measure latency, length, citations, abstention.
+
+    Per question and in summary: latency, answer_length (words), has_citation,
+    citation_match (every gold citation cited), abstained, answer_f1; with a judge also
+    groundedness, relevance and dontknowness (1-5).
+    """
+    import os
+
+    from evaluation.answers import (
+        JUDGED,
+        InProcessTarget,
+        Judge,
+        TargetError,
+        evaluate_answers,
+        http_target,
+        load_answers_config,
+    )
+    from evaluation.datasets import load_qa
+    from evaluation.runs import RunWriter, default_run_dir
+    from ragchains.factory import build_llm
+
+    settings = base._settings()
+    with _user_errors():
+        config = load_answers_config(config_file)
+        items = load_qa(config.dataset)[:limit]
+        out = out or default_run_dir("answers", config.dataset.stem)
+        if out.exists():
+            base._fail(f"{out} already exists; choose another --out folder")
+        spec = config.target
+        configurable = spec.configurable()
+        target: Any
+        if spec.index is not None:
+            service = base._load_service(settings, spec.index, configurable, spec.mode)
+            graph = service.graphs.ask if spec.mode == "ask" else service.graphs.chat
+            info = {
+                "kind": "in-process",
+                "index": str(spec.index),
+                "mode": spec.mode,
+                "configurable": configurable,
+                "llm": _llm_config(settings, service.llm),
+                "compressor": service.compressor.status(),
+            }
+            target = InProcessTarget(graph, configurable, info)
+        else:
+            assert spec.url is not None
+            key = os.environ.get(spec.api_key_env) if spec.api_key_env else None
+            target = http_target(spec.url, configurable, key, spec.timeout)
+        judge = None
+        if config.judge is not None:
+            judge_settings = _judge_settings(settings, config.judge)
+            try:
+                judge = Judge(build_llm(judge_settings), prompt_version=config.judge.prompt_version)
+            except ValueError as exc:
+                base._fail(f"judge: {exc}")
+        run_config = {
+            "kind": "answers",
+            "label": f"{config.dataset.stem}/{_target_name(target.describe())}",
+            "dataset": str(config.dataset),
+            "questions": len(items),
+            "target": target.describe(),
+            "judge": (
+                {**judge.describe(), **_llm_config(judge_settings, judge.llm)}
+                if judge
+                else "none: groundedness, relevance and dontknowness skipped"
+            ),
+        }
+        with RunWriter(out, run_config) as writer:
+            try:
+                metrics = evaluate_answers(
+                    items, target, judge, on_item=writer.add, progress=not quiet
+                )
+            except TargetError as exc:
+                base._fail(str(exc), base.EXIT_FAILED)
+            path = writer.finish(
+                {
+                    "count": writer.count,
+                    "metrics": metrics,
+                    "skipped": [] if judge else list(JUDGED),
+                    "item_metrics": [
+                        "citation_match",
+                        "has_citation",
+                        "abstained",
+                        "answer_f1",
+                        "answer_length",
+                        "groundedness",
+                        "relevance",
+                        "dontknowness",
+                        "latency",
+                    ],
+                    "item_outputs": ["answer_given", "cited"],
+                }
+            )
+    _print_summary([path])
+    if judge is None:
+        click.echo("judged metrics skipped: no judge in the config", err=True)
+
+
+def _target_name(described: dict[str, Any]) -> str:
+    if described.get("kind") == "in-process":
+        return f"{described['mode']}-{described['llm']['name']}"
+    return f"{described['kind']}-{described['url']}"
+
+
+def _judge_settings(settings: Any, judge: Any) -> Any:
+    """The run's settings with the judge's model in place of the chat model."""
+    import os
+
+    from pydantic import SecretStr
+
+    update: dict[str, Any] = {"llm_provider": judge.provider}
+    if judge.provider == "embedded":
+        update["llm_model_path"] = judge.model
+    else:
+        if judge.model:
+            update["openai_model"] = judge.model
+        if judge.base_url:
+            update["openai_base_url"] = judge.base_url
+        if judge.api_key_env:
+            key = os.environ.get(judge.api_key_env)
+            if not key:
+                base._fail(f"judge: {judge.api_key_env} is not set")
+            update["openai_api_key"] = SecretStr(key)
+    return settings.model_copy(update=update)
+
+
+# ----------------------------------------------------------------------------- generate
+@eval_group.command("generate")
+@base._INDEX
+@click.option(
+    "--out",
+    "out_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="JSONL file to write (must not exist); `eval answers` reads it as its dataset.",
+)
+@click.option("--count", type=click.IntRange(min=0), default=20, show_default=True)
+@click.option(
+    "--unanswerable",
+    type=click.IntRange(min=0),
+    default=6,
+    show_default=True,
+    help="Questions the index cannot answer, split over unrelated, related-absent and nonsensical.",
+)
+@click.option("--seed", type=int, default=0, show_default=True, help="Chunk sampling seed.")
+@_QUIET
+def generate_command(
+    index: Path, out_file: Path, count: int, unanswerable: int, seed: int, quiet: bool
+) -> None:
+    """Write QA pairs from an index's chunks with the configured chat model.
+
+    Each pair cites the chunk it was written from. Unanswerable questions (answerable:
+    false) measure whether the chain says it does not know. Review the file before using it
+    as ground truth: a small model writes weak questions.
+    """
+    import json
+    import os
+
+    from tqdm import tqdm
+
+    from evaluation.generate import QuestionWriter, generate
+    from ragchains.factory import build_embedder, build_llm, open_index
+
+    if out_file.exists():
+        base._fail(f"{out_file} already exists; choose another --out file")
+    settings = base._settings()
+    try:
+        search_index = open_index(index, build_embedder(settings))
+        writer = QuestionWriter(build_llm(settings))
+    except ValueError as exc:
+        base._fail(str(exc))
+    dropped: list[str] = []
+    items = []
+    tmp = out_file.with_name(f".{out_file.name}.partial")
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    with base._model_failures_as_errors():
+        found = generate(
+            search_index,
+            writer,
+            answerable=count,
+            unanswerable=unanswerable,
+            seed=seed,
+            on_dropped=dropped.append,
+        )
+        with tqdm(total=count + unanswerable, unit="question", disable=quiet) as bar:
+            for item in found:
+                items.append(item)
+                bar.update(1)
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for item in items:
+            fh.write(json.dumps(item.as_dict(), ensure_ascii=False) + "\n")
+    os.replace(tmp, out_file)
+    for reason in dropped:
+        click.echo(f"dropped {reason}", err=True)
+    made = sum(item.answerable for item in items)
+    click.echo(
+        f"wrote {made} QA pairs and {len(items) - made} unanswerable questions to {out_file} "
+        f"({len(dropped)} dropped; prompts {', '.join(writer.refs().values())})"
     )

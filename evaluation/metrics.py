@@ -11,7 +11,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -50,9 +50,13 @@ def exact_match(prediction: str, reference: str) -> float:
     return float(normalize_text(prediction) == normalize_text(reference))
 
 
-def token_f1(prediction: str, reference: str) -> float:
-    """Harmonic mean of token precision and recall (tokens counted with multiplicity)."""
-    predicted, wanted = normalize_text(prediction).split(), normalize_text(reference).split()
+def token_f1(prediction: str, reference: str, ignore: Collection[str] = ()) -> float:
+    """Harmonic mean of token precision and recall (tokens counted with multiplicity).
+
+    Tokens in ``ignore`` (e.g. stop words) are left out of both sides first.
+    """
+    predicted = [t for t in normalize_text(prediction).split() if t not in ignore]
+    wanted = [t for t in normalize_text(reference).split() if t not in ignore]
     if not predicted or not wanted:
         return float(predicted == wanted)
     common = sum((Counter(predicted) & Counter(wanted)).values())

@@ -16,17 +16,28 @@ from tqdm import tqdm
 
 from evaluation.datasets import RewriteItem
 from evaluation.metrics import exact_match, token_f1
+from retrievers.bm25 import STOPWORDS
 
-REWRITE_METRICS = ("token_f1", "exact_match", "raw_token_f1", "raw_exact_match")
+REWRITE_METRICS = (
+    "token_f1",
+    "exact_match",
+    "content_f1",
+    "raw_token_f1",
+    "raw_exact_match",
+    "raw_content_f1",
+)
 
 
 def score_rewrite(item: RewriteItem, rewritten: str) -> dict[str, float]:
-    return {
-        "token_f1": token_f1(rewritten, item.rewrite),
-        "exact_match": exact_match(rewritten, item.rewrite),
-        "raw_token_f1": token_f1(item.raw, item.rewrite),
-        "raw_exact_match": exact_match(item.raw, item.rewrite),
-    }
+    """Token F1 and exact match (SQuAD-normalised), and ``content_f1``: token F1 without the
+    stop words BM25 ignores, which does not penalise a keyword query ("lung cancer
+    symptoms") for leaving out "what are"."""
+    scores = {}
+    for prefix, text in (("", rewritten), ("raw_", item.raw)):
+        scores[f"{prefix}token_f1"] = token_f1(text, item.rewrite)
+        scores[f"{prefix}exact_match"] = exact_match(text, item.rewrite)
+        scores[f"{prefix}content_f1"] = token_f1(text, item.rewrite, ignore=STOPWORDS)
+    return scores
 
 
 def evaluate_rewrites(
@@ -71,6 +82,8 @@ def summarize_rewrites(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     summary = {name: mean(name, rows) for name in REWRITE_METRICS}
     summary["followup_token_f1"] = mean("token_f1", followups)
     summary["followup_raw_token_f1"] = mean("raw_token_f1", followups)
+    summary["followup_content_f1"] = mean("content_f1", followups)
+    summary["followup_raw_content_f1"] = mean("raw_content_f1", followups)
     summary["fallback_rate"] = mean("fallback", rows)
     summary["latency_p50"] = statistics.median(r["latency"] for r in rows)
     return summary

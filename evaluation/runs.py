@@ -141,6 +141,11 @@ class Run:
     def metrics(self) -> dict[str, Any]:
         return dict(self.summary.get("metrics") or {})
 
+    @property
+    def skipped(self) -> list[str]:
+        """Metrics the run did not compute (judged metrics without a judge)."""
+        return list(self.summary.get("skipped") or [])
+
     def items(self) -> list[dict[str, Any]]:
         out = []
         with open(self.path / ITEMS_FILE, encoding="utf-8") as fh:
@@ -184,9 +189,10 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 # ----------------------------------------------------------------------------- reading runs
-def format_value(value: Any) -> str:
+def format_value(value: Any, skipped: bool = False) -> str:
+    """A metric for a table: None is "skipped" when its run skipped it, else "n/a"."""
     if value is None:
-        return "skipped"
+        return "skipped" if skipped else "n/a"
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
@@ -194,8 +200,20 @@ def format_value(value: Any) -> str:
     return str(value)
 
 
+def by_kind(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs grouped by kind, in first-seen order (each kind has its own metrics)."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(str(run.summary.get("kind", "")), []).append(run)
+    return groups
+
+
 def summary_table(runs: Sequence[Run]) -> str:
-    """A text table: one row per run, one column per metric any of them reports."""
+    """Text tables, one per kind of run: a row per run, a column per metric."""
+    return "\n\n".join(_table(group) for group in by_kind(runs).values())
+
+
+def _table(runs: Sequence[Run]) -> str:
     columns: list[str] = []
     for run in runs:
         columns += [name for name in run.metrics if name not in columns]
@@ -205,15 +223,18 @@ def summary_table(runs: Sequence[Run]) -> str:
             run.label,
             str(run.summary.get("kind", "")),
             str(run.summary.get("count", "")),
-            *(format_value(run.metrics[c]) if c in run.metrics else "" for c in columns),
+            *(
+                format_value(run.metrics[c], c in run.skipped) if c in run.metrics else ""
+                for c in columns
+            ),
         ]
         for run in runs
     ]
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True))]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(header, widths, strict=True)).rstrip()]
     lines.append("  ".join("-" * w for w in widths))
     for row in rows:
-        lines.append("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
     return "\n".join(lines)
 
 
@@ -226,6 +247,12 @@ class ItemChange:
 
 def _numeric(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _same(x: Any, y: Any) -> bool:
+    if _numeric(x) and _numeric(y):
+        return math.isclose(x, y, abs_tol=1e-9)
+    return bool(x == y)
 
 
 def diff_runs(before: Run, after: Run) -> tuple[list[ItemChange], list[str], list[str]]:
@@ -246,11 +273,7 @@ def diff_runs(before: Run, after: Run) -> tuple[list[ItemChange], list[str], lis
         deltas: dict[str, tuple[Any, Any]] = {}
         for name in [*metrics, *outputs]:
             x, y = a.get(name), b.get(name)
-            if _numeric(x) and _numeric(y):
-                same = math.isclose(x, y, abs_tol=1e-9)  # type: ignore[arg-type]
-            else:
-                same = x == y
-            if not same:
+            if not _same(x, y):
                 deltas[name] = (x, y)
         if deltas:
             text = str(a.get("question") or a.get("query") or a.get("raw") or "")

@@ -138,7 +138,7 @@ def _parse_filters(filters: tuple[tuple[str, str, str], ...], fields: dict[str, 
         _fail(str(exc))
 
 
-_INDEX = click.option(
+_INDEX: Callable[[Any], Any] = click.option(
     "--index",
     required=True,
     type=click.Path(path_type=Path),

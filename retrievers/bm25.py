@@ -21,7 +21,7 @@ from retrievers.filters import MetadataFilter
 logging.getLogger("bm25s").setLevel(logging.WARNING)
 
 _WORD = re.compile(r"(?u)\b\w\w+\b")
-_STOPWORDS = frozenset(STOPWORDS_EN)
+STOPWORDS = frozenset(STOPWORDS_EN)
 # PyStemmer objects are not thread-safe: one per thread.
 _local = threading.local()
 
@@ -38,7 +38,7 @@ def tokenize(text: str) -> list[str]:
     stemmer = getattr(_local, "stemmer", None)
     if stemmer is None:
         stemmer = _local.stemmer = Stemmer.Stemmer("english")
-    words = [w for w in _WORD.findall(text.lower()) if w not in _STOPWORDS]
+    words = [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
     return stemmer.stemWords(words)
 
 

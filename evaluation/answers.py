@@ -1,0 +1,333 @@
+"""Answer evaluation: ask a target each ground-truth question, measure and judge the reply.
+
+A target is the chain in this process, or a running server reached over HTTP (a LangServe
+route such as /chat or /ask, or the OpenAI-compatible /v1). All three give back the same turn
+shape (answer, citations, sources, abstained), so the metrics do not depend on the transport.
+
+Judged metrics (1-5) come from any configured chat model reading versioned prompt files in
+``evaluation/prompts``. With no judge they are ``None``: reported as skipped, never as 0.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import httpx
+import yaml
+from langchain_core.output_parsers import StrOutputParser
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from tqdm import tqdm
+
+from chains.llm import LLM
+from evaluation import EVAL_PROMPTS
+from evaluation.datasets import DatasetError, QAItem
+from evaluation.metrics import citation_match, token_f1
+from prompts.registry import PromptRegistry
+
+JUDGED = ("groundedness", "relevance", "dontknowness")
+_SCORE = re.compile(r"[1-5]")
+
+
+class TargetError(ValueError):
+    """The target cannot be reached or refuses every request; the message says how."""
+
+
+class TurnError(Exception):
+    """One question failed (a 5xx, a model timeout); the run records it and goes on."""
+
+
+class Target(Protocol):
+    def describe(self) -> dict[str, Any]: ...
+
+    def answer(self, question: str) -> dict[str, Any]:
+        """The turn as ChatOutput fields: answer, citations, sources, abstained, ..."""
+        ...
+
+
+@dataclass
+class InProcessTarget:
+    """The ask or chat graph of a loaded service."""
+
+    graph: Any
+    configurable: dict[str, Any]
+    info: dict[str, Any]
+
+    def describe(self) -> dict[str, Any]:
+        return self.info
+
+    def answer(self, question: str) -> dict[str, Any]:
+        from ragchains.llms import explain_failure
+
+        try:
+            result: dict[str, Any] = self.graph.invoke(
+                {"question": question}, {"configurable": self.configurable}
+            )
+        except Exception as exc:
+            failure = explain_failure(exc)
+            if failure is None:
+                raise  # a bug, not the model's failure: the traceback is the report
+            raise TurnError(failure.message) from exc
+        return result
+
+
+class _HttpTarget:
+    def __init__(self, url: str, configurable: dict[str, Any], api_key: str | None, timeout: float):
+        self.url = url.rstrip("/")
+        self.configurable = configurable
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.client = httpx.Client(timeout=timeout, headers=headers)
+
+    def _post(self, path: str, body: dict[str, Any]) -> Any:
+        try:
+            response = self.client.post(f"{self.url}{path}", json=body)
+        except httpx.TimeoutException as exc:
+            raise TurnError(f"no answer from {self.url} in time") from exc
+        except httpx.TransportError as exc:
+            raise TargetError(f"cannot reach {self.url}: {exc}") from exc
+        if response.status_code in (401, 403, 404):
+            raise TargetError(
+                f"{self.url}{path} answered {response.status_code}: {_reason(response)}"
+            )
+        if response.status_code >= 400:
+            raise TurnError(f"{response.status_code}: {_reason(response)}")
+        return response.json()
+
+
+def _reason(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict):
+        detail = body.get("detail") or (body.get("error") or {}).get("message")
+        if detail:
+            return str(detail)
+    return str(body)[:200]
+
+
+class LangServeTarget(_HttpTarget):
+    """A LangServe route of `ragchains serve`: POST <url>/invoke."""
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "langserve", "url": self.url, "configurable": self.configurable}
+
+    def answer(self, question: str) -> dict[str, Any]:
+        body = {"input": {"question": question}, "config": {"configurable": self.configurable}}
+        return dict(self._post("/invoke", body)["output"])
+
+
+class OpenAITarget(_HttpTarget):
+    """The OpenAI-compatible API of `ragchains serve`: POST <url>/chat/completions.
+
+    The model is the prompt domain; the turn's details come in the ``ragchains`` field.
+    """
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "openai", "url": self.url, "configurable": self.configurable}
+
+    def answer(self, question: str) -> dict[str, Any]:
+        extra = {k: v for k, v in self.configurable.items() if k != "domain"}
+        body: dict[str, Any] = {
+            "model": self.configurable.get("domain") or "default",
+            "messages": [{"role": "user", "content": question}],
+        }
+        if extra:
+            body["configurable"] = extra
+        reply = self._post("/chat/completions", body)
+        return {**reply.get("ragchains", {}), "answer": reply["choices"][0]["message"]["content"]}
+
+
+def http_target(
+    url: str, configurable: dict[str, Any], api_key: str | None, timeout: float
+) -> Target:
+    """/v1 (or anything ending in /v1) is the OpenAI API; any other path a LangServe route."""
+    if url.rstrip("/").endswith("/v1"):
+        return OpenAITarget(url, configurable, api_key, timeout)
+    return LangServeTarget(url, configurable, api_key, timeout)
+
+
+# ----------------------------------------------------------------------------- the judge
+class Judge:
+    """Scores a reply 1-5 with a chat model and one prompt file per judged metric."""
+
+    def __init__(self, llm: LLM, *, prompt_version: int | str | None = None) -> None:
+        self.llm = llm
+        self.prompts = PromptRegistry(EVAL_PROMPTS, required=JUDGED)
+        configurable = {"prompt_version": prompt_version} if prompt_version else {}
+        self.chosen = {name: self.prompts.select(name, configurable) for name in JUDGED}
+
+    def describe(self) -> dict[str, Any]:
+        return {"llm": self.llm.name, "prompts": {n: p.ref for n, p in self.chosen.items()}}
+
+    def score(self, name: str, variables: Mapping[str, str]) -> int | None:
+        """The judge's score, or None when its reply holds no digit 1-5."""
+        prompt = self.chosen[name]
+        reply = (self.llm.prompted(prompt, grammar="root ::= [1-5]") | StrOutputParser()).invoke(
+            {name: variables[name] for name in prompt.input_variables}
+        )
+        found = _SCORE.search(reply)
+        return int(found.group()) if found else None
+
+    def judge(self, question: str, turn: Mapping[str, Any]) -> dict[str, int | None]:
+        sources = "\n\n".join(
+            f"[{s.get('label')}] {s.get('text', '')}" for s in turn.get("sources") or []
+        )
+        variables = {
+            "question": question,
+            "answer": str(turn.get("answer", "")),
+            "sources": sources or "(no sources)",
+        }
+        return {name: self.score(name, variables) for name in JUDGED}
+
+
+# ----------------------------------------------------------------------------- the run
+def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, Any]:
+    """The reference-based metrics of one reply (no judge needed)."""
+    answer = str(turn.get("answer", ""))
+    cited = [str(c.get("label")) for c in turn.get("citations") or []]
+    return {
+        "latency": round(latency, 4),
+        "answer_length": len(answer.split()),
+        "has_citation": bool(cited),
+        # Only answerable questions with gold citations can match; None = not applicable.
+        "citation_match": (
+            citation_match(cited, item.citations) if item.answerable and item.citations else None
+        ),
+        "abstained": bool(turn.get("abstained")),
+        "answer_f1": token_f1(answer, item.answer) if item.answerable and item.answer else None,
+        "cited": cited,
+    }
+
+
+def evaluate_answers(
+    items: Sequence[QAItem],
+    target: Target,
+    judge: Judge | None,
+    *,
+    on_item: Callable[[dict[str, Any]], None],
+    progress: bool = True,
+) -> dict[str, Any]:
+    rows = []
+    for item in tqdm(items, desc="questions", unit="question", disable=not progress):
+        start = time.perf_counter()
+        try:
+            turn = target.answer(item.question)
+            error = None
+        except TurnError as exc:
+            turn, error = {}, str(exc)
+        latency = time.perf_counter() - start
+        row: dict[str, Any] = {**item.as_dict(), "answer_given": turn.get("answer")}
+        if error is None:
+            row.update(measure(item, turn, latency))
+            judged = judge.judge(item.question, turn) if judge else dict.fromkeys(JUDGED)
+        else:
+            row["error"] = error
+            judged = dict.fromkeys(JUDGED)
+        row.update(judged)
+        on_item(row)
+        rows.append(row)
+    return summarize_answers(rows, judged=judge is not None)
+
+
+def _mean(values: Sequence[Any]) -> float | None:
+    present = [float(v) for v in values if v is not None]
+    return statistics.fmean(present) if present else None
+
+
+def summarize_answers(rows: Sequence[Mapping[str, Any]], *, judged: bool) -> dict[str, Any]:
+    """Means over the questions; abstention split by answerability; judged metrics None
+    (shown as "skipped") without a judge."""
+    ok = [r for r in rows if "error" not in r]
+    answerable = [r for r in ok if r["answerable"]]
+    unanswerable = [r for r in ok if not r["answerable"]]
+    metrics: dict[str, Any] = {
+        "latency_p50": statistics.median(r["latency"] for r in ok) if ok else None,
+        "answer_length": _mean([r["answer_length"] for r in ok]),
+        "has_citation": _mean([r["has_citation"] for r in answerable]),
+        "citation_match": _mean([r["citation_match"] for r in answerable]),
+        "answer_f1": _mean([r["answer_f1"] for r in answerable]),
+        "false_abstain_rate": _mean([r["abstained"] for r in answerable]),
+        "abstain_rate_unanswerable": _mean([r["abstained"] for r in unanswerable]),
+        "errors": len(rows) - len(ok),
+    }
+    for name in JUDGED:
+        # dontknowness matters on unanswerable questions; the others on answerable ones.
+        subset = unanswerable if name == "dontknowness" else answerable
+        metrics[name] = _mean([r[name] for r in subset]) if judged else None
+    return metrics
+
+
+# ----------------------------------------------------------------------------- the config file
+class TargetConfig(BaseModel):
+    """Exactly one of ``index`` (the chain in this process) and ``url`` (a running server)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    index: Path | None = None
+    url: str | None = Field(
+        None, description="http://host:8000/chat (or /ask) for LangServe, http://host:8000/v1"
+    )
+    mode: Literal["ask", "chat"] = "ask"
+    domain: str | None = None
+    prompt_version: int | str | dict[str, int | str] | None = None
+    k: int | None = Field(None, ge=1)
+    api_key_env: str | None = Field(None, description="variable holding the server's API key")
+    timeout: float = Field(300.0, gt=0, description="seconds per question over HTTP")
+
+    @model_validator(mode="after")
+    def _one_target(self) -> TargetConfig:
+        if (self.index is None) == (self.url is None):
+            raise ValueError("give exactly one of target.index and target.url")
+        return self
+
+    def configurable(self) -> dict[str, Any]:
+        chosen = {"domain": self.domain, "prompt_version": self.prompt_version, "k": self.k}
+        return {key: value for key, value in chosen.items() if value is not None}
+
+
+class JudgeConfig(BaseModel):
+    """The judge's chat model; settings not given here come from RAGCHAINS_* as usual."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    provider: Literal["embedded", "openai"] = "embedded"
+    model: str | None = Field(None, description="OpenAI model name, or a GGUF path (embedded)")
+    base_url: str | None = None
+    api_key_env: str | None = Field(None, description="variable holding the API key")
+    prompt_version: int | str | None = None
+
+
+class AnswersConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    dataset: Path = Field(description="ground truth JSONL: {question, answer, citations}")
+    target: TargetConfig
+    judge: JudgeConfig | None = None
+
+
+def load_answers_config(path: Path) -> AnswersConfig:
+    """Read the YAML config; relative paths are relative to the file's folder."""
+    try:
+        data = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise DatasetError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except yaml.YAMLError as exc:
+        raise DatasetError(f"{path}: not valid YAML ({exc})") from exc
+    try:
+        config = AnswersConfig.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise DatasetError(f"{path}: {where + ': ' if where else ''}{message}") from None
+    folder = Path(path).parent
+    config.dataset = folder / config.dataset
+    if config.target.index is not None:
+        config.target.index = folder / config.target.index
+    return config
