@@ -1,0 +1,273 @@
+"""Evaluation logic against hand-computed values: rewrites, answers, judge, abstention, runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.language_models import FakeListChatModel
+
+from chains.llm import LLM
+from evaluation.abstention import SweepPoint, default_thresholds, recommend, sweep
+from evaluation.answers import (
+    Judge,
+    TurnError,
+    evaluate_answers,
+    load_answers_config,
+    measure,
+    summarize_answers,
+)
+from evaluation.datasets import DatasetError, QAItem, RewriteItem, load_beir, load_qa, load_rewrites
+from evaluation.generate import parse_pair, parse_question, supported
+from evaluation.metrics import token_f1
+from evaluation.rewrites import score_rewrite
+from evaluation.runs import RunError, RunWriter, diff_runs, find_runs, load_run, summary_table
+from tests.conftest import FIXTURES
+
+EVAL = FIXTURES / "eval"
+
+
+def test_content_f1_leaves_out_stop_words() -> None:
+    # "is" is a stop word: prediction [throat cancer treatable] vs the same three -> 1.0,
+    # where plain token F1 has P = 3/3, R = 3/4 -> 6/7.
+    assert token_f1("throat cancer treatable", "Is throat cancer treatable?") == pytest.approx(
+        6 / 7
+    )
+    assert token_f1(
+        "throat cancer treatable", "Is throat cancer treatable?", ignore={"is"}
+    ) == pytest.approx(1.0)
+
+
+def test_rewrite_scores_hand_computed() -> None:
+    item = RewriteItem("t", [{"type": "human", "content": "x"}], "Is it treatable?", "")
+    item.rewrite = "Is throat cancer treatable?"
+    scores = score_rewrite(item, "throat cancer treatable")
+    assert scores["token_f1"] == pytest.approx(6 / 7)
+    assert scores["content_f1"] == pytest.approx(1.0)
+    assert scores["exact_match"] == 0.0
+    # raw [is it treatable] vs gold [is throat cancer treatable]: 2 shared -> P 2/3, R 1/2.
+    assert scores["raw_token_f1"] == pytest.approx(4 / 7)
+    # Without stop words: [treatable] vs [throat cancer treatable] -> P 1, R 1/3 -> 0.5.
+    assert scores["raw_content_f1"] == pytest.approx(0.5)
+    assert score_rewrite(item, "is throat cancer treatable")["exact_match"] == 1.0
+
+
+def test_answer_metrics_hand_computed() -> None:
+    item = QAItem("pto", "How many PTO days?", "25 days per year", ["handbook.md#pto"])
+    turn = {
+        "answer": "Employees get 25 days [handbook.md#pto] [x.md#y].",
+        "citations": [{"label": "handbook.md#pto"}, {"label": "x.md#y"}],
+        "abstained": False,
+    }
+    row = measure(item, turn, 1.23456)
+    assert row["latency"] == 1.2346
+    assert row["answer_length"] == 6  # words, citation markers included
+    assert row["has_citation"] is True
+    assert row["citation_match"] is True
+    assert row["abstained"] is False
+    # normalised: [employees get 25 days handbookmdpto xmdy] vs [25 days per year]:
+    # 2 shared -> P 2/6, R 2/4 -> 0.4
+    assert row["answer_f1"] == pytest.approx(0.4)
+    missing = measure(item, {**turn, "citations": [{"label": "x.md#y"}]}, 0.5)
+    assert missing["citation_match"] is False
+    unanswerable = QAItem("u", "Who won?", answerable=False)
+    row_u = measure(unanswerable, {"answer": "I don't know", "abstained": True}, 0.1)
+    assert row_u["citation_match"] is None and row_u["answer_f1"] is None
+    assert row_u["has_citation"] is False and row_u["abstained"] is True
+
+
+def test_answer_summary_splits_abstention_by_answerability() -> None:
+    def row(answerable: bool, abstained: bool, match: bool | None, latency: float) -> Any:
+        return {
+            "answerable": answerable,
+            "abstained": abstained,
+            "citation_match": match,
+            "has_citation": bool(match),
+            "answer_f1": 0.5 if answerable else None,
+            "answer_length": 10,
+            "latency": latency,
+            "groundedness": 4 if answerable else 5,
+            "relevance": 3,
+            "dontknowness": 5 if not answerable else 1,
+        }
+
+    rows = [
+        row(True, False, True, 1.0),
+        row(True, True, False, 2.0),
+        row(True, False, True, 3.0),
+        row(False, True, None, 4.0),
+        row(False, False, None, 5.0),
+        {"answerable": True, "error": "502: overloaded"},
+    ]
+    m = summarize_answers(rows, judged=True)
+    assert m["latency_p50"] == 3.0
+    assert m["citation_match"] == pytest.approx(2 / 3)
+    assert m["false_abstain_rate"] == pytest.approx(1 / 3)
+    assert m["abstain_rate_unanswerable"] == pytest.approx(1 / 2)
+    assert m["errors"] == 1
+    assert m["groundedness"] == 4.0 and m["dontknowness"] == 5.0 and m["relevance"] == 3.0
+    skipped = summarize_answers(rows, judged=False)
+    assert skipped["groundedness"] is None and skipped["dontknowness"] is None
+
+
+def _fake_llm(*replies: str) -> LLM:
+    return LLM.of(FakeListChatModel(responses=list(replies)), name="fake")
+
+
+def test_judge_reads_a_digit_and_marks_junk_as_none() -> None:
+    judge = Judge(_fake_llm("4", "Grade: 2", "excellent"))
+    turn = {"answer": "25 days", "sources": [{"label": "a#b", "text": "25 days of PTO"}]}
+    assert judge.judge("How many days?", turn) == {
+        "groundedness": 4,
+        "relevance": 2,
+        "dontknowness": None,
+    }
+    assert set(judge.describe()["prompts"].values()) == {
+        "default/groundedness@v1",
+        "default/relevance@v1",
+        "default/dontknowness@v1",
+    }
+
+
+class _ScriptedTarget:
+    def __init__(self, turns: list[Any]) -> None:
+        self.turns = turns
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": "scripted"}
+
+    def answer(self, question: str) -> dict[str, Any]:
+        turn = self.turns.pop(0)
+        if isinstance(turn, Exception):
+            raise turn
+        return dict(turn)
+
+
+def test_a_failed_question_is_recorded_and_the_run_goes_on() -> None:
+    items = [QAItem("a", "q1?", "x", ["l"]), QAItem("b", "q2?", "y", ["l"])]
+    target = _ScriptedTarget(
+        [TurnError("502: overloaded"), {"answer": "y [l]", "citations": [{"label": "l"}]}]
+    )
+    rows: list[dict[str, Any]] = []
+    summary = evaluate_answers(items, target, None, on_item=rows.append, progress=False)
+    assert rows[0]["error"] == "502: overloaded" and rows[0]["groundedness"] is None
+    assert rows[1]["citation_match"] is True
+    assert summary["errors"] == 1 and summary["citation_match"] == 1.0
+
+
+def test_abstention_sweep_and_recommendation_hand_computed() -> None:
+    answerable, unanswerable = [0.9, 0.6, 0.3], [0.5, 0.2, 0.1]
+    points = sweep(answerable, unanswerable, [0.25, 0.55])
+    assert points == [SweepPoint(0.25, 2 / 3, 0.0), SweepPoint(0.55, 1.0, 1 / 3)]
+    assert recommend(points, max_false_abstain=0.0).threshold == 0.25
+    assert recommend(points, max_false_abstain=0.34).threshold == 0.55
+    # Nothing retrieved counts as the lowest score: always an abstention.
+    (point,) = sweep([float("-inf")], [], [0.0])
+    assert point.false_abstain_rate == 1.0
+    assert default_thresholds([0.123, 0.2, float("-inf")], 0.05) == [0.1, 0.15, 0.2, 0.25]
+
+
+def test_generation_replies_parsed_and_checked() -> None:
+    assert parse_pair("Question: How long?\nAnswer: 60 days.\nmore") == ("How long?", "60 days.")
+    assert parse_pair("no format") is None
+    assert parse_question("What is the capital of France?\nignored") == (
+        "What is the capital of France?"
+    )
+    assert parse_question("Paris") is None
+    passage = "Submit expenses within 60 days through the expense tool."
+    assert supported("Within 60 days.", passage)
+    assert not supported("Three weeks of holiday.", passage)
+
+
+def test_dataset_errors_name_file_and_line(tmp_path: Path) -> None:
+    beir = load_beir(EVAL / "beir-mini")
+    assert list(beir.queries) == ["q1", "q2", "q3", "q4"]  # q5 has no judgments
+    assert beir.qrels["q1"] == {"d1": 2.0, "d2": 1.0}
+    assert beir.document_text(0).startswith("Honey bees\nHoney bees tell")
+    assert [i.id for i in load_qa(EVAL / "qa.jsonl")] == ["pto", "wellness", "worldcup"]
+    turns = load_rewrites(EVAL / "rewrites.jsonl")
+    assert [m["type"] for m in turns[2].history] == ["human", "ai", "human"]
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"question": "ok?"}\n{"question": ""}\n', encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"bad.jsonl:2: 'question' must be non-empty"):
+        load_qa(bad)
+    bad.write_text('{"question": "ok?"}\nnot json\n', encoding="utf-8")
+    with pytest.raises(DatasetError, match=r"bad.jsonl:2: not valid JSON"):
+        load_qa(bad)
+    with pytest.raises(DatasetError, match=r"not a BEIR dataset: corpus\.jsonl is missing"):
+        load_beir(tmp_path)
+    config = tmp_path / "answers.yaml"
+    config.write_text("dataset: qa.jsonl\ntarget: {index: idx, url: http://x/chat}\n", "utf-8")
+    with pytest.raises(DatasetError, match=r"give exactly one of target\.index and target\.url"):
+        load_answers_config(config)
+    config.write_text("dataset: qa.jsonl\ntarget: {index: idx}\njudje: {}\n", "utf-8")
+    with pytest.raises(DatasetError, match="judje: Extra inputs are not permitted"):
+        load_answers_config(config)
+
+
+def _write_run(path: Path, label: str, items: list[dict[str, Any]]) -> Path:
+    with RunWriter(path, {"kind": "retrieval", "label": label}) as writer:
+        for item in items:
+            writer.add(item)
+        mean = sum(i["ndcg@10"] for i in items) / len(items)
+        return writer.finish(
+            {
+                "count": writer.count,
+                "metrics": {"ndcg@10": mean},
+                "item_metrics": ["ndcg@10"],
+                "item_outputs": ["first_relevant_rank"],
+            }
+        )
+
+
+def test_run_folders_summary_and_diff(tmp_path: Path) -> None:
+    a = _write_run(
+        tmp_path / "runs" / "a",
+        "bm25",
+        [
+            {"id": "q1", "query": "bees", "ndcg@10": 1.0, "first_relevant_rank": 1},
+            {"id": "q2", "query": "tides", "ndcg@10": 0.5, "first_relevant_rank": 3},
+            {"id": "q3", "query": "rust", "ndcg@10": 0.0, "first_relevant_rank": None},
+        ],
+    )
+    b = _write_run(
+        tmp_path / "runs" / "b",
+        "dense",
+        [
+            {"id": "q1", "query": "bees", "ndcg@10": 1.0, "first_relevant_rank": 1},
+            {"id": "q2", "query": "tides", "ndcg@10": 0.25, "first_relevant_rank": 4},
+            {"id": "q4", "query": "new", "ndcg@10": 1.0, "first_relevant_rank": 1},
+        ],
+    )
+    run = load_run(a)
+    assert json.loads((a / "config.json").read_text())["versions"]["python"]
+    assert run.metrics == {"ndcg@10": 0.5}
+    assert [r.label for r in find_runs([tmp_path / "runs"])] == ["bm25", "dense"]
+    table = summary_table(find_runs([tmp_path / "runs"])).splitlines()
+    assert table[0].split() == ["run", "kind", "n", "ndcg@10"]
+    assert table[2].split() == ["bm25", "retrieval", "3", "0.500"]
+
+    changes, only_a, only_b = diff_runs(load_run(a), load_run(b))
+    assert [(c.id, c.changes) for c in changes] == [
+        ("q2", {"ndcg@10": (0.5, 0.25), "first_relevant_rank": (3, 4)})
+    ]
+    assert only_a == ["q3"] and only_b == ["q4"]
+
+    with pytest.raises(RunError, match="already exists"):
+        RunWriter(a, {"kind": "retrieval", "label": "again"})
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RunError, match="no evaluation runs in"):
+        find_runs([tmp_path / "empty"])
+
+
+def test_an_interrupted_run_leaves_no_finished_looking_folder(tmp_path: Path) -> None:
+    target = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), RunWriter(target, {"kind": "x", "label": "y"}) as w:
+        w.add({"id": "1"})
+        raise KeyboardInterrupt
+    assert not target.exists()
+    partial = tmp_path / ".run.partial"
+    assert (partial / "items.jsonl").read_text().strip() == '{"id": "1"}'
