@@ -703,12 +703,14 @@ def generate_command(
             for item in found:
                 items.append(item)
                 bar.update(1)
+    for reason in dropped:
+        click.echo(f"dropped {reason}", err=True)
+    if not items:
+        base._fail(f"the model wrote no usable question ({len(dropped)} dropped)", base.EXIT_FAILED)
     with open(tmp, "w", encoding="utf-8") as fh:
         for item in items:
             fh.write(json.dumps(item.as_dict(), ensure_ascii=False) + "\n")
     os.replace(tmp, out_file)
-    for reason in dropped:
-        click.echo(f"dropped {reason}", err=True)
     made = sum(item.answerable for item in items)
     click.echo(
         f"wrote {made} QA pairs and {len(items) - made} unanswerable questions to {out_file} "

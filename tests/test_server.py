@@ -272,3 +272,24 @@ def test_health_and_readiness(url: str) -> None:
     assert ready["index"]["chunks"] > 0 and ready["embedder"]["dimension"] == 384
     # No cross-encoder weights exist offline: the similarity fallback is in use and said so.
     assert ready["compressor"]["fallback"] and ready["degraded"]
+
+
+def test_eval_answers_reaches_the_server_through_both_apis(url: str) -> None:
+    """`ragchains eval answers` with a server URL: a LangServe route and the OpenAI API give
+    the same turn shape, so the same metrics."""
+    from evaluation.answers import evaluate_answers, http_target
+    from evaluation.datasets import QAItem
+
+    item = QAItem("cost", "What does the standard plan cost?", "$45.00", ["x#never-cited"])
+    for route in ("/chat", "/v1"):
+        rows: list[dict[str, Any]] = []
+        target = http_target(f"{url}{route}", {"domain": "hr"}, None, timeout=120)
+        summary = evaluate_answers([item], target, None, on_item=rows.append, progress=False)
+        (row,) = rows
+        assert "error" not in row, row
+        assert row["answer_given"] and row["has_citation"] is True, (route, row)
+        assert row["citation_match"] is False  # the gold label is not in the index
+        assert row["cited"] and all("#" in label or "." in label for label in row["cited"])
+        assert summary["errors"] == 0 and summary["has_citation"] == 1.0
+    with pytest.raises(Exception, match="answered 404"):
+        http_target(f"{url}/nowhere", {}, None, timeout=10).answer("hi")

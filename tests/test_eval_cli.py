@@ -1,0 +1,191 @@
+"""Every `ragchains eval` command end to end on small fixture data, as a user runs them."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from evaluation.datasets import load_beir, load_qa
+from evaluation.metrics import ndcg_at_k
+from evaluation.runs import load_run
+from tests.conftest import FIXTURES
+from tests.test_cli import run
+
+pytestmark = pytest.mark.e2e
+
+BEIR = FIXTURES / "eval" / "beir-mini"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("eval")
+
+
+def test_retrieval_writes_a_run_per_retriever_and_reuses_the_index(work: Path) -> None:
+    out = work / "retrieval"
+    result = run(
+        "eval", "retrieval", "--dataset", BEIR, "--index", work / "beir-index", "--out", out,
+        "--retriever", "bm25", "--retriever", "dense", "--retriever", "hybrid+compress", "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "building the index" in result.stderr
+    assert "mini/bm25" in result.stdout and "ndcg@10" in result.stdout
+    data = load_beir(BEIR)
+    for name in ("bm25", "dense", "hybrid-compress"):
+        found = load_run(out / name)
+        items = found.items()
+        assert [i["id"] for i in items] == ["q1", "q2", "q3", "q4"]
+        for item in items:  # each item's figures follow from its own ranking
+            assert item["ndcg@10"] == pytest.approx(
+                ndcg_at_k(item["top10"], data.qrels[item["id"]], 10)
+            )
+        for metric in ("ndcg@10", "recall@10", "recall@100", "mrr@10"):
+            mean = sum(i[metric] for i in items) / len(items)
+            assert found.metrics[metric] == pytest.approx(mean)
+        assert found.config["versions"]["bm25s"] and found.config["documents"] == 8
+    bm25 = {i["id"]: i for i in load_run(out / "bm25").items()}
+    # One relevant document sharing the query's rare words: found first.
+    assert [bm25[q]["ndcg@10"] for q in ("q2", "q3", "q4")] == [1.0, 1.0, 1.0]
+    assert bm25["q1"]["top10"][:2] == ["d1", "d2"] and bm25["q1"]["ndcg@10"] == pytest.approx(1.0)
+    config = load_run(out / "hybrid-compress").config
+    assert config["weights"] == {"bm25": 1.0, "dense": 1.0} and config["rrf_k"] == 60
+    assert config["compressor"]["kind"] in ("cross-encoder", "embedding-similarity")
+
+    again = run(
+        "eval", "retrieval", "--dataset", BEIR, "--index", work / "beir-index",
+        "--out", work / "retrieval-again", "--retriever", "bm25", "-q",
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "reusing the index" in again.stderr
+    assert load_run(work / "retrieval-again" / "bm25").metrics == load_run(out / "bm25").metrics
+
+    taken = run("eval", "retrieval", "--dataset", BEIR, "--out", out, "-q")
+    assert taken.returncode == 2 and taken.stderr.strip().endswith("choose another --out folder")
+
+
+def test_summary_plot_and_diff_read_the_runs(work: Path) -> None:
+    plot = work / "runs.png"
+    result = run("eval", "summary", work / "retrieval", "--plot", plot)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["run", "kind", "n", "ndcg@10", "recall@10", "recall@100", "mrr@10"]
+    assert len(lines) == 5 and plot.read_bytes().startswith(PNG)
+
+    diff = run("eval", "diff", work / "retrieval" / "bm25", work / "retrieval" / "dense")
+    assert diff.returncode == 0, diff.stderr
+    assert "items changed" in diff.stdout
+
+    mixed = run("eval", "diff", work / "retrieval" / "bm25", work / "abstention-missing")
+    assert mixed.returncode == 2 and mixed.stderr.startswith("error: ")
+    assert "is not an evaluation run" in mixed.stderr
+
+
+def test_abstention_sweeps_and_recommends_without_an_llm(work: Path) -> None:
+    out = work / "abstention"
+    result = run(
+        "eval", "abstention", "--dataset", BEIR, "--index", work / "beir-index", "--out", out,
+        "--max-false-abstain", "0.25", "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "recommended: RAGCHAINS_RERANK_THRESHOLD=" in result.stdout
+    found = load_run(out)
+    assert (out / "sweep.png").read_bytes().startswith(PNG)
+    items = found.items()
+    assert len(items) == 4 and all(i["removed_documents"] >= 1 for i in items)
+    m = found.metrics
+    assert m["recommended_false_abstain_rate"] <= 0.25
+    sweep = found.summary["sweep"]
+    thresholds = [p["threshold"] for p in sweep]
+    assert thresholds == sorted(thresholds)
+    # Rates only grow with the threshold, and end at 1 above every best score.
+    assert all(a["abstain_rate"] <= b["abstain_rate"] for a, b in itertools.pairwise(sweep))
+    assert sweep[-1]["abstain_rate"] == 1.0 and sweep[-1]["false_abstain_rate"] == 1.0
+    best = [i["best_score_unanswerable"] for i in items]
+    chosen = m["recommended_threshold"]
+    assert m["recommended_abstain_rate"] == pytest.approx(sum(b < chosen for b in best) / 4)
+
+
+def test_rewrites_score_the_real_rewrite_chain(work: Path) -> None:
+    out = work / "rewrites"
+    result = run(
+        "eval", "rewrites", "--dataset", FIXTURES / "eval" / "rewrites.jsonl", "--out", out, "-q"
+    )
+    assert result.returncode == 0, result.stderr
+    found = load_run(out)
+    items = {i["id"]: i for i in found.items()}
+    assert items["c1_1"]["raw_exact_match"] == 1.0  # a first turn needs no rewrite
+    assert items["c1_2"]["raw_token_f1"] == pytest.approx(4 / 7)
+    assert all(i["rewrite"] for i in items.values())
+    assert found.config["prompts"] == {"rewrite": "default/rewrite@v1"}
+    assert found.metrics["followup_raw_token_f1"] == pytest.approx(
+        (items["c1_2"]["raw_token_f1"] + items["c1_3"]["raw_token_f1"]) / 2
+    )
+
+
+def test_answers_in_process_with_and_without_a_judge(work: Path, sample_index: Path) -> None:
+    dataset = FIXTURES / "eval" / "qa.jsonl"
+    config = work / "answers.yaml"
+    config.write_text(
+        f"dataset: {dataset}\ntarget: {{index: {sample_index}, mode: ask, domain: hr}}\n"
+        "judge: {provider: embedded}\n",
+        encoding="utf-8",
+    )
+    result = run("eval", "answers", "--config", config, "--out", work / "answers", "-q")
+    assert result.returncode == 0, result.stderr
+    found = load_run(work / "answers")
+    items = {i["id"]: i for i in found.items()}
+    assert items["worldcup"]["abstained"] is True  # nothing passes the threshold
+    assert items["worldcup"]["citation_match"] is None
+    for item in items.values():
+        assert {"latency", "answer_length", "has_citation", "abstained"} <= set(item)
+        for judged in ("groundedness", "relevance", "dontknowness"):
+            assert item[judged] in (1, 2, 3, 4, 5), item
+    assert found.summary["skipped"] == []
+    assert found.config["judge"]["prompts"]["groundedness"] == "default/groundedness@v1"
+
+    config.write_text(f"dataset: {dataset}\ntarget: {{index: {sample_index}}}\n", encoding="utf-8")
+    plain = run(
+        "eval", "answers", "--config", config, "--out", work / "answers-plain", "--limit", "1", "-q"
+    )
+    assert plain.returncode == 0, plain.stderr
+    assert "skipped" in plain.stdout and "no judge" in plain.stderr
+    assert load_run(work / "answers-plain").metrics["groundedness"] is None
+
+    config.write_text("dataset: qa.jsonl\ntarget: {}\n", encoding="utf-8")
+    bad = run("eval", "answers", "--config", config, "--out", work / "answers-bad")
+    assert bad.returncode == 2
+    assert bad.stderr.strip() == (
+        f"error: {config}: target: give exactly one of target.index and target.url"
+    )
+
+
+def test_generate_writes_ground_truth_that_answers_reads(work: Path, sample_index: Path) -> None:
+    out = work / "generated.jsonl"
+    result = run(
+        "eval", "generate", "--index", sample_index, "--out", out,
+        "--count", "3", "--unanswerable", "3", "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("wrote ")
+    items = load_qa(out)
+    assert items and {i.kind for i in items} <= {
+        "answerable", "unrelated", "related-absent", "nonsensical"
+    }  # fmt: skip
+    for item in items:
+        assert item.question.endswith("?")
+        assert item.answerable == bool(item.citations)
+
+    again = run("eval", "generate", "--index", sample_index, "--out", out)
+    assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_bad_dataset_is_one_line(work: Path) -> None:
+    result = run("eval", "retrieval", "--dataset", work / "nothing-here", "-q")
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"error: no dataset folder at {work / 'nothing-here'}"
+    result = run("eval", "rewrites", "--dataset", FIXTURES / "eval" / "qa.jsonl")
+    assert result.returncode == 2
+    assert "'raw' and 'rewrite' must be text" in result.stderr
