@@ -45,7 +45,6 @@ format: setup
 bench: setup
 	$(BIN)/pip install --quiet -e '.[dev,bench]'
 	$(BIN)/python -m bench.retrieval_latency
-	$(BIN)/python -m bench.scifact_quality
 	$(BIN)/python -m bench.ingest_throughput
 	$(BIN)/python -m bench.server_overhead
 
