@@ -203,11 +203,11 @@ def diff_command(before: Path, after: Path, metric: str | None, limit: int) -> N
     metric = metric or (metrics[0] if metrics else None)
     if metric is not None and metric not in metrics:
         base._fail(f"unknown metric {metric!r}; these runs have {', '.join(metrics)}")
-    better = sum(1 for c in changes if headline_delta(c, metric) > 0)
-    worse = sum(1 for c in changes if headline_delta(c, metric) < 0)
+    higher = sum(1 for c in changes if headline_delta(c, metric) > 0)
+    lower = sum(1 for c in changes if headline_delta(c, metric) < 0)
     click.echo(
         f"\n{len(changes)} of {b.summary.get('count')} items changed"
-        + (f"; {metric}: {better} better, {worse} worse" if metric else "")
+        + (f"; {metric}: {higher} higher, {lower} lower" if metric else "")
     )
     if only_a or only_b:
         click.echo(f"{len(only_a)} items only in {before}, {len(only_b)} only in {after}")

@@ -28,6 +28,7 @@ CONFIG_FILE = "config.json"
 ITEMS_FILE = "items.jsonl"
 SUMMARY_FILE = "summary.json"
 DEFAULT_RUNS_DIR = Path("eval-runs")
+MAX_SHOWN_CHARS = 160  # longer texts (answers) are cut in tables and diffs
 
 # Versions recorded with every run: a number is only comparable with the stack that made it.
 TRACKED_PACKAGES = (
@@ -197,7 +198,8 @@ def format_value(value: Any, skipped: bool = False) -> str:
         return "yes" if value else "no"
     if isinstance(value, float):
         return f"{value:.3f}"
-    return str(value)
+    text = str(value)
+    return text if len(text) <= MAX_SHOWN_CHARS else text[: MAX_SHOWN_CHARS - 1] + "…"
 
 
 def by_kind(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -282,8 +284,9 @@ def diff_runs(before: Run, after: Run) -> tuple[list[ItemChange], list[str], lis
 
 
 def headline_delta(change: ItemChange, metric: str | None) -> float:
+    """after - before of ``metric`` for one item (yes/no counts as 1/0); 0 if not numeric."""
     if metric and metric in change.changes:
         x, y = change.changes[metric]
-        if _numeric(x) and _numeric(y):
+        if isinstance(x, int | float) and isinstance(y, int | float):
             return float(y) - float(x)
     return 0.0
