@@ -34,6 +34,16 @@ def _user_errors() -> Iterator[None]:
         base._fail(str(exc))
 
 
+def _run_folder(out: Path | None, kind: str, label: str) -> Path:
+    """--out, or a new folder under eval-runs/; an existing folder is never overwritten."""
+    from evaluation.runs import default_run_dir
+
+    out = out or default_run_dir(kind, label)
+    if out.exists():
+        base._fail(f"{out} already exists; choose another --out folder")
+    return out
+
+
 @click.group("eval")
 def eval_group() -> None:
     """Measure retrieval, answers, abstention and query rewriting.
@@ -81,32 +91,15 @@ def retrieval_command(
     The corpus is indexed once (one chunk per document, title + text) and reused while it and
     the embedder stay the same. Writes one run folder per retriever under --out.
     """
-    from evaluation.datasets import load_beir
-    from evaluation.retrieval import beir_index, build_setup, default_index_dir, evaluate_setup
-    from evaluation.runs import RunWriter, default_run_dir
-    from ragchains.factory import build_compressor, build_embedder
+    from evaluation.retrieval import build_setup, evaluate_setup
+    from evaluation.runs import RunWriter
+    from ragchains.factory import build_compressor
 
     settings = base._settings()
     with _user_errors():
-        data = load_beir(dataset, split)
-        if limit:
-            data.queries = dict(list(data.queries.items())[:limit])
-        out = out or default_run_dir("retrieval", data.name)
-        if out.exists():
-            base._fail(f"{out} already exists; choose another --out folder")
-        embedder = build_embedder(settings)
-        index_dir = index or default_index_dir(data)
-        try:
-            search_index = beir_index(
-                data,
-                index_dir,
-                embedder,
-                hnsw_min_chunks=settings.hnsw_min_chunks,
-                progress=not quiet,
-                say=lambda m: click.echo(m, err=True),
-            )
-        except ValueError as exc:  # an index folder that is not ours, or busy
-            base._fail(str(exc))
+        data, embedder, search_index, index_dir, out = _beir_search_index(
+            settings, dataset, split, index, "retrieval", out, limit, quiet
+        )
         runs = []
         for name in retrievers or ("bm25", "dense", "hybrid"):
             compressor = (
@@ -268,16 +261,14 @@ def rewrites_command(
     from chains.rewrite import build_rewrite_chain
     from evaluation.datasets import load_rewrites
     from evaluation.rewrites import evaluate_rewrites
-    from evaluation.runs import RunWriter, default_run_dir
+    from evaluation.runs import RunWriter
     from ingest.pipeline import BASE_FIELDS
 
     settings = base._settings()
     configurable = _configurable(domain, prompt_versions)
     with _user_errors():
         items = load_rewrites(dataset)[:limit]
-        out = out or default_run_dir("rewrites", dataset.parent.name)
-        if out.exists():
-            base._fail(f"{out} already exists; choose another --out folder")
+        out = _run_folder(out, "rewrites", dataset.parent.name)
         prompts, llm = _prompts_and_llm(settings, configurable, "rewrite")
         # The filter fields every index has: the rewrite prompt shows the model these.
         chain = build_rewrite_chain(
@@ -332,14 +323,25 @@ def _llm_config(settings: Any, llm: Any) -> dict[str, Any]:
 
 
 def _beir_search_index(
-    settings: Any, dataset: Path, split: str, index: Path | None, quiet: bool
-) -> tuple[Any, Any, Any, Path]:
-    """The BEIR data, the embedder, and the dataset's index (built or reused)."""
+    settings: Any,
+    dataset: Path,
+    split: str,
+    index: Path | None,
+    kind: str,
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> tuple[Any, Any, Any, Path, Path]:
+    """The BEIR data (first ``limit`` queries), the embedder, the dataset's index (built or
+    reused) and the run folder, which is checked to be free before any slow work."""
     from evaluation.datasets import load_beir
     from evaluation.retrieval import beir_index, default_index_dir
     from ragchains.factory import build_embedder
 
     data = load_beir(dataset, split)
+    if limit:
+        data.queries = dict(list(data.queries.items())[:limit])
+    out = _run_folder(out, kind, data.name)
     embedder = build_embedder(settings)
     index_dir = index or default_index_dir(data)
     try:
@@ -353,7 +355,7 @@ def _beir_search_index(
         )
     except ValueError as exc:  # an index folder that is not ours, or busy
         base._fail(str(exc))
-    return data, embedder, search_index, index_dir
+    return data, embedder, search_index, index_dir, out
 
 
 # ----------------------------------------------------------------------------- abstention
@@ -400,19 +402,14 @@ def abstention_command(
     """
     from evaluation.abstention import best_scores, default_thresholds, recommend, sweep
     from evaluation.plots import plot_sweep
-    from evaluation.runs import RunWriter, default_run_dir
+    from evaluation.runs import RunWriter
     from ragchains.factory import build_compressor
 
     settings = base._settings()
     with _user_errors():
-        data, embedder, search_index, index_dir = _beir_search_index(
-            settings, dataset, split, index, quiet
+        data, embedder, search_index, index_dir, out = _beir_search_index(
+            settings, dataset, split, index, "abstention", out, limit, quiet
         )
-        if limit:
-            data.queries = dict(list(data.queries.items())[:limit])
-        out = out or default_run_dir("abstention", data.name)
-        if out.exists():
-            base._fail(f"{out} already exists; choose another --out folder")
         compressor = build_compressor(settings, embedder, search_index)
         status = compressor.status()
         current = status["threshold"]
@@ -534,16 +531,14 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
         load_answers_config,
     )
     from evaluation.datasets import load_qa
-    from evaluation.runs import RunWriter, default_run_dir
+    from evaluation.runs import RunWriter
     from ragchains.factory import build_llm
 
     settings = base._settings()
     with _user_errors():
         config = load_answers_config(config_file)
         items = load_qa(config.dataset)[:limit]
-        out = out or default_run_dir("answers", config.dataset.stem)
-        if out.exists():
-            base._fail(f"{out} already exists; choose another --out folder")
+        out = _run_folder(out, "answers", config.dataset.stem)
         spec = config.target
         configurable = spec.configurable()
         target: Any
