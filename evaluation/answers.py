@@ -32,6 +32,9 @@ from prompts.registry import PromptRegistry
 
 JUDGED = ("groundedness", "relevance", "dontknowness")
 _SCORE = re.compile(r"[1-5]")
+# Answers that hold for every question (wrong URL, key, domain or prompt version): stop.
+ABORT_STATUSES = frozenset({400, 401, 403, 404})
+GIVE_UP_AFTER = 3
 
 
 class TargetError(ValueError):
@@ -62,17 +65,12 @@ class InProcessTarget:
         return self.info
 
     def answer(self, question: str) -> dict[str, Any]:
-        from ragchains.llms import explain_failure
-
         try:
             result: dict[str, Any] = self.graph.invoke(
                 {"question": question}, {"configurable": self.configurable}
             )
         except Exception as exc:
-            failure = explain_failure(exc)
-            if failure is None:
-                raise  # a bug, not the model's failure: the traceback is the report
-            raise TurnError(failure.message) from exc
+            raise TurnError(_model_failure(exc)) from exc
         return result
 
 
@@ -90,7 +88,7 @@ class _HttpTarget:
             raise TurnError(f"no answer from {self.url} in time") from exc
         except httpx.TransportError as exc:
             raise TargetError(f"cannot reach {self.url}: {exc}") from exc
-        if response.status_code in (401, 403, 404):
+        if response.status_code in ABORT_STATUSES:
             raise TargetError(
                 f"{self.url}{path} answered {response.status_code}: {_reason(response)}"
             )
@@ -213,6 +211,8 @@ def evaluate_answers(
     on_item: Callable[[dict[str, Any]], None],
     progress: bool = True,
 ) -> dict[str, Any]:
+    """Ask, measure and judge each question. A failed question is recorded and the run goes
+    on; if the first ``GIVE_UP_AFTER`` all fail, the target is broken: TargetError."""
     rows = []
     for item in tqdm(items, desc="questions", unit="question", disable=not progress):
         start = time.perf_counter()
@@ -223,16 +223,32 @@ def evaluate_answers(
             turn, error = {}, str(exc)
         latency = time.perf_counter() - start
         row: dict[str, Any] = {**item.as_dict(), "answer_given": turn.get("answer")}
+        judged: dict[str, int | None] = dict.fromkeys(JUDGED)
         if error is None:
             row.update(measure(item, turn, latency))
-            judged = judge.judge(item.question, turn) if judge else dict.fromkeys(JUDGED)
+            if judge is not None:
+                try:
+                    judged = judge.judge(item.question, turn)
+                except Exception as exc:
+                    row["judge_error"] = _model_failure(exc)
         else:
             row["error"] = error
-            judged = dict.fromkeys(JUDGED)
         row.update(judged)
         on_item(row)
         rows.append(row)
+        if len(rows) == GIVE_UP_AFTER and all("error" in r for r in rows):
+            raise TargetError(f"the first {GIVE_UP_AFTER} questions failed: {error}")
     return summarize_answers(rows, judged=judge is not None)
+
+
+def _model_failure(exc: Exception) -> str:
+    """A chat model's failure as one line; anything else is a bug and is raised."""
+    from ragchains.llms import explain_failure
+
+    failure = explain_failure(exc)
+    if failure is None:
+        raise exc
+    return failure.message
 
 
 def _mean(values: Sequence[Any]) -> float | None:

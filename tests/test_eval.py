@@ -13,6 +13,7 @@ from chains.llm import LLM
 from evaluation.abstention import SweepPoint, default_thresholds, recommend, sweep
 from evaluation.answers import (
     Judge,
+    TargetError,
     TurnError,
     evaluate_answers,
     load_answers_config,
@@ -155,6 +156,29 @@ def test_a_failed_question_is_recorded_and_the_run_goes_on() -> None:
     assert rows[0]["error"] == "502: overloaded" and rows[0]["groundedness"] is None
     assert rows[1]["citation_match"] is True
     assert summary["errors"] == 1 and summary["citation_match"] == 1.0
+
+
+def test_a_broken_target_stops_the_run_and_a_failing_judge_is_noted() -> None:
+    items = [QAItem(str(n), f"q{n}?", "x", ["l"]) for n in range(5)]
+    failing = _ScriptedTarget([TurnError("502: down")] * 5)
+    rows: list[dict[str, Any]] = []
+    with pytest.raises(TargetError, match="the first 3 questions failed: 502: down"):
+        evaluate_answers(items, failing, None, on_item=rows.append, progress=False)
+    assert len(rows) == 3  # each failure was written before giving up
+
+    class _Timeout(Judge):
+        def judge(self, question: str, turn: Any) -> dict[str, int | None]:
+            import httpx
+
+            raise httpx.ReadTimeout("slow")
+
+    rows = []
+    target = _ScriptedTarget([{"answer": "y", "citations": []}])
+    summary = evaluate_answers(
+        items[:1], target, _Timeout(_fake_llm("3")), on_item=rows.append, progress=False
+    )
+    assert rows[0]["judge_error"] == "the chat model did not answer in time"
+    assert rows[0]["groundedness"] is None and summary["groundedness"] is None
 
 
 def test_abstention_sweep_and_recommendation_hand_computed() -> None:
