@@ -610,7 +610,8 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
 
 def _target_name(described: dict[str, Any]) -> str:
     if described.get("kind") == "in-process":
-        return f"{described['mode']}-{described['llm']['name']}"
+        threshold = described["compressor"]["threshold"]
+        return f"{described['mode']}-{described['llm']['name']}-threshold-{threshold:g}"
     return f"{described['kind']}-{described['url']}"
 
 
