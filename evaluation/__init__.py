@@ -4,3 +4,5 @@ from pathlib import Path
 
 # Prompt files of the judge and of question generation (never served).
 EVAL_PROMPTS = Path(__file__).resolve().parent / "prompts"
+# The retriever settings `ragchains eval retrieval` can measure.
+RETRIEVERS = ("bm25", "dense", "hybrid", "hybrid+compress")

@@ -24,9 +24,7 @@ from tqdm import tqdm
 
 from evaluation.datasets import BeirDataset
 from retrievers.compressors import RerankCompressor
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.hybrid import hybrid_search
-from retrievers.index import SearchIndex
+from retrievers.hybrid import HybridRetriever, hybrid_search
 
 
 @dataclass(frozen=True)
@@ -45,19 +43,15 @@ class SweepPoint:
 
 def best_scores(
     dataset: BeirDataset,
-    index: SearchIndex,
-    embedder: SentenceTransformerEmbedder,
+    retriever: HybridRetriever,
     compressor: RerankCompressor,
     *,
-    k: int,
-    candidates: int,
-    weights: tuple[float, float],
-    rrf_k: int,
     on_item: Callable[[dict[str, Any]], None],
     progress: bool = True,
 ) -> tuple[list[float], list[float]]:
-    """The best compressor score over the hybrid top-k of each query, with and without its
-    relevant documents (-inf when nothing is retrieved)."""
+    """The best compressor score over the retriever's top k for each query, with and without
+    its relevant documents (-inf when nothing is retrieved)."""
+    index = retriever.index
     rows = index.store.rows(dataset.doc_ids)
     answerable: list[float] = []
     unanswerable: list[float] = []
@@ -67,18 +61,18 @@ def best_scores(
         removed = [rows[d] for d, grade in dataset.qrels[qid].items() if grade > 0 and d in rows]
         mask = np.ones(len(index), dtype=bool)
         mask[removed] = False
-        vector = embedder.encode_query(query)
+        vector = retriever.embedder.encode_query(query)
         pair = []
         for allowed in (None, mask):
             hits = hybrid_search(
                 index,
                 query,
                 vector,
-                k=k,
-                candidates=candidates,
-                bm25_weight=weights[0],
-                dense_weight=weights[1],
-                rrf_k=rrf_k,
+                k=retriever.k,
+                candidates=retriever.candidates,
+                bm25_weight=retriever.bm25_weight,
+                dense_weight=retriever.dense_weight,
+                rrf_k=retriever.rrf_k,
                 mask=allowed,
             )
             docs = index.store.documents([h.row for h in hits])

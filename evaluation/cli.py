@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import click
 
+from evaluation import RETRIEVERS
 from ragchains import cli as base
 
 _OUT = click.option(
@@ -20,6 +21,31 @@ _LIMIT = click.option(
     "--limit", type=click.IntRange(min=1), help="Evaluate only the first N items (a quick look)."
 )
 _QUIET = click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+
+
+def _beir_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--dataset, --split and --index of the commands that read a BEIR folder."""
+    for option in reversed(
+        [
+            click.option(
+                "--dataset",
+                required=True,
+                type=click.Path(path_type=Path),
+                help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv.",
+            ),
+            click.option(
+                "--split", default="test", show_default=True, help="Which qrels file to use."
+            ),
+            click.option(
+                "--index",
+                type=click.Path(path_type=Path),
+                help="Where to build (or find) the dataset's index. "
+                "Default: a cache folder per corpus.",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
 
 
 @contextlib.contextmanager
@@ -55,24 +81,13 @@ def eval_group() -> None:
 
 # ----------------------------------------------------------------------------- retrieval
 @eval_group.command("retrieval")
-@click.option(
-    "--dataset",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv.",
-)
+@_beir_options
 @click.option(
     "--retriever",
     "retrievers",
     multiple=True,
-    type=click.Choice(["bm25", "dense", "hybrid", "hybrid+compress"]),
+    type=click.Choice(RETRIEVERS),
     help="Retriever setting to evaluate; repeat for several. Default: bm25, dense and hybrid.",
-)
-@click.option("--split", default="test", show_default=True, help="Which qrels file to use.")
-@click.option(
-    "--index",
-    type=click.Path(path_type=Path),
-    help="Where to build (or find) the dataset's index. Default: a cache folder per corpus.",
 )
 @_OUT
 @_LIMIT
@@ -93,13 +108,14 @@ def retrieval_command(
     """
     from evaluation.retrieval import build_setup, evaluate_setup
     from evaluation.runs import RunWriter
-    from ragchains.factory import build_compressor
+    from ragchains.factory import build_compressor, build_retriever
 
     settings = base._settings()
     with _user_errors():
         data, embedder, search_index, index_dir, out = _beir_search_index(
             settings, dataset, split, index, "retrieval", out, limit, quiet
         )
+        hybrid = build_retriever(settings, search_index, embedder)
         runs = []
         for name in retrievers or ("bm25", "dense", "hybrid"):
             compressor = (
@@ -107,16 +123,7 @@ def retrieval_command(
                 if name == "hybrid+compress"
                 else None
             )
-            setup = build_setup(
-                name,
-                search_index,
-                embedder,
-                candidates=settings.candidates_per_retriever,
-                bm25_weight=settings.bm25_weight,
-                dense_weight=settings.dense_weight,
-                rrf_k=settings.rrf_k,
-                compressor=compressor,
-            )
+            setup = build_setup(name, hybrid, compressor=compressor)
             config = {
                 "kind": "retrieval",
                 "label": f"{data.name}/{name}",
@@ -213,19 +220,12 @@ def diff_command(before: Path, after: Path, metric: str | None, limit: int) -> N
         click.echo(f"\n… {len(changes) - limit} more (--limit)")
 
 
-def _configurable(domain: str | None, versions: tuple[str, ...]) -> dict[str, Any]:
-    return base._configurable(domain, versions, None)
-
-
 def _prompts_and_llm(settings: Any, configurable: dict[str, Any], mode: str) -> tuple[Any, Any]:
-    """The prompt registry (the selection checked) and the configured chat model."""
-    from chains.graph import REQUIRED_PROMPTS, check_configurable
-    from prompts.registry import PromptRegistry
+    """The prompt files (the selection checked) and the configured chat model."""
     from ragchains.factory import build_llm
 
+    prompts = base._checked_prompts(configurable, mode)
     try:
-        prompts = PromptRegistry(required=REQUIRED_PROMPTS)
-        check_configurable(prompts, configurable, mode)
         return prompts, build_llm(settings)
     except ValueError as exc:
         base._fail(str(exc))
@@ -265,7 +265,7 @@ def rewrites_command(
     from ingest.pipeline import BASE_FIELDS
 
     settings = base._settings()
-    configurable = _configurable(domain, prompt_versions)
+    configurable = base._configurable(domain, prompt_versions, None)
     with _user_errors():
         items = load_rewrites(dataset)[:limit]
         out = _run_folder(out, "rewrites", dataset.parent.name)
@@ -360,18 +360,7 @@ def _beir_search_index(
 
 # ----------------------------------------------------------------------------- abstention
 @eval_group.command("abstention")
-@click.option(
-    "--dataset",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="BEIR folder: corpus.jsonl, queries.jsonl, qrels/<split>.tsv.",
-)
-@click.option("--split", default="test", show_default=True, help="Which qrels file to use.")
-@click.option(
-    "--index",
-    type=click.Path(path_type=Path),
-    help="Where to build (or find) the dataset's index. Default: a cache folder per corpus.",
-)
+@_beir_options
 @click.option(
     "--max-false-abstain",
     type=click.FloatRange(0, 1),
@@ -402,14 +391,16 @@ def abstention_command(
     """
     from evaluation.abstention import best_scores, default_thresholds, recommend, sweep
     from evaluation.plots import plot_sweep
+    from evaluation.retrieval import hybrid_params
     from evaluation.runs import RunWriter
-    from ragchains.factory import build_compressor
+    from ragchains.factory import build_compressor, build_retriever
 
     settings = base._settings()
     with _user_errors():
         data, embedder, search_index, index_dir, out = _beir_search_index(
             settings, dataset, split, index, "abstention", out, limit, quiet
         )
+        retriever = build_retriever(settings, search_index, embedder)
         compressor = build_compressor(settings, embedder, search_index)
         status = compressor.status()
         current = status["threshold"]
@@ -420,28 +411,13 @@ def abstention_command(
             "split": split,
             "queries": len(data.queries),
             "index": str(index_dir),
-            "retriever": {
-                "kind": "hybrid",
-                "k": settings.k,
-                "candidates_per_retriever": settings.candidates_per_retriever,
-                "weights": {"bm25": settings.bm25_weight, "dense": settings.dense_weight},
-                "rrf_k": settings.rrf_k,
-            },
+            "retriever": {"kind": "hybrid", **hybrid_params(retriever)},
             "compressor": status,
             "max_false_abstain": max_false_abstain,
         }
         with RunWriter(out, config) as writer:
             answerable, unanswerable = best_scores(
-                data,
-                search_index,
-                embedder,
-                compressor,
-                k=settings.k,
-                candidates=settings.candidates_per_retriever,
-                weights=(settings.bm25_weight, settings.dense_weight),
-                rrf_k=settings.rrf_k,
-                on_item=writer.add,
-                progress=not quiet,
+                data, retriever, compressor, on_item=writer.add, progress=not quiet
             )
             points = sweep(
                 answerable, unanswerable, default_thresholds([*answerable, *unanswerable], step)
@@ -542,6 +518,7 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
         spec = config.target
         configurable = spec.configurable()
         target: Any
+        service = None
         if spec.index is not None:
             service = base._load_service(settings, spec.index, configurable, spec.mode)
             graph = service.graphs.ask if spec.mode == "ask" else service.graphs.chat
@@ -562,7 +539,10 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
         if config.judge is not None:
             judge_settings = _judge_settings(settings, config.judge)
             try:
-                judge = Judge(build_llm(judge_settings), prompt_version=config.judge.prompt_version)
+                # The chat model already loaded in this process judges too, not a second copy.
+                same = _chat_model(judge_settings) == _chat_model(settings)
+                judge_llm = service.llm if service and same else build_llm(judge_settings)
+                judge = Judge(judge_llm, prompt_version=config.judge.prompt_version)
             except ValueError as exc:
                 base._fail(f"judge: {exc}")
         run_config = {
@@ -613,6 +593,11 @@ def _target_name(described: dict[str, Any]) -> str:
         threshold = described["compressor"]["threshold"]
         return f"{described['mode']}-{described['llm']['name']}-threshold-{threshold:g}"
     return f"{described['kind']}-{described['url']}"
+
+
+def _chat_model(settings: Any) -> dict[str, Any]:
+    """The settings that decide which chat model ``build_llm`` makes."""
+    return {k: v for k, v in settings.model_dump().items() if k.startswith(("llm_", "openai_"))}
 
 
 def _judge_settings(settings: Any, judge: Any) -> Any:

@@ -11,6 +11,7 @@ import hashlib
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,11 @@ class BeirDataset:
     @property
     def corpus_path(self) -> Path:
         return self.folder / "corpus.jsonl"
+
+    @cached_property
+    def corpus_sha256(self) -> str:
+        """Identifies the corpus an index was built from (read once per run)."""
+        return file_sha256(self.corpus_path)
 
     def document_text(self, row: int) -> str:
         """Title and text, as BEIR's evaluations index a document."""

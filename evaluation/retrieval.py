@@ -17,7 +17,8 @@ import numpy as np
 from langchain_core.documents import Document
 from tqdm import tqdm
 
-from evaluation.datasets import BeirDataset, file_sha256
+from evaluation import RETRIEVERS
+from evaluation.datasets import BeirDataset
 from evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
 from ingest.chunking import sha256_text
 from ingest.pipeline import build_and_write, embed_texts
@@ -31,12 +32,12 @@ from retrievers.index import (
     FileRecord,
     IndexContents,
     IndexLoadError,
+    IndexNotFoundError,
     SearchIndex,
     load_index,
     writer_lock,
 )
 
-RETRIEVERS = ("bm25", "dense", "hybrid", "hybrid+compress")
 DEPTH = 100  # recall@100 needs 100 results
 RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
 BEIR_CHUNKING = {"beir": "one chunk per document: title + newline + text"}
@@ -47,7 +48,7 @@ def default_index_dir(dataset: BeirDataset) -> Path:
     root = Path(
         os.environ.get("RAGCHAINS_EVAL_CACHE", Path.home() / ".cache" / "ragchains" / "eval")
     )
-    return root / f"{dataset.name}-{file_sha256(dataset.corpus_path)[:12]}"
+    return root / f"{dataset.name}-{dataset.corpus_sha256[:12]}"
 
 
 def beir_index(
@@ -61,12 +62,11 @@ def beir_index(
 ) -> SearchIndex:
     """Open the index of ``dataset`` at ``index_dir``, building it first if it is missing
     or was built from another corpus, embedder or chunking."""
-    corpus = dataset.corpus_path
-    sha = file_sha256(corpus)
-    reason = _why_rebuild(index_dir, embedder, sha)
-    if reason is None:
+    corpus, sha = dataset.corpus_path, dataset.corpus_sha256
+    existing, reason = _open_if_current(index_dir, embedder, corpus.name, sha)
+    if existing is not None:
         say(f"reusing the index at {index_dir}")
-        return load_index(index_dir, embedder_name=embedder.name)
+        return existing
     say(f"building the index at {index_dir} ({reason})")
     chunks = []
     for row, doc_id in enumerate(dataset.doc_ids):
@@ -101,20 +101,26 @@ def beir_index(
     return load_index(index_dir, embedder_name=embedder.name)
 
 
-def _why_rebuild(index_dir: Path, embedder: SentenceTransformerEmbedder, sha: str) -> str | None:
+def _open_if_current(
+    index_dir: Path, embedder: SentenceTransformerEmbedder, corpus: str, sha: str
+) -> tuple[SearchIndex | None, str]:
+    """The index at ``index_dir`` if it was built from this corpus with this embedder;
+    otherwise None and why it must be built."""
     try:
         index = load_index(index_dir, embedder_name=embedder.name)
+    except IndexNotFoundError:
+        return None, "none there yet"
     except IndexLoadError as exc:
-        return "none usable there" if "no index" in str(exc) else str(exc).split(";")[0]
-    try:
-        record = index.store.files().get("corpus.jsonl")
-        if index.manifest.get("chunking") != BEIR_CHUNKING or record is None:
-            return "it is not a BEIR evaluation index"
-        if record.sha256 != sha:
-            return "the corpus changed"
-        return None
-    finally:
-        index.close()
+        return None, str(exc).split(";")[0]
+    record = index.store.files().get(corpus)
+    if index.manifest.get("chunking") == BEIR_CHUNKING and record is not None:
+        if record.sha256 == sha:
+            return index, ""
+        reason = "the corpus changed"
+    else:
+        reason = "it is not a BEIR evaluation index"
+    index.close()
+    return None, reason
 
 
 @dataclass
@@ -128,19 +134,19 @@ class RetrieverSetup:
 
 def build_setup(
     name: str,
-    index: SearchIndex,
-    embedder: SentenceTransformerEmbedder,
+    hybrid: HybridRetriever,
     *,
-    candidates: int,
-    bm25_weight: float,
-    dense_weight: float,
-    rrf_k: int,
     compressor: RerankCompressor | None = None,
     depth: int = DEPTH,
 ) -> RetrieverSetup:
-    """The product's retriever for ``name`` (one of ``RETRIEVERS``), returning ``depth`` ids."""
+    """The product's retriever for ``name`` (one of ``RETRIEVERS``), returning ``depth`` ids.
+
+    ``hybrid`` is the configured retriever (``factory.build_retriever``); the BM25 and dense
+    settings search its index on their own.
+    """
     if name not in RETRIEVERS:
         raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
+    index, embedder = hybrid.index, hybrid.embedder
     params: dict[str, Any] = {"depth": depth}
 
     def ids(docs: Sequence[Document]) -> list[str]:
@@ -155,24 +161,10 @@ def build_setup(
         params["embedder"] = embedder.name
         params["dense"] = index.manifest.get("dense")
         return RetrieverSetup(name, params, lambda q: ids(dense.invoke(q)))
-    hybrid = HybridRetriever(
-        index=index,
-        embedder=embedder,
-        k=depth,
-        candidates=max(candidates, depth),
-        bm25_weight=bm25_weight,
-        dense_weight=dense_weight,
-        rrf_k=rrf_k,
-    )
-    params.update(
-        embedder=embedder.name,
-        bm25=BM25_PARAMS,
-        candidates_per_retriever=max(candidates, depth),
-        weights={"bm25": bm25_weight, "dense": dense_weight},
-        rrf_k=rrf_k,
-    )
+    deep = hybrid.model_copy(update={"k": depth, "candidates": max(hybrid.candidates, depth)})
+    params.update(embedder=embedder.name, bm25=BM25_PARAMS, **hybrid_params(deep))
     if name == "hybrid":
-        return RetrieverSetup(name, params, lambda q: ids(hybrid.invoke(q)))
+        return RetrieverSetup(name, params, lambda q: ids(deep.invoke(q)))
     if compressor is None:
         raise ValueError("hybrid+compress needs a compressor")
     params["compressor"] = compressor.status()
@@ -182,10 +174,20 @@ def build_setup(
     )
 
     def reranked(query: str) -> list[str]:
-        found = hybrid.invoke(query)
+        found = deep.invoke(query)
         return ids(compressor.rerank(found, query, top_n=depth, threshold=-np.inf).documents)
 
     return RetrieverSetup(name, params, reranked)
+
+
+def hybrid_params(retriever: HybridRetriever) -> dict[str, Any]:
+    """What defines a hybrid retriever's ranking, for a run's config."""
+    return {
+        "k": retriever.k,
+        "candidates_per_retriever": retriever.candidates,
+        "weights": {"bm25": retriever.bm25_weight, "dense": retriever.dense_weight},
+        "rrf_k": retriever.rrf_k,
+    }
 
 
 def score_ranking(ranked: Sequence[str], relevant: dict[str, float]) -> dict[str, float]:

@@ -261,17 +261,27 @@ def _parse_prompt_versions(values: tuple[str, ...]) -> int | str | dict[str, str
     return mapping
 
 
-def _load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
-    """Models, index and graphs, with every problem reported as one line before any work."""
+def _checked_prompts(configurable: dict[str, Any], mode: str) -> Any:
+    """The prompt files, with the request's domain and versions checked for ``mode``."""
     from chains.graph import REQUIRED_PROMPTS, check_configurable
     from prompts.registry import PromptRegistry
-    from ragchains.factory import build_service
 
-    # Every expected failure (bad prompt file or selection, index, model, key) is a
-    # ValueError subclass with a message made for the user.
     try:
         prompts = PromptRegistry(required=REQUIRED_PROMPTS)
         check_configurable(prompts, configurable, mode)  # before the slow model loading
+    except ValueError as exc:
+        _fail(str(exc))
+    return prompts
+
+
+def _load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
+    """Models, index and graphs, with every problem reported as one line before any work."""
+    from ragchains.factory import build_service
+
+    prompts = _checked_prompts(configurable, mode)
+    # Every expected failure (index, model, key) is a ValueError subclass with a message
+    # made for the user.
+    try:
         return build_service(settings, index, prompts=prompts)
     except ValueError as exc:
         _fail(str(exc))
