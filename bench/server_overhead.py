@@ -30,7 +30,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 
 from bench.common import REPO, cache_dir, machine_line, percentile_ms, write_section
-from chains.llm import LLM
+from ragchains.chains.llm import LLM
 
 QUESTION = "what does the standard plan cost?"
 _asked = itertools.count()
@@ -108,7 +108,7 @@ def sample_index() -> Path:
 def serve(index: Path, port: int, delay: float) -> None:
     import uvicorn
 
-    from server import create_app
+    from ragchains.server import create_app
 
     app = create_app(bench_settings(index), llm=stub_llm(delay))
     uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.common import cache_dir
-from retrievers.embeddings import SentenceTransformerEmbedder, resolve_model_path
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder, resolve_model_path
 
 N_TOPICS_PER_10K = 200
 TOPIC_WORDS = 40

@@ -14,19 +14,27 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 from langchain_core.documents import Document
+from langchain_core.language_models import BaseChatModel
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator
+from langchain_core.runnables import (
+    Runnable,
+    RunnableConfig,
+    RunnableGenerator,
+    RunnableLambda,
+    RunnablePassthrough,
+)
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
-from chains.llm import LLM, ChatHistory
-from chains.retrieve import citation_label, to_source
-from prompts.registry import PromptRegistry
+from ragchains.chains.llm import LLM, ChatHistory, as_llm
+from ragchains.chains.options import Choices, Options
+from ragchains.chains.retrieve import citation_label, compressor_score, to_source
+from ragchains.prompts.registry import PromptRegistry, default_registry
 
 DONT_KNOW = "I don't know based on the available documents."
 _MARKER = re.compile(r"\[([^\[\]\n]{1,300})\]")
@@ -69,7 +77,10 @@ def format_context(documents: Sequence[Document]) -> str:
 
 
 def _score(doc: Document) -> float | None:
-    for key in ("rerank_score", "rrf_score", "dense_score", "bm25_score"):
+    score = compressor_score(doc)
+    if score is not None:
+        return score
+    for key in ("rrf_score", "dense_score", "bm25_score"):
         value = doc.metadata.get(key)
         if value is not None:
             return float(value)
@@ -118,6 +129,9 @@ def citation_grammar(labels: Sequence[str], *, sentences: int = 3) -> str:
     )
 
 
+PROMPTS = ("answer",)
+
+
 @dataclass
 class _Plan:
     chain: Runnable[dict[str, Any], str] | None  # None: abstain without calling the LLM
@@ -156,29 +170,34 @@ def _ending(text: str, plan: _Plan) -> AddableDict:
     )
 
 
-def build_answer_chain(
-    *, llm: LLM, prompts: PromptRegistry, history_tokens: int = 1024
-) -> Runnable[AnswerInput | dict[str, Any], dict[str, Any]]:
-    """Answer from the given chunks only, with citations; abstain without calling the LLM
-    when no chunk survived compression. Streams ``answer`` tokens, then ``citations``."""
+class Answerer:
+    """The answer step over a turn's state (``question``, ``chat_history``, ``documents``
+    and the resolved ``options``): streams ``{"answer": token}`` events, then one event with
+    ``citations``, ``abstained`` and the ``prompt`` ref. With no documents it abstains without
+    calling the model."""
 
-    def plan(inputs: AnswerInput | dict[str, Any], config: RunnableConfig) -> _Plan:
-        data = inputs if isinstance(inputs, AnswerInput) else AnswerInput.model_validate(inputs)
-        if not data.documents:
+    def __init__(self, *, llm: LLM, history_tokens: int = 1024) -> None:
+        self.llm = llm
+        self.history_tokens = history_tokens
+
+    def plan(self, state: Mapping[str, Any]) -> _Plan:
+        documents: list[Document] = list(state.get("documents") or [])
+        if not documents:
             return _Plan(None, {}, [], None)
-        prompt = prompts.select("answer", config.get("configurable"))
-        labels = [citation_label(d) for d in data.documents]
-        chain = llm.prompted(prompt, grammar=citation_grammar(labels)) | StrOutputParser()
-        history = llm.trim_history(data.chat_history, history_tokens)
+        options: Options = state["options"]
+        prompt = options.prompt("answer")
+        labels = [citation_label(d) for d in documents]
+        chain = self.llm.prompted(prompt, grammar=citation_grammar(labels)) | StrOutputParser()
+        history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
         variables = {
-            "question": data.question,
-            "context": format_context(data.documents),
+            "question": state["question"],
+            "context": format_context(documents),
             "chat_history": history,
         }
-        return _Plan(chain, variables, data.documents, prompt.ref)
+        return _Plan(chain, variables, documents, prompt.ref)
 
-    def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
-        p = plan(_single(inputs), config)
+    def stream(self, state: Mapping[str, Any], config: RunnableConfig) -> Iterator[AddableDict]:
+        p = self.plan(state)
         written = _Written()
         for piece in [DONT_KNOW] if p.chain is None else p.chain.stream(p.variables, config):
             if (event := written.add(piece)) is not None:
@@ -186,9 +205,9 @@ def build_answer_chain(
         yield _ending(written.text, p)
 
     async def astream(
-        inputs: AsyncIterator[Any], config: RunnableConfig
+        self, state: Mapping[str, Any], config: RunnableConfig
     ) -> AsyncIterator[AddableDict]:
-        p = plan(_single(iter([item async for item in inputs])), config)
+        p = self.plan(state)
         written = _Written()
         if p.chain is None:
             written.add(DONT_KNOW)
@@ -199,19 +218,60 @@ def build_answer_chain(
                     yield event
         yield _ending(written.text, p)
 
+
+def gather(chunks: Iterator[Any]) -> Any:
+    """The one input a streaming step was given, merged from the chunks it arrived in (an
+    ``assign`` before it streams the passed-through keys and the new ones separately)."""
+    merged: Any = None
+    for chunk in chunks:
+        if isinstance(merged, Mapping) and isinstance(chunk, Mapping):
+            merged = {**merged, **chunk}
+        else:
+            merged = chunk
+    if merged is None:
+        raise ValueError("the step got no input")
+    return merged
+
+
+async def agather(chunks: AsyncIterator[Any]) -> Any:
+    return gather(iter([chunk async for chunk in chunks]))
+
+
+def read_answer_input(inputs: Any) -> dict[str, Any]:
+    data = inputs if isinstance(inputs, AnswerInput) else AnswerInput.model_validate(inputs)
+    return dict(data)
+
+
+def create_answer_chain(
+    *,
+    llm: LLM | BaseChatModel,
+    prompts: PromptRegistry | None = None,
+    history_tokens: int = 1024,
+) -> Runnable[AnswerInput | dict[str, Any], dict[str, Any]]:
+    """Answer from the given chunks only, with citations; abstain without calling the LLM
+    when there are none. Streams ``answer`` tokens, then ``citations``."""
+    answerer = Answerer(llm=as_llm(llm), history_tokens=history_tokens)
+    choices = Choices(prompts or default_registry(), PROMPTS)
+
+    def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
+        yield from answerer.stream(gather(inputs), config)
+
+    async def astream(
+        inputs: AsyncIterator[Any], config: RunnableConfig
+    ) -> AsyncIterator[AddableDict]:
+        async for event in answerer.astream(await agather(inputs), config):
+            yield event
+
     # RunnableGenerator passes the run's config to functions that take one; its type hints
     # do not say so.
-    generator: Runnable[Any, Any] = RunnableGenerator(cast(Any, stream), cast(Any, astream))
-    return generator.with_types(input_type=AnswerInput, output_type=AnswerOutput).with_config(
+    answer: Runnable[Any, Any] = RunnableGenerator(
+        cast(Any, stream), cast(Any, astream), name="answer"
+    )
+    chain = (
+        RunnableLambda(read_answer_input, name="input")
+        | RunnablePassthrough.assign(options=choices.step())
+        | answer
+    )
+    return chain.with_types(input_type=AnswerInput, output_type=AnswerOutput).with_config(
         run_name="answer"
     )
-
-
-def _single(inputs: Iterator[Any]) -> Any:
-    """The one input a stage was given (a stage's input arrives as an iterator of chunks)."""
-    last = None
-    for item in inputs:
-        last = item
-    if last is None:
-        raise ValueError("the answer stage got no input")
-    return last

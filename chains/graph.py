@@ -1,8 +1,24 @@
-"""The chat and ask graphs: rewrite → retrieve → compress → (re-query) → answer.
+"""The chat and ask chains: rewrite → retrieve → compress → (re-query) → answer.
 
-Both are LCEL sequences of named stages. They stream: the first event carries the sources
-(and the query that found them), then ``{"answer": token}`` events, then citations, prompt
-refs and timings. ``invoke`` returns those events merged into one dict (``ChatOutput``).
+Each is one LCEL sequence over a plain dict, the turn's state. Every stage adds its result
+under its own key with ``RunnablePassthrough.assign``; nothing is mutated in place:
+
+    input       question, chat_history (ask: question, filters), started
+    configure   options   the request's domain, prompts, k and threshold, resolved once
+    rewrite     search    query, filters, alternatives, notes (ask: the question as asked)
+    retrieve    retrieved documents from the retriever (all phrasings fused), notes
+    compress    compressed documents kept by the compressor, best score, threshold
+    requery     (a RunnableBranch) when the best score is low: a new query from the model,
+                searched and compressed; adopted only when clearly better
+    answer      streams the sources first, then the answer's tokens, then its citations,
+                prompt refs and timings
+
+``get_graph()`` draws these stages and ``astream_events`` reports each by name. ``invoke``
+returns the stream's events merged into one dict (``ChatOutput``).
+
+The parts are LangChain's contracts: any chat model, any ``BaseRetriever`` (or runnable from a
+query to documents), any ``BaseDocumentCompressor``; see ``chains.retrieve`` for what each
+must offer for filters, ``k``, thresholds and the re-query to reach it.
 """
 
 from __future__ import annotations
@@ -12,98 +28,62 @@ from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.language_models import BaseChatModel
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator, RunnableLambda
-from langchain_core.runnables.utils import AddableDict, ConfigurableFieldSpec
-from pydantic import BaseModel, ConfigDict, Field
+from langchain_core.runnables import (
+    Runnable,
+    RunnableBranch,
+    RunnableConfig,
+    RunnableGenerator,
+    RunnableLambda,
+    RunnablePassthrough,
+)
+from langchain_core.runnables.utils import AddableDict
+from pydantic import BaseModel, Field
 
-from chains.answer import AnswerInput, Citation, build_answer_chain
-from chains.llm import LLM, ChatHistory
-from chains.retrieve import (
-    MAX_K,
-    RetrievalOptions,
+from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
+from ragchains.chains.answer import Answerer, Citation, agather, create_answer_chain, gather
+from ragchains.chains.llm import LLM, ChatHistory, as_llm
+from ragchains.chains.options import Choices, Options
+from ragchains.chains.retrieve import (
+    Compressed,
+    Retrieved,
     Searcher,
     Source,
-    build_retrieve_chain,
+    compress,
+    compressor_status,
+    create_retrieve_chain,
+    default_k,
+    retriever_fields,
+    threshold_default,
     to_source,
 )
-from chains.rewrite import (
-    RewriteInput,
+from ragchains.chains.rewrite import PROMPTS as REWRITE_PROMPTS
+from ragchains.chains.rewrite import (
     RewriteOutput,
-    build_rewrite_chain,
+    create_rewrite_chain,
     expand_glossary,
     lines_grammar,
     parse_alternatives,
+    rewrite_stage,
 )
-from prompts.registry import PromptRegistry
-from retrievers.filters import MetadataFilter
+from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
+from ragchains.retrievers.compressors import ScoringCompressor
+from ragchains.retrievers.filters import MetadataFilter
 
-# The prompts every domain must be able to resolve (its own or the default domain's).
-REQUIRED_PROMPTS = ("rewrite", "multi_query", "requery", "answer")
-# The prompts each servable runnable may use, for checking a request before any work.
-PROMPTS_USED = {
-    "chat": REQUIRED_PROMPTS,
-    "ask": ("answer",),
-    "rewrite": ("rewrite", "multi_query"),
+# Kept under its old name: the prompts every domain must be able to resolve.
+REQUIRED_PROMPTS = CHAIN_PROMPTS
+# The prompts each chain chooses versions of, by the chain's (and its route's) name.
+PROMPTS_USED: dict[str, tuple[str, ...]] = {
+    "chat": CHAIN_PROMPTS,
+    "ask": ANSWER_PROMPTS,
+    "rewrite": REWRITE_PROMPTS,
     "retrieve": (),
+    "answer": ANSWER_PROMPTS,
 }
 
-# What a request may choose through ``config["configurable"]``; nothing else is accepted.
-CONFIGURABLE_SPECS = (
-    ConfigurableFieldSpec(
-        id="domain",
-        annotation=str | None,
-        default=None,
-        name="Domain",
-        description="prompt domain, e.g. hr or catalog; default: the 'default' domain",
-    ),
-    ConfigurableFieldSpec(
-        id="prompt_version",
-        annotation=int | str | dict[str, int | str] | None,
-        default=None,
-        name="Prompt version",
-        description="N (or 'vN') for every prompt, or {prompt name: N}; default: the latest",
-    ),
-    ConfigurableFieldSpec(
-        id="k",
-        annotation=int | None,
-        default=None,
-        name="k",
-        description=f"chunks retrieved and handed to the compressor (1-{MAX_K})",
-    ),
-    ConfigurableFieldSpec(
-        id="threshold",
-        annotation=float | None,
-        default=None,
-        name="Threshold",
-        description="minimum compressor score for a chunk to be kept",
-    ),
-)
-CONFIGURABLE_KEYS = tuple(spec.id for spec in CONFIGURABLE_SPECS)
-
-
-def check_configurable(
-    prompts: PromptRegistry, configurable: Mapping[str, Any] | None, mode: str = "chat"
-) -> None:
-    """Fail before any work if a request's domain, prompt version, k or threshold is bad.
-
-    Raises PromptSelectionError, or ValueError for a key that is not one of
-    ``CONFIGURABLE_KEYS`` or a value of the wrong kind.
-    """
-    configurable = configurable or {}
-    unknown = sorted(set(configurable) - set(CONFIGURABLE_KEYS))
-    if unknown:
-        raise ValueError(
-            f"unknown configurable key(s) {', '.join(map(repr, unknown))}; "
-            f"known: {', '.join(CONFIGURABLE_KEYS)}"
-        )
-    domain = prompts.domain(configurable.get("domain"))
-    for name in PROMPTS_USED[mode]:
-        if name == "multi_query" and domain.multi_query < 2:
-            continue
-        prompts.select(name, configurable)
-    RetrievalOptions.from_configurable(configurable)
+Retriever = Runnable[str, list[Document]]
 
 
 class ChatInput(BaseModel):
@@ -118,7 +98,7 @@ class AskInput(BaseModel):
 
 class RequeryReport(BaseModel):
     first_query: str
-    first_best_score: float
+    first_best_score: float | None
     query: str | None = Field(None, description="the model's new query; None if unusable")
     best_score: float | None = None
     kept: bool = Field(False, description="the new query's results replaced the first ones")
@@ -144,10 +124,15 @@ class ChatOutput(BaseModel):
 
 @dataclass(frozen=True)
 class RequeryPolicy:
-    """When to re-query, and when the new results are clearly better."""
+    """When to re-query, and when the new results are clearly better.
+
+    ``below``: re-query when the best compressor score is under it; None takes the
+    compressor's own (``requery_threshold()``), and with a compressor that reports no scores a
+    turn re-queries only when nothing was kept.
+    """
 
     enabled: bool = True
-    below: float | None = None  # None: the compressor's default for its scorer
+    below: float | None = None
     min_ratio: float = 1.1
     min_gain: float = 0.05
 
@@ -155,177 +140,373 @@ class RequeryPolicy:
         return new >= max(old * self.min_ratio, old + self.min_gain)
 
 
-class _Turn(BaseModel):
-    """State handed from stage to stage within one turn."""
+# ----------------------------------------------------------------------------- the stages
+def read_chat_input(inputs: Any) -> dict[str, Any]:
+    """``{"question", "chat_history"}`` checked, the history as message objects."""
+    data = inputs if isinstance(inputs, ChatInput) else ChatInput.model_validate(inputs)
+    return {**dict(data), "started": time.perf_counter()}
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    question: str
-    chat_history: ChatHistory = Field(default_factory=list)
-    search_query: str = ""
-    filters: list[MetadataFilter] = Field(default_factory=list)
-    alternatives: list[str] = Field(default_factory=list)
-    notes: list[str] = Field(default_factory=list)
-    prompts: dict[str, str] = Field(default_factory=dict)
-    documents: list[Document] = Field(default_factory=list)
-    best_score: float | None = None
-    requery: RequeryReport | None = None
-    started: float = Field(default_factory=time.perf_counter)
-    timings: dict[str, float] = Field(default_factory=dict)
+def read_ask_input(inputs: Any) -> dict[str, Any]:
+    data = inputs if isinstance(inputs, AskInput) else AskInput.model_validate(inputs)
+    return {**dict(data), "chat_history": [], "started": time.perf_counter()}
 
-    def timed(self, stage: str, since: float) -> None:
-        self.timings[stage] = round(time.perf_counter() - since, 4)
+
+def as_asked(state: Mapping[str, Any]) -> RewriteOutput:
+    """Ask mode's search: the question as asked (blanks collapsed) with the given filters."""
+    return RewriteOutput(search_query=" ".join(state["question"].split()), filters=state["filters"])
+
+
+def _retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]:
+    def retrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+        search: RewriteOutput = state["search"]
+        return searcher.search(
+            search.search_query,
+            filters=search.filters,
+            alternatives=search.alternatives,
+            k=state["options"].k,
+            config=config,
+        )
+
+    return RunnableLambda(retrieve, name="retrieve")
+
+
+def _compress_stage(
+    compressor: BaseDocumentCompressor | None,
+) -> Runnable[Mapping[str, Any], Compressed]:
+    def compress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
+        return compress(
+            compressor,
+            state["retrieved"].documents,
+            state["search"].search_query,
+            threshold=state["options"].threshold,
+            config=config,
+        )
+
+    return RunnableLambda(compress_, name="compress")
+
+
+class _Requery:
+    """Asks the model once for a better query when the best score is low; the new results
+    replace the first ones only when clearly better."""
+
+    def __init__(
+        self,
+        llm: LLM,
+        searcher: Searcher,
+        compressor: BaseDocumentCompressor | None,
+        policy: RequeryPolicy,
+    ) -> None:
+        self.llm = llm
+        self.searcher = searcher
+        self.compressor = compressor
+        self.policy = policy
+
+    def below(self) -> float | None:
+        if self.policy.below is not None:
+            return self.policy.below
+        if isinstance(self.compressor, ScoringCompressor):
+            return self.compressor.requery_threshold()
+        return None
+
+    def wanted(self, state: Mapping[str, Any]) -> bool:
+        compressed: Compressed = state["compressed"]
+        if not self.policy.enabled or self.compressor is None:
+            return False
+        if compressed.best_score is None:
+            # No scores to compare: worth a try only when nothing was kept from something.
+            return not compressed.documents and bool(state["retrieved"].documents)
+        below = self.below()
+        return below is not None and compressed.best_score < below
+
+    def better(self, old: Compressed, new: Compressed) -> bool:
+        if new.best_score is None or old.best_score is None:
+            return bool(new.documents) and not old.documents
+        return self.policy.keeps(old.best_score, new.best_score)
+
+    def __call__(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        since = time.perf_counter()
+        options: Options = state["options"]
+        search: RewriteOutput = state["search"]
+        old: Compressed = state["compressed"]
+        prompt = options.prompt("requery")
+        reply = (self.llm.prompted(prompt, grammar=lines_grammar(1)) | StrOutputParser()).invoke(
+            {"question": state["question"], "previous_query": search.search_query}, config
+        )
+        # A usable query that differs from the one already searched, or nothing.
+        fresh = parse_alternatives(reply, main=search.search_query, count=1)
+        new_query = expand_glossary(fresh[0], options.domain.query_glossary) if fresh else None
+        report = RequeryReport(
+            first_query=search.search_query, first_best_score=old.best_score, query=new_query
+        )
+        update: dict[str, Any] = {}
+        if new_query:
+            found = self.searcher.search(
+                new_query, filters=search.filters, k=options.k, config=config
+            )
+            new = compress(
+                self.compressor,
+                found.documents,
+                new_query,
+                threshold=options.threshold,
+                config=config,
+            )
+            report.best_score = new.best_score
+            if self.better(old, new):
+                report.kept = True
+                update = {
+                    "search": search.model_copy(
+                        update={"search_query": new_query, "alternatives": []}
+                    ),
+                    "retrieved": found,
+                    "compressed": new,
+                }
+        return {
+            **state,
+            **update,
+            "requery": report,
+            "requery_prompt": prompt.ref,
+            "requery_seconds": round(time.perf_counter() - since, 4),
+        }
+
+
+class _Respond:
+    """The answer step of a turn: the first event carries the sources and what found them,
+    then the answer streams, then citations, prompt refs and timings."""
+
+    def __init__(self, answerer: Answerer, compressor: BaseDocumentCompressor | None) -> None:
+        self.answerer = answerer
+        self.compressor = compressor
+
+    def head(self, state: Mapping[str, Any]) -> AddableDict:
+        search: RewriteOutput = state["search"]
+        retrieved: Retrieved = state["retrieved"]
+        requery: RequeryReport | None = state.get("requery")
+        return AddableDict(
+            sources=[to_source(d).model_dump() for d in state["compressed"].documents],
+            search_query=search.search_query,
+            filters=[f.model_dump() for f in search.filters],
+            alternatives=search.alternatives,
+            requeried=requery is not None,
+            requery=requery.model_dump() if requery else None,
+            notes=[*search.notes, *retrieved.notes],
+            compressor=compressor_status(self.compressor),
+        )
+
+    @staticmethod
+    def answer_state(state: Mapping[str, Any]) -> dict[str, Any]:
+        return {**state, "documents": state["compressed"].documents}
+
+    @staticmethod
+    def tail(state: Mapping[str, Any], since: float, answer_prompt: str | None) -> AddableDict:
+        search: RewriteOutput = state["search"]
+        prompts = dict(search.prompts)
+        timings: dict[str, float] = {}
+        if "rewrite" in search.prompts:
+            timings["rewrite"] = search.seconds
+        timings["retrieve"] = state["retrieved"].seconds
+        timings["compress"] = state["compressed"].seconds
+        if state.get("requery") is not None:
+            prompts["requery"] = state["requery_prompt"]
+            timings["requery"] = state["requery_seconds"]
+        if answer_prompt:
+            prompts["answer"] = answer_prompt
+        now = time.perf_counter()
+        timings["answer"] = round(now - since, 4)
+        timings["total"] = round(now - state["started"], 4)
+        return AddableDict(prompts=prompts, timings=timings)
+
+    def stream(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
+        state = gather(inputs)
+        yield self.head(state)
+        since, prompt = time.perf_counter(), None
+        for event in self.answerer.stream(self.answer_state(state), config):
+            prompt = event.pop("prompt", prompt)
+            if event:
+                yield event
+        yield self.tail(state, since, prompt)
+
+    async def astream(
+        self, inputs: AsyncIterator[Any], config: RunnableConfig
+    ) -> AsyncIterator[AddableDict]:
+        state = await agather(inputs)
+        yield self.head(state)
+        since, prompt = time.perf_counter(), None
+        async for event in self.answerer.astream(self.answer_state(state), config):
+            prompt = event.pop("prompt", prompt)
+            if event:
+                yield event
+        yield self.tail(state, since, prompt)
+
+    def runnable(self) -> Runnable[Any, Any]:
+        # RunnableGenerator passes the run's config to functions that take one; its type
+        # hints do not say so.
+        return RunnableGenerator(
+            cast(Any, self.stream), cast(Any, self.astream), name="answer"
+        ).with_config(run_name="answer")
+
+
+# ----------------------------------------------------------------------------- builders
+@dataclass(frozen=True)
+class _Parts:
+    llm: LLM
+    searcher: Searcher
+    compressor: BaseDocumentCompressor | None
+    prompts: PromptRegistry
+    k: int | None
+
+    def choices(self, names: tuple[str, ...]) -> Choices:
+        k = self.k
+        return Choices(
+            self.prompts,
+            names,
+            k=(lambda: k) if k is not None else None,
+            threshold=threshold_default(self.compressor),
+        )
+
+
+def _parts(
+    llm: LLM | BaseChatModel,
+    retriever: Retriever,
+    compressor: BaseDocumentCompressor | None,
+    prompts: PromptRegistry | None,
+) -> _Parts:
+    return _Parts(
+        as_llm(llm),
+        Searcher(retriever),
+        compressor,
+        prompts or default_registry(),
+        default_k(retriever),
+    )
+
+
+def _stage(name: str, key: str, runnable: Runnable[Any, Any]) -> Runnable[Any, Any]:
+    """A stage that adds ``runnable``'s result to the turn's state under ``key``."""
+    return RunnablePassthrough.assign(**{key: runnable}).with_config(run_name=name)
+
+
+def create_chat_chain(
+    *,
+    llm: LLM | BaseChatModel,
+    retriever: Retriever,
+    compressor: BaseDocumentCompressor | None = None,
+    prompts: PromptRegistry | None = None,
+    fields: Mapping[str, str] | None = None,
+    history_tokens: int = 1024,
+    requery: RequeryPolicy | None = None,
+) -> Runnable[ChatInput | dict[str, Any], dict[str, Any]]:
+    """A chat turn: history-aware rewrite (with filters), retrieval, compression, a re-query
+    when the results are weak, and a cited answer that abstains without sources.
+
+    ``llm``: any LangChain chat model (or an ``LLM`` describing one). ``retriever``: any
+    ``BaseRetriever``, or a runnable from a query to documents; filters and ``k`` reach it
+    when it takes them by name (ours do), else the turn carries a note. ``compressor``: any
+    ``BaseDocumentCompressor``, or None to keep what the retriever returns. ``prompts``: the
+    prompt registry (default: the shipped prompts). ``fields``: the metadata fields the model
+    may filter on (default: the retriever's own ``fields``, when it filters).
+    """
+    parts = _parts(llm, retriever, compressor, prompts)
+    fields = dict(fields) if fields is not None else retriever_fields(retriever)
+    policy = requery or RequeryPolicy()
+    requery_step = _Requery(parts.llm, parts.searcher, compressor, policy)
+    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), compressor)
+    rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
+    requery_branch = RunnableBranch(
+        (
+            RunnableLambda(requery_step.wanted, name="low_score"),
+            RunnableLambda(requery_step, name="requery"),
+        ),
+        RunnablePassthrough(),
+    )
+    requery_branch.name = "requery"  # the graph's node; RunnableBranch takes no name argument
+    chain = (
+        RunnableLambda(read_chat_input, name="input")
+        | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
+        | _stage("rewrite", "search", rewrite)
+        | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
+        | _stage("compress", "compressed", _compress_stage(compressor))
+        | requery_branch
+        | respond.runnable()
+    )
+    return chain.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
+        run_name="chat"
+    )
+
+
+def create_ask_chain(
+    *,
+    llm: LLM | BaseChatModel,
+    retriever: Retriever,
+    compressor: BaseDocumentCompressor | None = None,
+    prompts: PromptRegistry | None = None,
+    history_tokens: int = 1024,
+) -> Runnable[AskInput | dict[str, Any], dict[str, Any]]:
+    """One question, no rewrite: the question (and the filters given with it) is searched as
+    asked, compressed, and answered with citations. Same parts and output as
+    ``create_chat_chain``."""
+    parts = _parts(llm, retriever, compressor, prompts)
+    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), compressor)
+    chain = (
+        RunnableLambda(read_ask_input, name="input")
+        | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
+        | _stage("query", "search", RunnableLambda(as_asked, name="query"))
+        | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
+        | _stage("compress", "compressed", _compress_stage(compressor))
+        | respond.runnable()
+    )
+    return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")
 
 
 @dataclass
-class Graphs:
+class Chains:
     """Every runnable the server exposes: the two graphs and the stages on their own."""
 
     chat: Runnable[Any, dict[str, Any]]
     ask: Runnable[Any, dict[str, Any]]
     rewrite: Runnable[Any, RewriteOutput]
-    retrieve: Runnable[Any, Any]
+    retrieve: Runnable[Any, list[Document]]
     answer: Runnable[Any, dict[str, Any]]
 
+    def __getitem__(self, name: str) -> Runnable[Any, Any]:
+        if name not in PROMPTS_USED:
+            raise KeyError(name)
+        return cast(Runnable[Any, Any], getattr(self, name))
 
-def build_graphs(
+
+def create_chains(
     *,
-    llm: LLM,
-    prompts: PromptRegistry,
-    searcher: Searcher,
-    fields: Mapping[str, str],
+    llm: LLM | BaseChatModel,
+    retriever: Retriever,
+    compressor: BaseDocumentCompressor | None = None,
+    prompts: PromptRegistry | None = None,
+    fields: Mapping[str, str] | None = None,
     history_tokens: int = 1024,
     requery: RequeryPolicy | None = None,
-) -> Graphs:
-    policy = requery or RequeryPolicy()
-    rewrite_chain = build_rewrite_chain(
-        llm=llm, prompts=prompts, fields=fields, history_tokens=history_tokens
-    )
-    answer_chain = build_answer_chain(llm=llm, prompts=prompts, history_tokens=history_tokens)
-
-    def start_chat(inputs: ChatInput | Mapping[str, Any]) -> _Turn:
-        data = inputs if isinstance(inputs, ChatInput) else ChatInput.model_validate(inputs)
-        return _Turn(question=data.question, chat_history=data.chat_history)
-
-    def start_ask(inputs: AskInput | Mapping[str, Any]) -> _Turn:
-        data = inputs if isinstance(inputs, AskInput) else AskInput.model_validate(inputs)
-        query = " ".join(data.question.split())
-        return _Turn(question=data.question, search_query=query, filters=data.filters)
-
-    def rewrite(turn: _Turn, config: RunnableConfig) -> _Turn:
-        since = time.perf_counter()
-        out = rewrite_chain.invoke(
-            RewriteInput(question=turn.question, chat_history=turn.chat_history), config
-        )
-        turn.search_query, turn.filters = out.search_query, out.filters
-        turn.alternatives, turn.notes = out.alternatives, out.notes
-        turn.prompts.update(out.prompts)
-        turn.timed("rewrite", since)
-        return turn
-
-    def retrieve(turn: _Turn, config: RunnableConfig) -> _Turn:
-        since = time.perf_counter()
-        found = searcher.search(
-            turn.search_query, filters=turn.filters, alternatives=turn.alternatives, config=config
-        )
-        turn.documents, turn.best_score = found.documents, found.best_score
-        turn.timed("retrieve", since)
-        return turn
-
-    def requery_step(turn: _Turn, config: RunnableConfig) -> _Turn:
-        below = policy.below if policy.below is not None else searcher.compressor.requery_below
-        if not policy.enabled or turn.best_score is None or turn.best_score >= below:
-            return turn
-        since = time.perf_counter()
-        configurable = config.get("configurable") or {}
-        prompt = prompts.select("requery", configurable)
-        reply = (llm.prompted(prompt, grammar=lines_grammar(1)) | StrOutputParser()).invoke(
-            {"question": turn.question, "previous_query": turn.search_query}, config
-        )
-        # A usable query that differs from the one already searched, or nothing.
-        fresh = parse_alternatives(reply, main=turn.search_query, count=1)
-        glossary = prompts.domain(configurable.get("domain")).query_glossary
-        new = expand_glossary(fresh[0], glossary) if fresh else None
-        report = RequeryReport(
-            first_query=turn.search_query, first_best_score=turn.best_score, query=new
-        )
-        turn.prompts["requery"] = prompt.ref
-        if new:
-            found = searcher.search(new, filters=turn.filters, config=config)
-            report.best_score = found.best_score
-            if found.best_score is not None and policy.keeps(turn.best_score, found.best_score):
-                report.kept = True
-                turn.search_query, turn.alternatives = new, []
-                turn.documents, turn.best_score = found.documents, found.best_score
-        turn.requery = report
-        turn.timed("requery", since)
-        return turn
-
-    def head(turn: _Turn) -> AddableDict:
-        """The first event: what was searched and the sources the answer may use."""
-        return AddableDict(
-            sources=[to_source(d).model_dump() for d in turn.documents],
-            search_query=turn.search_query,
-            filters=[f.model_dump() for f in turn.filters],
-            alternatives=turn.alternatives,
-            requeried=turn.requery is not None,
-            requery=turn.requery.model_dump() if turn.requery else None,
-            notes=turn.notes,
-            compressor=searcher.compressor.status(),
-        )
-
-    def tail(turn: _Turn, since: float, answer_prompt: str | None) -> AddableDict:
-        if answer_prompt:
-            turn.prompts["answer"] = answer_prompt
-        turn.timed("answer", since)
-        turn.timed("total", turn.started)
-        return AddableDict(prompts=dict(turn.prompts), timings=dict(turn.timings))
-
-    def answer_input(turn: _Turn) -> AnswerInput:
-        return AnswerInput(
-            question=turn.question, chat_history=turn.chat_history, documents=turn.documents
-        )
-
-    def answer(inputs: Iterator[_Turn], config: RunnableConfig) -> Iterator[AddableDict]:
-        (turn,) = list(inputs)
-        yield head(turn)
-        since, prompt = time.perf_counter(), None
-        for event in answer_chain.stream(answer_input(turn), config):
-            prompt = event.pop("prompt", prompt)
-            if event:
-                yield AddableDict(event)
-        yield tail(turn, since, prompt)
-
-    async def aanswer(
-        inputs: AsyncIterator[_Turn], config: RunnableConfig
-    ) -> AsyncIterator[AddableDict]:
-        (turn,) = [item async for item in inputs]
-        yield head(turn)
-        since, prompt = time.perf_counter(), None
-        async for event in answer_chain.astream(answer_input(turn), config):
-            prompt = event.pop("prompt", prompt)
-            if event:
-                yield AddableDict(event)
-        yield tail(turn, since, prompt)
-
-    answer_step: Runnable[Any, Any] = RunnableGenerator(
-        cast(Any, answer), cast(Any, aanswer)
-    ).with_config(run_name="answer")
-    retrieve_step = RunnableLambda(retrieve).with_config(run_name="retrieve")
-    chat = (
-        RunnableLambda(start_chat).with_config(run_name="start")
-        | RunnableLambda(rewrite).with_config(run_name="rewrite")
-        | retrieve_step
-        | RunnableLambda(requery_step).with_config(run_name="requery")
-        | answer_step
-    )
-    ask = RunnableLambda(start_ask).with_config(run_name="start") | retrieve_step | answer_step
-    return Graphs(
-        chat=chat.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
-            run_name="chat"
+) -> Chains:
+    """The chat and ask chains and each stage on its own, over the same parts."""
+    llm = as_llm(llm)
+    prompts = prompts or default_registry()
+    fields = dict(fields) if fields is not None else retriever_fields(retriever)
+    return Chains(
+        chat=create_chat_chain(
+            llm=llm,
+            retriever=retriever,
+            compressor=compressor,
+            prompts=prompts,
+            fields=fields,
+            history_tokens=history_tokens,
+            requery=requery,
         ),
-        ask=ask.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask"),
-        rewrite=rewrite_chain,
-        retrieve=build_retrieve_chain(searcher),
-        answer=answer_chain,
+        ask=create_ask_chain(
+            llm=llm,
+            retriever=retriever,
+            compressor=compressor,
+            prompts=prompts,
+            history_tokens=history_tokens,
+        ),
+        rewrite=create_rewrite_chain(
+            llm=llm, prompts=prompts, fields=fields, history_tokens=history_tokens
+        ),
+        retrieve=create_retrieve_chain(retriever=retriever, compressor=compressor, prompts=prompts),
+        answer=create_answer_chain(llm=llm, prompts=prompts, history_tokens=history_tokens),
     )

@@ -18,7 +18,7 @@ from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.runnables import Runnable
 from pydantic import BeforeValidator
 
-from prompts.registry import Prompt
+from ragchains.prompts.registry import Prompt
 
 ChatRunnable = Runnable[LanguageModelInput, BaseMessage] | Runnable[LanguageModelInput, Any]
 
@@ -44,8 +44,13 @@ class LLM:
 
     @classmethod
     def of(cls, model: Any, **kwargs: Any) -> LLM:
-        """Describe a chat model, probing whether it takes tools."""
+        """Describe a chat model: whether it takes tools (probed), whether it takes a GBNF
+        grammar (``accepts_grammar``), and its own token counter where it has one."""
         kwargs.setdefault("tool_calling", supports_tool_calling(model))
+        kwargs.setdefault("grammar", bool(getattr(model, "accepts_grammar", False)))
+        counter = getattr(model, "count_tokens", None)
+        if callable(counter):
+            kwargs.setdefault("count_tokens", counter)
         return cls(model=model, name=kwargs.pop("name", type(model).__name__), **kwargs)
 
     def bound(
@@ -84,6 +89,12 @@ class LLM:
 
     def trim_history(self, history: Sequence[BaseMessage], max_tokens: int) -> list[BaseMessage]:
         return trim_history(history, max_tokens=max_tokens, count_tokens=self.count_tokens)
+
+
+def as_llm(model: LLM | Any) -> LLM:
+    """What the chains take as a chat model: an ``LLM`` as it is, or any LangChain chat model
+    (``BaseChatModel``, or a runnable of one with fallbacks) described by ``LLM.of``."""
+    return model if isinstance(model, LLM) else LLM.of(model)
 
 
 def supports_tool_calling(model: Any) -> bool:

@@ -1,41 +1,41 @@
-"""The retrieve stage: hybrid search (one query, or several fused by RRF), then compression.
+"""The retrieve and compress stages, over LangChain's own contracts.
 
-Per request, ``configurable`` may set ``k`` (chunks handed to the compressor) and
-``threshold`` (the compressor's minimum score); both are validated.
+**Retrieve** takes any ``BaseRetriever``, or any runnable from a query string to documents.
+Metadata filters and a per-request ``k`` reach a retriever whose ``_get_relevant_documents``
+takes ``filters`` / ``k`` keywords (ours do); any other retriever gets the query alone and the
+turn carries a note saying what was not applied. Several phrasings of a query (multi-query)
+are searched one by one and fused by reciprocal rank fusion on the chunk id.
+
+**Compress** takes any ``BaseDocumentCompressor``. A compressor that also ``rerank``s with a
+threshold (``retrievers.compressors.ScoringCompressor``, as ours does) reports the best score
+of all candidates, kept or not, which the re-query compares; for any other compressor the best
+score is read from the kept chunks' ``rerank_score`` / ``relevance_score`` metadata, if any.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import inspect
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.documents import Document
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
-from pydantic import BaseModel, Field, ValidationError
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
+from pydantic import BaseModel, Field
 
-from retrievers.base import IndexRetriever
-from retrievers.compressors import RerankCompressor
-from retrievers.filters import MetadataFilter
-from retrievers.hybrid import reciprocal_rank_fusion
+from ragchains.chains.options import Choices, Options
+from ragchains.prompts.registry import PromptRegistry, default_registry
+from ragchains.retrievers.compressors import ScoringCompressor
+from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.hybrid import reciprocal_rank_fusion
 
-MAX_K = 200
+log = logging.getLogger(__name__)
 
-
-class RetrievalOptions(BaseModel):
-    """The retrieval knobs a request may turn through ``configurable``."""
-
-    k: int | None = Field(None, ge=1, le=MAX_K, description="chunks handed to the compressor")
-    threshold: float | None = Field(None, description="minimum compressor score to keep a chunk")
-
-    @classmethod
-    def from_configurable(cls, configurable: Mapping[str, Any] | None) -> RetrievalOptions:
-        configurable = configurable or {}
-        try:
-            return cls.model_validate({key: configurable.get(key) for key in ("k", "threshold")})
-        except ValidationError as exc:
-            problems = "; ".join(f"{err['loc'][0]}: {err['msg']}" for err in exc.errors())
-            raise ValueError(f"invalid configurable value: {problems}") from exc
+# Metadata keys under which compressors leave their score (ours, then LangChain integrations').
+SCORE_KEYS = ("rerank_score", "relevance_score")
 
 
 class Source(BaseModel):
@@ -58,47 +58,78 @@ class RetrieveInput(BaseModel):
     )
 
 
-class RetrieveOutput(BaseModel):
-    query: str
-    filters: list[MetadataFilter]
-    sources: list[Source]
-    best_score: float | None = Field(None, description="best compressor score, kept or not")
-    threshold: float
-    compressor: dict[str, Any]
-
-
-@dataclass
-class Retrieval:
-    query: str
-    documents: list[Document]  # kept after compression, best first
-    best_score: float | None
-    threshold: float
-
-
 def citation_label(doc: Document) -> str:
     """The label a chunk is shown and cited with, e.g. ``handbook.pdf#page=3``."""
-    return str(doc.metadata.get("citation", doc.id))
+    return str(doc.metadata.get("citation") or doc.metadata.get("source") or doc_key(doc))
+
+
+def doc_key(doc: Document) -> str:
+    """What identifies a chunk across result lists: its id, else its text."""
+    return str(doc.id or doc.metadata.get("chunk_id") or doc.metadata.get("id") or doc.page_content)
+
+
+def compressor_score(doc: Document) -> float | None:
+    for key in SCORE_KEYS:
+        value = doc.metadata.get(key)
+        if value is not None:
+            return float(value)
+    return None
 
 
 def to_source(doc: Document) -> Source:
     page = doc.metadata.get("page")
     return Source(
-        id=str(doc.id or doc.metadata.get("chunk_id")),
+        id=doc_key(doc),
         label=citation_label(doc),
         source=str(doc.metadata.get("source", "")),
         page=int(page) if page is not None else None,
         section=doc.metadata.get("section"),
-        score=doc.metadata.get("rerank_score"),
+        score=compressor_score(doc),
         text=doc.page_content,
     )
 
 
-class Searcher:
-    """Retrieve and compress; shared by the retrieve stage and the chat and ask graphs."""
+# ----------------------------------------------------------------------------- retrieve
+def search_keywords(retriever: Any) -> frozenset[str]:
+    """The per-call keywords (``k``, ``filters``) a retriever takes by name.
 
-    def __init__(self, retriever: IndexRetriever, compressor: RerankCompressor) -> None:
+    Only parameters it names count: a ``**kwargs`` catch-all (a vector store retriever's)
+    would hand our filter objects to a store that reads filters of its own format.
+    """
+    if not isinstance(retriever, BaseRetriever):
+        return frozenset()
+    params = inspect.signature(retriever._get_relevant_documents).parameters
+    return frozenset(name for name in ("k", "filters") if name in params)
+
+
+def default_k(retriever: Any) -> int | None:
+    """The retriever's own depth when it takes ``k`` per call, else None."""
+    if "k" not in search_keywords(retriever):
+        return None
+    return int(getattr(retriever, "k", 10))
+
+
+def retriever_fields(retriever: Any) -> dict[str, str]:
+    """The metadata fields (name -> type) a filtering retriever can filter on."""
+    if "filters" not in search_keywords(retriever):
+        return {}
+    return dict(getattr(retriever, "fields", None) or {})
+
+
+@dataclass(frozen=True)
+class Retrieved:
+    documents: list[Document]
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+class Searcher:
+    """Searches one retriever with a query, its alternatives and filters, as far as the
+    retriever takes them."""
+
+    def __init__(self, retriever: Runnable[str, list[Document]]) -> None:
         self.retriever = retriever
-        self.compressor = compressor
+        self.keywords = search_keywords(retriever)
 
     def search(
         self,
@@ -106,51 +137,137 @@ class Searcher:
         *,
         filters: Sequence[MetadataFilter] = (),
         alternatives: Sequence[str] = (),
+        k: int | None = None,
         config: RunnableConfig | None = None,
-    ) -> Retrieval:
-        options = RetrievalOptions.from_configurable((config or {}).get("configurable"))
-        k = options.k or self.retriever.k
-        lists = [
-            self.retriever.invoke(q, config, k=k, filters=list(filters))
-            for q in [query, *alternatives]
-        ]
-        candidates = lists[0] if len(lists) == 1 else _fuse(lists, k=k)
-        reranked = self.compressor.rerank(candidates, query, threshold=options.threshold)
-        return Retrieval(query, reranked.documents, reranked.best_score, reranked.threshold)
+    ) -> Retrieved:
+        since = time.perf_counter()
+        kwargs: dict[str, Any] = {}
+        notes: list[str] = []
+        if k is not None and "k" in self.keywords:
+            kwargs["k"] = k
+        if filters:
+            if "filters" in self.keywords:
+                kwargs["filters"] = list(filters)
+            else:
+                unused = "; ".join(str(f) for f in filters)
+                notes.append(f"the retriever takes no metadata filters; searched without {unused}")
+                log.info("filters not applied (retriever takes none): %s", unused)
+        lists = [self.retriever.invoke(q, config, **kwargs) for q in [query, *alternatives]]
+        documents = lists[0] if len(lists) == 1 else fuse(lists, k=k or len(lists[0]))
+        return Retrieved(documents, notes, round(time.perf_counter() - since, 4))
 
 
-def _fuse(lists: Sequence[Sequence[Document]], *, k: int) -> list[Document]:
-    by_id: dict[str, Document] = {}
+def fuse(lists: Sequence[Sequence[Document]], *, k: int) -> list[Document]:
+    """The top ``k`` of several result lists fused by reciprocal rank fusion on chunk ids."""
+    by_key: dict[str, Document] = {}
     for docs in lists:
         for doc in docs:
-            by_id.setdefault(str(doc.id), doc)
-    fused = reciprocal_rank_fusion([[str(d.id) for d in docs] for docs in lists])
-    return [by_id[str(doc_id)] for doc_id, _ in fused[:k]]
+            by_key.setdefault(doc_key(doc), doc)
+    fused = reciprocal_rank_fusion([[doc_key(d) for d in docs] for docs in lists])
+    return [by_key[str(key)] for key, _ in fused[: max(k, 1)]]
 
 
-def build_retrieve_chain(
-    searcher: Searcher,
-) -> Runnable[RetrieveInput | dict[str, Any], RetrieveOutput]:
-    """The retrieve stage on its own: a query (and filters) in, compressed sources out."""
+# ----------------------------------------------------------------------------- compress
+@dataclass(frozen=True)
+class Compressed:
+    documents: list[Document]  # kept, best first
+    best_score: float | None  # best of all candidates (kept or not) where known
+    threshold: float | None
+    seconds: float = 0.0
 
-    def retrieve(
-        inputs: RetrieveInput | Mapping[str, Any], config: RunnableConfig
-    ) -> RetrieveOutput:
-        data = inputs if isinstance(inputs, RetrieveInput) else RetrieveInput.model_validate(inputs)
+
+def compress(
+    compressor: BaseDocumentCompressor | None,
+    documents: Sequence[Document],
+    query: str,
+    *,
+    threshold: float | None = None,
+    config: RunnableConfig | None = None,
+) -> Compressed:
+    """Rerank and cut ``documents`` for ``query``; without a compressor, keep them all."""
+    since = time.perf_counter()
+    if compressor is None:
+        kept, best, cut = list(documents), None, None
+    elif isinstance(compressor, ScoringCompressor):
+        reranked = compressor.rerank(documents, query, threshold=threshold)
+        kept, best, cut = reranked.documents, reranked.best_score, reranked.threshold
+    else:
+        callbacks = (config or {}).get("callbacks")
+        kept = list(compressor.compress_documents(documents, query, callbacks=callbacks))
+        scores = [s for s in map(compressor_score, kept) if s is not None]
+        best, cut = (max(scores) if scores else None), None
+    return Compressed(kept, best, cut, round(time.perf_counter() - since, 4))
+
+
+def compressor_status(compressor: BaseDocumentCompressor | None) -> dict[str, Any]:
+    """What compresses, for response metadata: ours reports its scorer and any fallback."""
+    if compressor is None:
+        return {"kind": "none"}
+    status = getattr(compressor, "status", None)
+    if callable(status):
+        return dict(status())
+    return {"kind": type(compressor).__name__, "top_n": getattr(compressor, "top_n", None)}
+
+
+def threshold_default(compressor: BaseDocumentCompressor | None) -> Any:
+    """A callable giving the compressor's threshold when it takes one per request, else None."""
+    if isinstance(compressor, ScoringCompressor):
+        return compressor.default_threshold
+    return None
+
+
+# ----------------------------------------------------------------------------- the chain
+def read_retrieve_input(inputs: Any) -> dict[str, Any]:
+    """A query string, or ``{"query", "filters", "alternatives"}``, as a plain dict."""
+    if isinstance(inputs, str):
+        inputs = {"query": inputs}
+    data = inputs if isinstance(inputs, RetrieveInput) else RetrieveInput.model_validate(inputs)
+    return dict(data)
+
+
+def create_retrieve_chain(
+    *,
+    retriever: Runnable[str, list[Document]],
+    compressor: BaseDocumentCompressor | None = None,
+    prompts: PromptRegistry | None = None,
+) -> Runnable[RetrieveInput | dict[str, Any] | str, list[Document]]:
+    """Retrieval (and compression, when a compressor is given) as a retriever-like chain:
+    a query, or ``{"query", "filters", "alternatives"}``, in; the kept documents out, best
+    first, each with its scores in ``metadata``.
+
+    ``k`` (when the retriever takes it) and ``threshold`` (when the compressor does) are
+    chosen per request through ``configurable``.
+    """
+
+    searcher = Searcher(retriever)
+    k = default_k(retriever)
+    choices = Choices(
+        prompts or default_registry(),
+        k=(lambda: k) if k is not None else None,
+        threshold=threshold_default(compressor),
+    )
+
+    def retrieve(state: dict[str, Any], config: RunnableConfig) -> list[Document]:
+        options: Options = state["options"]
         found = searcher.search(
-            data.query, filters=data.filters, alternatives=data.alternatives, config=config
+            state["query"],
+            filters=state["filters"],
+            alternatives=state["alternatives"],
+            k=options.k,
+            config=config,
         )
-        return RetrieveOutput(
-            query=data.query,
-            filters=data.filters,
-            sources=[to_source(d) for d in found.documents],
-            best_score=found.best_score,
-            threshold=found.threshold,
-            compressor=searcher.compressor.status(),
+        for note in found.notes:
+            log.warning("%s", note)
+        kept = compress(
+            compressor, found.documents, state["query"], threshold=options.threshold, config=config
         )
+        return kept.documents
 
-    return (
-        RunnableLambda(retrieve)
-        .with_types(input_type=RetrieveInput, output_type=RetrieveOutput)
-        .with_config(run_name="retrieve")
+    chain = (
+        RunnableLambda(read_retrieve_input, name="input")
+        | RunnablePassthrough.assign(options=choices.step())
+        | RunnableLambda(retrieve, name="retrieve")
+    )
+    return chain.with_types(input_type=RetrieveInput, output_type=list[Document]).with_config(
+        run_name="retrieve"
     )

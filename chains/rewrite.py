@@ -17,17 +17,20 @@ from __future__ import annotations
 import ast
 import json
 import re
+import time
 from collections.abc import Mapping
 from typing import Any
 
+from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from pydantic import BaseModel, Field
 
-from chains.llm import LLM, ChatHistory
-from prompts.registry import Domain, PromptRegistry
-from retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
+from ragchains.chains.llm import LLM, ChatHistory, as_llm
+from ragchains.chains.options import Choices, Options
+from ragchains.prompts.registry import PromptRegistry, default_registry
+from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
 
 SEARCH_TOOL = "search_sources"
 FILENAME_TOOL = "search_by_filename"
@@ -59,6 +62,7 @@ class RewriteOutput(BaseModel):
     prompts: dict[str, str] = Field(
         default_factory=dict, description='prompt refs used, e.g. {"rewrite": "hr/rewrite@v2"}'
     )
+    seconds: float = Field(0.0, description="time the rewrite took")
 
 
 def sanitize_query(raw: Any) -> str | None:
@@ -91,8 +95,9 @@ def describe_fields(fields: Mapping[str, str]) -> str:
 
 
 def build_tools(fields: Mapping[str, str]) -> list[dict[str, Any]]:
-    """OpenAI-style tool schemas; ``add_filter`` only admits the index's own fields."""
-    return [
+    """OpenAI-style tool schemas; ``add_filter`` only admits the index's own fields (and is
+    left out when there are none)."""
+    tools = [
         {
             "type": "function",
             "function": {
@@ -117,30 +122,33 @@ def build_tools(fields: Mapping[str, str]) -> list[dict[str, Any]]:
                 },
             },
         },
-        {
-            "type": "function",
-            "function": {
-                "name": FILTER_TOOL,
-                "description": "Keep only chunks whose metadata field satisfies a condition.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {
-                        "field": {"type": "string", "enum": sorted(fields)},
-                        "op": {"type": "string", "enum": list(OPERATORS)},
-                        "value": {
-                            "anyOf": [
-                                {"type": "number"},
-                                {"type": "string"},
-                                {"type": "boolean"},
-                                {"type": "array", "items": {"type": ["number", "string"]}},
-                            ]
-                        },
+    ]
+    if not fields:
+        return tools
+    filter_tool = {
+        "type": "function",
+        "function": {
+            "name": FILTER_TOOL,
+            "description": "Keep only chunks whose metadata field satisfies a condition.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "field": {"type": "string", "enum": sorted(fields)},
+                    "op": {"type": "string", "enum": list(OPERATORS)},
+                    "value": {
+                        "anyOf": [
+                            {"type": "number"},
+                            {"type": "string"},
+                            {"type": "boolean"},
+                            {"type": "array", "items": {"type": ["number", "string"]}},
+                        ]
                     },
-                    "required": ["field", "op", "value"],
                 },
+                "required": ["field", "op", "value"],
             },
         },
-    ]
+    }
+    return [*tools, filter_tool]
 
 
 _GBNF_TEXT = r"[^'\\\n] [^'\\\n]"
@@ -265,59 +273,83 @@ def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
     return found[:count]
 
 
-def build_rewrite_chain(
-    *,
-    llm: LLM,
-    prompts: PromptRegistry,
-    fields: Mapping[str, str],
-    history_tokens: int = 1024,
-) -> Runnable[RewriteInput | dict[str, Any], RewriteOutput]:
-    """History-aware query rewriting with tool calls, glossary expansion and safe fallbacks.
+PROMPTS = ("rewrite", "multi_query")
 
-    The prompt (domain, version) is chosen per request through ``configurable``.
-    """
+
+def rewrite_stage(
+    *, llm: LLM, fields: Mapping[str, str], history_tokens: int = 1024
+) -> Runnable[Mapping[str, Any], RewriteOutput]:
+    """The rewrite step over a turn's state: ``question``, ``chat_history`` and the resolved
+    ``options`` in, a ``RewriteOutput`` out."""
     tools = build_tools(fields)
     grammar = call_grammar(fields)
     field_text = describe_fields(fields)
 
     def alternatives(
-        question: str, query: str, domain: Domain, configurable: Mapping[str, Any], config: Any
+        question: str, query: str, options: Options, config: RunnableConfig
     ) -> tuple[list[str], str]:
-        wanted = domain.multi_query - 1
-        prompt = prompts.select("multi_query", configurable)
+        wanted = options.domain.multi_query - 1
+        prompt = options.prompt("multi_query")
         text = (llm.prompted(prompt, grammar=lines_grammar(wanted)) | StrOutputParser()).invoke(
             {"question": question, "search_query": query, "n": wanted}, config
         )
         return parse_alternatives(text, main=query, count=wanted), prompt.ref
 
-    def rewrite(inputs: RewriteInput | dict[str, Any], config: RunnableConfig) -> RewriteOutput:
-        data = inputs if isinstance(inputs, RewriteInput) else RewriteInput.model_validate(inputs)
-        configurable = config.get("configurable") or {}
-        prompt = prompts.select("rewrite", configurable)
-        domain = prompts.domain(configurable.get("domain"))
-        history = llm.trim_history(data.chat_history, history_tokens)
+    def rewrite(state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
+        since = time.perf_counter()
+        options: Options = state["options"]
+        question: str = state["question"]
+        prompt = options.prompt("rewrite")
+        history = llm.trim_history(state.get("chat_history") or [], history_tokens)
         notes = []
         try:
             reply = llm.prompted(prompt, tools=tools, grammar=grammar).invoke(
-                {"question": data.question, "fields": field_text, "chat_history": history},
-                config,
+                {"question": question, "fields": field_text, "chat_history": history}, config
             )
         except ValueError as exc:  # some providers raise on malformed tool-call JSON
             reply = AIMessage(content="")
             notes.append(f"the model's reply could not be parsed ({type(exc).__name__})")
-        out = interpret(reply, data.question, fields)
+        out = interpret(reply, question, fields)
         out.notes[:0] = notes
         out.prompts["rewrite"] = prompt.ref
-        if domain.multi_query > 1:
+        glossary = options.domain.query_glossary
+        if options.domain.multi_query > 1:
             out.alternatives, out.prompts["multi_query"] = alternatives(
-                data.question, out.search_query, domain, configurable, config
+                question, out.search_query, options, config
             )
-        out.search_query = expand_glossary(out.search_query, domain.query_glossary)
-        out.alternatives = [expand_glossary(q, domain.query_glossary) for q in out.alternatives]
+        out.search_query = expand_glossary(out.search_query, glossary)
+        out.alternatives = [expand_glossary(q, glossary) for q in out.alternatives]
+        out.seconds = round(time.perf_counter() - since, 4)
         return out
 
-    return (
-        RunnableLambda(rewrite)
-        .with_types(input_type=RewriteInput, output_type=RewriteOutput)
-        .with_config(run_name="rewrite")
+    return RunnableLambda(rewrite, name="rewrite")
+
+
+def read_rewrite_input(inputs: Any) -> dict[str, Any]:
+    """``{"question", "chat_history"}`` checked, the history as message objects."""
+    data = inputs if isinstance(inputs, RewriteInput) else RewriteInput.model_validate(inputs)
+    return dict(data)
+
+
+def create_rewrite_chain(
+    *,
+    llm: LLM | BaseChatModel,
+    prompts: PromptRegistry | None = None,
+    fields: Mapping[str, str] | None = None,
+    history_tokens: int = 1024,
+) -> Runnable[RewriteInput | dict[str, Any], RewriteOutput]:
+    """History-aware query rewriting with tool calls, glossary expansion and safe fallbacks.
+
+    ``fields`` are the metadata fields (name -> "string" | "number" | "boolean") the model may
+    filter on; none by default. The domain and prompt versions are chosen per request through
+    ``configurable``.
+    """
+    choices = Choices(prompts or default_registry(), PROMPTS)
+    chain = (
+        RunnableLambda(read_rewrite_input, name="input")
+        | RunnablePassthrough.assign(options=choices.step())
+        | rewrite_stage(llm=as_llm(llm), fields=fields or {}, history_tokens=history_tokens)
+    )
+    return chain.with_types(input_type=RewriteInput, output_type=RewriteOutput).with_config(
+        run_name="rewrite"
     )

@@ -1,4 +1,4 @@
-"""Evaluation: metrics, datasets, run folders and the `ragchains eval` commands."""
+"""Evaluation: metrics, datasets and run folders (its commands are in ragchains.cli.eval)."""
 
 from pathlib import Path
 

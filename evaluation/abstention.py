@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from evaluation.datasets import BeirDataset
-from retrievers.compressors import RerankCompressor
-from retrievers.hybrid import HybridRetriever, hybrid_search
+from ragchains.evaluation.datasets import BeirDataset
+from ragchains.retrievers.compressors import RerankCompressor
+from ragchains.retrievers.hybrid import HybridRetriever, hybrid_search
 
 
 @dataclass(frozen=True)

@@ -24,11 +24,11 @@ from langchain_core.output_parsers import StrOutputParser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
-from chains.llm import LLM
-from evaluation import EVAL_PROMPTS
-from evaluation.datasets import DatasetError, QAItem
-from evaluation.metrics import citation_match, token_f1
-from prompts.registry import PromptRegistry
+from ragchains.chains.llm import LLM
+from ragchains.evaluation import EVAL_PROMPTS
+from ragchains.evaluation.datasets import DatasetError, QAItem
+from ragchains.evaluation.metrics import citation_match, token_f1
+from ragchains.prompts.registry import PromptRegistry
 
 JUDGED = ("groundedness", "relevance", "dontknowness")
 _SCORE = re.compile(r"[1-5]")

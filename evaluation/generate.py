@@ -16,13 +16,13 @@ from typing import Any
 from langchain_core.messages import BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 
-from chains.llm import LLM
-from evaluation import EVAL_PROMPTS
-from evaluation.datasets import QAItem
-from evaluation.metrics import normalize_text
-from prompts.registry import Prompt, PromptRegistry
-from retrievers.bm25 import STOPWORDS
-from retrievers.index import Chunk, SearchIndex
+from ragchains.chains.llm import LLM
+from ragchains.evaluation import EVAL_PROMPTS
+from ragchains.evaluation.datasets import QAItem
+from ragchains.evaluation.metrics import normalize_text
+from ragchains.prompts.registry import Prompt, PromptRegistry
+from ragchains.retrievers.bm25 import STOPWORDS
+from ragchains.retrievers.index import Chunk, SearchIndex
 
 GENERATORS = ("qa_pair", "related_absent", "unrelated", "nonsensical")
 UNRELATED_TOPICS = (

@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from evaluation.abstention import SweepPoint
-    from evaluation.runs import Run
+    from ragchains.evaluation.abstention import SweepPoint
+    from ragchains.evaluation.runs import Run
 
 
 def _pyplot() -> Any:
@@ -49,7 +49,7 @@ def plot_sweep(
 def plot_runs(runs: Sequence[Run], path: Path) -> None:
     """One panel per kind of run: bars per run for each metric on a 0-1 scale (rates,
     recall, nDCG, F1). Latencies and 1-5 judge scores stay in the table."""
-    from evaluation.runs import by_kind
+    from ragchains.evaluation.runs import by_kind
 
     groups = list(by_kind(runs).values())
     plt = _pyplot()

@@ -17,17 +17,17 @@ import numpy as np
 from langchain_core.documents import Document
 from tqdm import tqdm
 
-from evaluation import RETRIEVERS
-from evaluation.datasets import BeirDataset
-from evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
-from ingest.chunking import sha256_text
-from ingest.pipeline import build_and_write, embed_texts
-from retrievers.bm25 import BM25_PARAMS, BM25Retriever
-from retrievers.compressors import RerankCompressor
-from retrievers.dense import FaissRetriever
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.hybrid import HybridRetriever
-from retrievers.index import (
+from ragchains.evaluation import RETRIEVERS
+from ragchains.evaluation.datasets import BeirDataset
+from ragchains.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
+from ragchains.ingest.chunking import sha256_text
+from ragchains.ingest.pipeline import build_and_write, embed_texts
+from ragchains.retrievers.bm25 import BM25_PARAMS, BM25Retriever
+from ragchains.retrievers.compressors import RerankCompressor
+from ragchains.retrievers.dense import FaissRetriever
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.index import (
     Chunk,
     FileRecord,
     IndexContents,

@@ -14,9 +14,9 @@ from typing import Any
 from langchain_core.runnables import Runnable, RunnableConfig
 from tqdm import tqdm
 
-from evaluation.datasets import RewriteItem
-from evaluation.metrics import exact_match, token_f1
-from retrievers.bm25 import STOPWORDS
+from ragchains.evaluation.datasets import RewriteItem
+from ragchains.evaluation.metrics import exact_match, token_f1
+from ragchains.retrievers.bm25 import STOPWORDS
 
 REWRITE_METRICS = (
     "token_f1",

@@ -8,8 +8,8 @@ from pathlib import PurePosixPath
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from ingest.loaders import LoadedFile
-from retrievers.index import Chunk
+from ragchains.ingest.loaders import LoadedFile
+from ragchains.retrievers.index import Chunk
 
 _SEPARATORS = ["\n\n", "\n", ". ", "; ", ", ", " ", ""]
 

@@ -20,12 +20,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from ingest.chunking import Chunker, chunk_file
-from ingest.loaders import LOADERS, LoadOptions, SkipFile, load_file
-from retrievers.bm25 import BM25_PARAMS, build_bm25
-from retrievers.dense import build_faiss
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.index import (
+from ragchains.ingest.chunking import Chunker, chunk_file
+from ragchains.ingest.loaders import LOADERS, LoadOptions, SkipFile, load_file
+from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
+from ragchains.retrievers.dense import build_faiss
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.index import (
     LOCK_FILE,
     Chunk,
     FileRecord,
@@ -59,6 +59,10 @@ EMBED_BATCH = 256
 
 class IngestError(ValueError):
     """The run cannot go ahead (bad arguments, unreadable existing index, nothing to ingest)."""
+
+
+class NothingIngestedError(IngestError):
+    """Every input was skipped (or there was none): the index would be empty."""
 
 
 @dataclass
@@ -387,7 +391,7 @@ def _ingest_locked(
     report.chunks_total = len(all_chunks)
     if not report.added and not report.updated and not report.unchanged:
         reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
-        raise IngestError(f"nothing could be ingested ({reasons})")
+        raise NothingIngestedError(f"nothing could be ingested ({reasons})")
     if previous is not None and not report.changed and same_chunking:
         return report  # the index already holds exactly this; leave it untouched
 

@@ -14,6 +14,7 @@ they can never send prompt text.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -28,6 +29,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 PROMPTS_DIR = Path(__file__).resolve().parent
 DEFAULT_DOMAIN = "default"
 HISTORY_VARIABLE = "chat_history"
+# The prompts the chains use; every domain resolves each (its own or the default domain's).
+CHAIN_PROMPTS = ("rewrite", "multi_query", "requery", "answer")
 _VERSION_FILE = re.compile(r"^v(\d+)\.ya?ml$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -301,3 +304,9 @@ def _parse_version(value: int | str) -> int:
     if not text.isdigit():
         raise PromptSelectionError(f"prompt version {value!r} is not a number like 2 or 'v2'")
     return int(text)
+
+
+@functools.cache
+def default_registry() -> PromptRegistry:
+    """The prompt files shipped with ragchains, loaded and checked once."""
+    return PromptRegistry(required=CHAIN_PROMPTS)

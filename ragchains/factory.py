@@ -12,20 +12,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from chains.graph import REQUIRED_PROMPTS, Graphs, RequeryPolicy, build_graphs
-from chains.llm import LLM
-from chains.retrieve import Searcher
-from ingest.pipeline import IngestReport, ingest
-from prompts.registry import PromptRegistry
+from ragchains.chains.graph import Chains, RequeryPolicy, create_chains
+from ragchains.chains.llm import LLM
+from ragchains.ingest.pipeline import IngestReport, ingest
+from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.settings import Settings
-from retrievers.compressors import (
+from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
     RerankCompressor,
     SentenceTransformerCrossEncoder,
 )
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.hybrid import HybridRetriever
-from retrievers.index import SearchIndex, load_index
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.index import SearchIndex, load_index
 
 
 def configure_runtime(settings: Settings) -> None:
@@ -111,7 +110,7 @@ def build_llm(settings: Settings) -> LLM:
 
 @dataclass
 class Service:
-    """Everything a chat turn needs, loaded once: models, index, prompts and the graphs."""
+    """Everything a chat turn needs, loaded once: models, index, prompts and the chains."""
 
     settings: Settings
     embedder: SentenceTransformerEmbedder
@@ -119,7 +118,7 @@ class Service:
     compressor: RerankCompressor
     llm: LLM
     prompts: PromptRegistry
-    graphs: Graphs
+    chains: Chains
 
 
 def build_service(
@@ -130,21 +129,22 @@ def build_service(
     embedder: SentenceTransformerEmbedder | None = None,
     prompts: PromptRegistry | None = None,
 ) -> Service:
-    """Load the index and every model, check the prompt files, and build the graphs.
+    """Load the index and every model, check the prompt files, and build the chains.
 
     Fails early (IndexLoadError, PromptFileError, LLMConfigError) rather than at the first
     request.
     """
-    prompts = prompts or PromptRegistry(required=REQUIRED_PROMPTS)
+    prompts = prompts or default_registry()
     llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
     index = open_index(index_dir, embedder)
     compressor = build_compressor(settings, embedder, index)
     compressor.warm_up()
-    graphs = build_graphs(
+    chains = create_chains(
         llm=llm,
+        retriever=build_retriever(settings, index, embedder),
+        compressor=compressor,
         prompts=prompts,
-        searcher=Searcher(build_retriever(settings, index, embedder), compressor),
         fields=index.fields,
         history_tokens=settings.history_tokens,
         requery=RequeryPolicy(
@@ -154,7 +154,7 @@ def build_service(
             min_gain=settings.requery_min_gain,
         ),
     )
-    return Service(settings, embedder, index, compressor, llm, prompts, graphs)
+    return Service(settings, embedder, index, compressor, llm, prompts, chains)
 
 
 def run_ingest(

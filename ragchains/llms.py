@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import generate_from_stream
@@ -23,7 +23,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import PrivateAttr, SecretStr
 
-from chains.llm import LLM, approximate_tokens
+from ragchains.chains.llm import LLM, approximate_tokens
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +72,8 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
     """
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    # Takes ``grammar=<GBNF text>`` per call (see chains.llm.LLM.of).
+    accepts_grammar: ClassVar[bool] = True
 
     @staticmethod
     def _with_grammar(kwargs: dict[str, Any]) -> dict[str, Any]:

@@ -15,8 +15,8 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field
 
-from retrievers.filters import MetadataFilter, validate_filters
-from retrievers.index import SearchIndex
+from ragchains.retrievers.filters import MetadataFilter, validate_filters
+from ragchains.retrievers.index import SearchIndex
 
 FilterArg = Sequence[MetadataFilter | dict[str, Any]] | None
 
@@ -33,6 +33,11 @@ class IndexRetriever(BaseRetriever):
     index: SearchIndex
     k: int = Field(10, ge=1)
     filters: list[MetadataFilter] = Field(default_factory=list)
+
+    @property
+    def fields(self) -> dict[str, str]:
+        """The metadata fields (name -> type) ``filters`` may name."""
+        return self.index.fields
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         raise NotImplementedError

@@ -14,8 +14,8 @@ import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 from langchain_core.documents import Document
 
-from retrievers.base import IndexRetriever
-from retrievers.filters import MetadataFilter
+from ragchains.retrievers.base import IndexRetriever
+from ragchains.retrievers.filters import MetadataFilter
 
 # bm25s sets its own logger to DEBUG on import, which floods any application log.
 logging.getLogger("bm25s").setLevel(logging.WARNING)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from langchain_classic.retrievers import ContextualCompressionRetriever
@@ -25,7 +25,7 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
-from retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +120,26 @@ class Reranked:
     threshold: float
 
 
+@runtime_checkable
+class ScoringCompressor(Protocol):
+    """What the chains use of a compressor beyond LangChain's ``compress_documents``, when it
+    offers it: a per-call threshold, the best score of all candidates (kept or not) for the
+    re-query to compare, and the thresholds that suit its scores."""
+
+    def rerank(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        *,
+        top_n: int | None = None,
+        threshold: float | None = None,
+    ) -> Reranked: ...
+
+    def default_threshold(self) -> float: ...
+
+    def requery_threshold(self) -> float: ...
+
+
 class RerankCompressor(BaseDocumentCompressor):
     """Keep the ``top_n`` best chunks scoring at least ``threshold``; scores go into metadata.
 
@@ -184,6 +204,12 @@ class RerankCompressor(BaseDocumentCompressor):
         """The active scorer's default best score under which a re-query is worth a try."""
         self.warm_up()
         return float(self._active.default_requery_below)
+
+    def default_threshold(self) -> float:
+        return self.effective_threshold
+
+    def requery_threshold(self) -> float:
+        return self.requery_below
 
     def rerank(
         self,

@@ -8,9 +8,9 @@ import faiss
 import numpy as np
 from langchain_core.documents import Document
 
-from retrievers.base import IndexRetriever
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.filters import MetadataFilter
+from ragchains.retrievers.base import IndexRetriever
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import MetadataFilter
 
 # Chosen with bench/retrieval_latency.py: on 100k chunks M=64 reaches the recall of M=32 with
 # efSearch=256 at lower latency (see bench/RESULTS.md).

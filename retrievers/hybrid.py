@@ -14,12 +14,12 @@ import numpy as np
 from langchain_core.documents import Document
 from pydantic import Field, model_validator
 
-from retrievers.base import IndexRetriever
-from retrievers.bm25 import bm25_search
-from retrievers.dense import dense_search
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.filters import MetadataFilter
-from retrievers.index import SearchIndex
+from ragchains.retrievers.base import IndexRetriever
+from ragchains.retrievers.bm25 import bm25_search
+from ragchains.retrievers.dense import dense_search
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.index import SearchIndex
 
 
 def reciprocal_rank_fusion(

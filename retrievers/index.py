@@ -37,7 +37,7 @@ import faiss
 import numpy as np
 from langchain_core.documents import Document
 
-from retrievers.filters import MetadataColumns
+from ragchains.retrievers.filters import MetadataColumns
 
 FORMAT_NAME = "ragchains-index"
 FORMAT_VERSION = 1

@@ -9,16 +9,16 @@ from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 
-from chains.answer import (
+from ragchains.chains.answer import (
     DONT_KNOW,
-    build_answer_chain,
+    create_answer_chain,
     citation_grammar,
     format_context,
     parse_citations,
 )
-from chains.graph import REQUIRED_PROMPTS
-from chains.llm import LLM
-from prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.chains.graph import REQUIRED_PROMPTS
+from ragchains.chains.llm import LLM
+from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from tests.fakes import NoCallModel, RecordingModel
 
 DOCS = [
@@ -55,7 +55,7 @@ def prompts() -> PromptRegistry:
 
 
 def answer_chain(model: FakeListChatModel, prompts: PromptRegistry, **kwargs: object) -> object:
-    return build_answer_chain(
+    return create_answer_chain(
         llm=LLM(model=model, name="fake", count_tokens=len, **kwargs), prompts=prompts
     )
 
@@ -165,7 +165,7 @@ def test_rendered_prompt_holds_sources_history_and_question(prompts: PromptRegis
     llm = RecordingModel(responses=["x"])
     answer_chain(llm, prompts).invoke(
         {"question": "and for children?", "documents": DOCS},
-        config={"configurable": {"domain": "catalog", "prompt_version": 1}},
+        config={"configurable": {"domain": "catalog", "answer_version": 1}},
     )
     assert "Catalog rows:" in llm.seen[0][0].content
     assert llm.seen[0][-1].content == "and for children?"
@@ -178,5 +178,5 @@ def test_unknown_domain_or_version_is_an_error(prompts: PromptRegistry) -> None:
     with pytest.raises(PromptSelectionError, match="no version"):
         chain.invoke(
             {"question": "q", "documents": DOCS},
-            {"configurable": {"domain": "hr", "prompt_version": 9}},
+            {"configurable": {"domain": "hr", "answer_version": 9}},
         )

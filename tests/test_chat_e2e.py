@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from langchain_core.messages import AIMessage, HumanMessage
 
-from chains.graph import ChatOutput
-from chains.llm import LLM
+from ragchains.chains.graph import ChatOutput
+from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service
 from ragchains.settings import Settings
-from retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 
 pytestmark = pytest.mark.e2e
 

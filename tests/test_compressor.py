@@ -17,13 +17,13 @@ from langchain_core.documents import Document
 
 from ragchains.factory import build_compressor, build_retriever, open_index
 from ragchains.settings import Settings
-from retrievers.compressors import (
+from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
     RerankCompressor,
     SentenceTransformerCrossEncoder,
     compressing_retriever,
 )
-from retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from tests.conftest import CONFIG_ONLY_CROSS_ENCODER
 
 DOCS = [
@@ -105,7 +105,7 @@ def test_missing_weights_fall_back_visibly(
         fallback=EmbeddingSimilarityScorer(embedder),
         top_n=2,
     )
-    with caplog.at_level(logging.WARNING, logger="retrievers.compressors"):
+    with caplog.at_level(logging.WARNING, logger="ragchains.retrievers.compressors"):
         kept = compressor.compress_documents(DOCS, "how much is the standard health plan")
     assert "could not be loaded" in caplog.text and "falling back" in caplog.text
     status = compressor.status()

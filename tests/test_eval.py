@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from langchain_core.language_models import FakeListChatModel
 
-from chains.llm import LLM
-from evaluation.abstention import SweepPoint, default_thresholds, recommend, sweep
-from evaluation.answers import (
+from ragchains.chains.llm import LLM
+from ragchains.evaluation.abstention import SweepPoint, default_thresholds, recommend, sweep
+from ragchains.evaluation.answers import (
     Judge,
     TargetError,
     TurnError,
@@ -20,11 +20,25 @@ from evaluation.answers import (
     measure,
     summarize_answers,
 )
-from evaluation.datasets import DatasetError, QAItem, RewriteItem, load_beir, load_qa, load_rewrites
-from evaluation.generate import parse_pair, parse_question, supported
-from evaluation.metrics import token_f1
-from evaluation.rewrites import score_rewrite
-from evaluation.runs import RunError, RunWriter, diff_runs, find_runs, load_run, summary_table
+from ragchains.evaluation.datasets import (
+    DatasetError,
+    QAItem,
+    RewriteItem,
+    load_beir,
+    load_qa,
+    load_rewrites,
+)
+from ragchains.evaluation.generate import parse_pair, parse_question, supported
+from ragchains.evaluation.metrics import token_f1
+from ragchains.evaluation.rewrites import score_rewrite
+from ragchains.evaluation.runs import (
+    RunError,
+    RunWriter,
+    diff_runs,
+    find_runs,
+    load_run,
+    summary_table,
+)
 from tests.conftest import FIXTURES
 
 EVAL = FIXTURES / "eval"

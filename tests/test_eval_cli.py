@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from evaluation.datasets import load_beir, load_qa
-from evaluation.metrics import ndcg_at_k
-from evaluation.runs import load_run
+from ragchains.evaluation.datasets import load_beir, load_qa
+from ragchains.evaluation.metrics import ndcg_at_k
+from ragchains.evaluation.runs import load_run
 from tests.conftest import FIXTURES
 from tests.test_cli import run
 

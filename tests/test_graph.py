@@ -13,27 +13,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.documents import Document
 from langchain_core.language_models.fake_chat_models import FakeMessagesListChatModel
 from langchain_core.messages import AIMessage, HumanMessage
 from pydantic import Field
 
-from chains.graph import (
+from ragchains.chains.graph import (
+    PROMPTS_USED,
     REQUIRED_PROMPTS,
+    Chains,
     ChatOutput,
-    Graphs,
     RequeryPolicy,
-    build_graphs,
-    check_configurable,
+    create_chains,
 )
-from chains.llm import LLM
-from chains.retrieve import Searcher
-from prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.chains.llm import LLM
+from ragchains.chains.options import Choices
+from ragchains.chains.retrieve import citation_label
+from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from ragchains.factory import open_index
-from retrievers.compressors import RerankCompressor
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.filters import MetadataFilter
-from retrievers.hybrid import HybridRetriever
-from retrievers.index import SearchIndex
+from ragchains.retrievers.compressors import RerankCompressor
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.index import SearchIndex
 from tests.fakes import NoCallModel, RecordingModel
 
 PROMPTS = PromptRegistry(required=REQUIRED_PROMPTS)
@@ -86,14 +88,14 @@ def build(
     scores: dict[str, float] | None = None,
     default: float = 0.6,
     policy: RequeryPolicy | None = None,
-) -> tuple[Graphs, SpyRetriever]:
+) -> tuple[Chains, SpyRetriever]:
     retriever = SpyRetriever(index=index, embedder=embedder, k=10)
     compressor = RerankCompressor(primary=ScriptedScorer(scores, default), top_n=4)
-    graphs = build_graphs(
+    graphs = create_chains(
         llm=LLM.of(model, count_tokens=len),
+        retriever=retriever,
+        compressor=compressor,
         prompts=PROMPTS,
-        searcher=Searcher(retriever, compressor),
-        fields=index.fields,
         requery=policy,
     )
     return graphs, retriever
@@ -266,7 +268,7 @@ def check_stream(events: list[dict[str, Any]]) -> None:
     text = "".join(e["answer"] for e in middle[:-1])
     assert text == "Standard costs $45.00 [employee-handbook.md#benefit-plans]."
     assert [c["label"] for c in middle[-1]["citations"]] == ["employee-handbook.md#benefit-plans"]
-    assert set(last["timings"]) == {"rewrite", "retrieve", "answer", "total"}
+    assert set(last["timings"]) == {"rewrite", "retrieve", "compress", "answer", "total"}
 
 
 REPLIES = (
@@ -300,7 +302,7 @@ def test_invoke_returns_the_documented_output(
     history = [HumanMessage("hi"), AIMessage("Hello.")]
     out = graphs.chat.invoke(
         {"question": "what do plans cost?", "chat_history": history},
-        {"configurable": {"domain": "hr", "prompt_version": {"rewrite": 1}}},
+        {"configurable": {"domain": "hr", "rewrite_version": 1}},
     )
     parsed = ChatOutput.model_validate(out)
     assert parsed.prompts == {"rewrite": "hr/rewrite@v1", "answer": "hr/answer@v2"}
@@ -331,12 +333,17 @@ def test_per_request_k_reaches_the_retriever(
 
 
 # ----------------------------------------------------------------------------- configurable
+def chat_choices() -> Choices:
+    return Choices(PROMPTS, PROMPTS_USED["chat"], k=lambda: 10, threshold=lambda: 0.25)
+
+
 @pytest.mark.parametrize(
     ("configurable", "error", "message"),
     [
         ({"domain": "legal"}, PromptSelectionError, "unknown domain 'legal'"),
-        ({"domain": "hr", "prompt_version": 2}, PromptSelectionError, "has no version 2"),
-        ({"prompt_version": "latest"}, PromptSelectionError, "not a number"),
+        ({"domain": "default", "rewrite_version": 2}, PromptSelectionError, "has no version"),
+        ({"answer_version": 9}, PromptSelectionError, "prompt answer has no version 'v9'"),
+        ({"answer_version": "newest"}, PromptSelectionError, "has no version 'newest'"),
         ({"k": 0}, ValueError, "k: Input should be greater than or equal to 1"),
         ({"k": "ten"}, ValueError, "k: Input should be a valid integer"),
         ({"threshold": "high"}, ValueError, "threshold: Input should be a valid number"),
@@ -345,13 +352,53 @@ def test_per_request_k_reaches_the_retriever(
 def test_bad_configurable_values_fail_before_any_work(
     configurable: dict[str, Any], error: type[Exception], message: str
 ) -> None:
-    with pytest.raises(error, match=message):
-        check_configurable(PROMPTS, configurable, "chat")
+    with pytest.raises(error, match=re.escape(message)):
+        chat_choices().resolve(configurable)
 
 
-def test_good_configurable_values_pass() -> None:
-    check_configurable(PROMPTS, {"domain": "hr", "prompt_version": {"rewrite": 1}, "k": 5}, "chat")
-    check_configurable(PROMPTS, {"domain": "catalog", "threshold": 0.5}, "ask")
+def test_good_configurable_values_resolve_once_into_options() -> None:
+    options = chat_choices().resolve({"domain": "hr", "rewrite_version": "v1", "k": 5})
+    assert options.domain.name == "hr" and options.k == 5 and options.threshold == 0.25
+    assert options.refs == {
+        "rewrite": "hr/rewrite@v1",
+        "multi_query": "default/multi_query@v1",
+        "requery": "default/requery@v1",
+        "answer": "hr/answer@v2",
+    }
+    # Keys the chain does not declare belong to other parts of a composed chain: left alone.
+    options = chat_choices().resolve({"domain": "catalog", "temperature": 2, "answer_version": 1})
+    assert options.prompt("answer").ref == "catalog/answer@v1"
+
+
+def test_config_specs_are_enumerations_the_playground_can_render(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, plain_model("x"))
+    schema = graphs.chat.get_config_jsonschema()["$defs"]["Configurable"]["properties"]
+    assert schema["domain"]["enum"] == ["catalog", "default", "hr"]
+    assert schema["domain"]["default"] == "default"
+    assert schema["rewrite_version"]["enum"] == ["latest", "v1", "v2"]
+    assert schema["k"] == {
+        "default": 10,
+        "description": "chunks retrieved and handed to the compressor (1-200)",
+        "maximum": 200,
+        "minimum": 1,
+        "title": "k",
+        "type": "integer",
+    }
+    assert schema["threshold"]["default"] == 0.25 and schema["threshold"]["type"] == "number"
+    # No Optional anywhere: LangServe's playground cannot render anyOf with null.
+    assert "anyOf" not in str(schema) and "null" not in str(schema)
+    assert set(graphs.ask.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
+        "domain",
+        "answer_version",
+        "k",
+        "threshold",
+    }
+    assert set(graphs.retrieve.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
+        "k",
+        "threshold",
+    }
 
 
 def test_every_stage_stands_alone_with_types_and_names(
@@ -362,7 +409,6 @@ def test_every_stage_stands_alone_with_types_and_names(
         "chat": ({"question", "chat_history"}, "ChatOutput"),
         "ask": ({"question", "filters"}, "ChatOutput"),
         "rewrite": ({"question", "chat_history"}, "RewriteOutput"),
-        "retrieve": ({"query", "filters", "alternatives"}, "RetrieveOutput"),
         "answer": ({"question", "chat_history", "documents"}, "AnswerOutput"),
     }
     for name, (inputs, output) in expected.items():
@@ -370,6 +416,60 @@ def test_every_stage_stands_alone_with_types_and_names(
         assert set(runnable.get_input_jsonschema()["properties"]) == inputs, name
         assert runnable.get_output_jsonschema()["title"] == output, name
         assert runnable.config["run_name"] == name  # type: ignore[attr-defined]
-    out = graphs.retrieve.invoke({"query": "benefit plans"})
-    assert out.sources and out.sources[0].label.startswith("employee-handbook.md#")
     assert graphs.rewrite.invoke({"question": "q"}).search_query == "plans"
+
+
+def test_retrieve_is_retriever_like(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    """A query in, the kept documents out, best first (as a retriever answers)."""
+    graphs, retriever = build(index, embedder, plain_model("x"))
+    props = graphs.retrieve.get_input_jsonschema()["properties"]
+    assert set(props) == {"query", "filters", "alternatives"}
+    assert graphs.retrieve.get_output_jsonschema()["type"] == "array"
+    docs = graphs.retrieve.invoke("benefit plans", {"configurable": {"k": 6}})
+    assert retriever.calls == [("benefit plans", 6, [])]
+    assert 0 < len(docs) <= 4 and all(isinstance(d, Document) for d in docs)
+    assert citation_label(docs[0]).startswith("employee-handbook.md#")
+    assert all(d.metadata["rerank_score"] == 0.6 for d in docs)
+    filtered = graphs.retrieve.invoke(
+        {"query": "sensor", "filters": [{"field": "price", "op": "<", "value": 50}]}
+    )
+    assert filtered and all(d.metadata["price"] < 50 for d in filtered)
+
+
+# ----------------------------------------------------------------------------- LCEL graph
+def test_get_graph_shows_the_stages_in_order(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, plain_model("x"))
+    names = [node.name for node in graphs.chat.get_graph().nodes.values()]
+    stages = [
+        n
+        for n in names
+        if n in {"configure", "rewrite", "retrieve", "compress", "requery", "answer"}
+    ]
+    assert stages == ["configure", "rewrite", "retrieve", "compress", "requery", "answer"]
+    drawn = graphs.chat.get_graph().draw_ascii()
+    for stage in stages:
+        assert f"| {stage} |" in drawn
+
+
+def test_astream_events_report_each_stage_by_name(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = plain_model("search_sources(search_query='bad query')", "better query", "Fine.")
+    graphs, _ = build(index, embedder, model, scores={"bad query": 0.1, "better query": 0.5})
+
+    async def ended() -> list[str]:
+        return [
+            event["name"]
+            async for event in graphs.chat.astream_events({"question": "q?"}, version="v2")
+            if event["event"] == "on_chain_end"
+        ]
+
+    names = asyncio.run(ended())
+    for stage in ("configure", "rewrite", "retrieve", "compress", "requery", "answer", "chat"):
+        assert stage in names, (stage, names)
+    order = [names.index(s) for s in ("rewrite", "retrieve", "compress", "requery", "answer")]
+    assert order == sorted(order)

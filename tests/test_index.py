@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ingest.pipeline import IngestError, IngestReport
-from retrievers.index import (
+from ragchains.ingest.pipeline import IngestError, IngestReport
+from ragchains.retrievers.index import (
     EmbedderMismatchError,
     IndexDamagedError,
     IndexFormatError,
@@ -30,7 +30,7 @@ CRASHING_INGEST = textwrap.dedent(
     """
     import os, sys
     import faiss
-    import retrievers.index as index_module
+    import ragchains.retrievers.index as index_module
     from ragchains.factory import configure_runtime, run_ingest
     from ragchains.settings import Settings
 
@@ -96,7 +96,7 @@ def test_crash_during_write_leaves_previous_index_loadable(
 
 
 def test_second_writer_is_refused(docs_dir: Path, tmp_path: Path, ingest_into: Ingest) -> None:
-    from retrievers.index import writer_lock
+    from ragchains.retrievers.index import writer_lock
 
     index_dir = tmp_path / "idx"
     ingest_into(docs_dir, index_dir)
@@ -108,7 +108,7 @@ def test_second_writer_is_refused(docs_dir: Path, tmp_path: Path, ingest_into: I
 def test_failed_write_cleans_its_temporary_folder(
     docs_dir: Path, tmp_path: Path, ingest_into: Ingest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import retrievers.index as index_module
+    import ragchains.retrievers.index as index_module
 
     index_dir = tmp_path / "idx"
     ingest_into(docs_dir, index_dir)

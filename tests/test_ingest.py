@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from ingest.chunking import Chunker
-from ingest.pipeline import IngestError, IngestReport, discover
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.index import load_index
+from ragchains.ingest.chunking import Chunker
+from ragchains.ingest.pipeline import IngestError, IngestReport, discover
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.index import load_index
 from tests.fixtures.make_pdf import write_encrypted_pdf, write_pdf
 
 Ingest = Callable[..., IngestReport]
@@ -56,7 +56,7 @@ def test_bad_files_are_skipped_with_reasons(tmp_path: Path, ingest_into: Ingest)
 def test_a_loader_crash_skips_only_that_file(
     docs_dir: Path, tmp_path: Path, ingest_into: Ingest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ingest.loaders as loaders
+    import ragchains.ingest.loaders as loaders
 
     def broken(path: Path, options: object) -> None:
         raise ImportError("some parser dependency is missing")

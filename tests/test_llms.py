@@ -15,7 +15,7 @@ import openai
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
-from chains.llm import LLM
+from ragchains.chains.llm import LLM
 from ragchains.llms import LLMConfigError, embedded_llm, openai_llm, packaged_gguf
 from tests.servers import FakeOpenAI, fake_openai_server
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from ingest.loaders import LoadOptions, SkipFile, load_file
+from ragchains.ingest.loaders import LoadOptions, SkipFile, load_file
 from tests.fixtures.make_pdf import write_pdf
 
 DOCS = Path(__file__).resolve().parent / "fixtures" / "docs"

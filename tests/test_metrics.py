@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from evaluation.metrics import (
+from ragchains.evaluation.metrics import (
     citation_match,
     exact_match,
     mrr_at_k,

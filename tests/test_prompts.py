@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from prompts.registry import (
+from ragchains.prompts.registry import (
     PROMPTS_DIR,
     PromptFileError,
     PromptRegistry,

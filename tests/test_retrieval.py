@@ -11,18 +11,18 @@ from rank_bm25 import BM25Okapi
 
 from ragchains.factory import build_retriever, open_index
 from ragchains.settings import Settings
-from retrievers.bm25 import BM25Retriever, bm25_search, build_bm25, tokenize
-from retrievers.dense import FaissRetriever, build_faiss, dense_search
-from retrievers.embeddings import SentenceTransformerEmbedder
-from retrievers.filters import (
+from ragchains.retrievers.bm25 import BM25Retriever, bm25_search, build_bm25, tokenize
+from ragchains.retrievers.dense import FaissRetriever, build_faiss, dense_search
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import (
     FilterError,
     MetadataColumns,
     MetadataFilter,
     parse_cli_value,
     validate_filters,
 )
-from retrievers.hybrid import reciprocal_rank_fusion
-from retrievers.index import SearchIndex
+from ragchains.retrievers.hybrid import reciprocal_rank_fusion
+from ragchains.retrievers.index import SearchIndex
 
 CORPUS = (Path(__file__).resolve().parent / "fixtures" / "bm25_corpus.txt").read_text().splitlines()
 

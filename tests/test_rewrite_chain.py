@@ -12,10 +12,10 @@ from langchain_core.language_models.fake_chat_models import (
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import Field
 
-from chains.graph import REQUIRED_PROMPTS
-from chains.llm import LLM, supports_tool_calling, trim_history
-from chains.rewrite import (
-    build_rewrite_chain,
+from ragchains.chains.graph import REQUIRED_PROMPTS
+from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
+from ragchains.chains.rewrite import (
+    create_rewrite_chain,
     call_grammar,
     expand_glossary,
     interpret,
@@ -23,7 +23,7 @@ from chains.rewrite import (
     parse_alternatives,
     sanitize_query,
 )
-from prompts.registry import PromptRegistry
+from ragchains.prompts.registry import PromptRegistry
 from tests.fakes import RecordingModel
 
 FIELDS = {"price": "number", "brand": "string", "filename": "string", "in_stock": "boolean"}
@@ -59,7 +59,7 @@ def prompts() -> PromptRegistry:
 
 
 def run(prompts: PromptRegistry, reply: AIMessage, **config: Any) -> Any:
-    chain = build_rewrite_chain(llm=tool_llm(reply), prompts=prompts, fields=FIELDS)
+    chain = create_rewrite_chain(llm=tool_llm(reply), prompts=prompts, fields=FIELDS)
     return chain.invoke({"question": QUESTION}, {"configurable": config})
 
 
@@ -188,7 +188,7 @@ def test_plain_text_model_uses_the_call_syntax_of_the_few_shots(prompts: PromptR
         ]
     )
     assert not supports_tool_calling(llm)
-    chain = build_rewrite_chain(llm=LLM.of(llm, count_tokens=len), prompts=prompts, fields=FIELDS)
+    chain = create_rewrite_chain(llm=LLM.of(llm, count_tokens=len), prompts=prompts, fields=FIELDS)
     out = chain.invoke({"question": QUESTION})
     assert out.search_query == "soil moisture sensor"
     assert [f.model_dump() for f in out.filters] == [{"field": "price", "op": "<", "value": 100}]
@@ -198,7 +198,7 @@ def test_plain_text_model_uses_the_call_syntax_of_the_few_shots(prompts: PromptR
 def test_grammar_model_is_held_to_the_call_syntax(prompts: PromptRegistry) -> None:
     model = RecordingModel(responses=["search_sources(search_query='soil sensor')"])
     llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
-    build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke({"question": "q"})
+    create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke({"question": "q"})
     (grammar,) = model.grammars
     assert grammar == call_grammar(FIELDS)
     assert 'field ::= "brand" | "filename" | "in_stock" | "price"' in grammar
@@ -214,7 +214,7 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
         ]
     )
     llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
-    out = build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke(
+    out = create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke(
         {"question": "q"}, {"configurable": {"domain": "catalog"}}
     )
     assert out.search_query == "soil sensor"
@@ -235,7 +235,7 @@ def test_plain_text_with_bad_arguments_falls_back() -> None:
 
 def test_tools_offer_only_the_index_fields(prompts: PromptRegistry) -> None:
     llm = tool_llm(AIMessage(content="", tool_calls=[call("search_sources", search_query="x")]))
-    build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke({"question": "q"})
+    create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke({"question": "q"})
     tools = {t["function"]["name"]: t["function"] for t in llm.model.bound[-1]}
     assert set(tools) == {"search_sources", "search_by_filename", "add_filter"}
     assert tools["add_filter"]["parameters"]["properties"]["field"]["enum"] == sorted(FIELDS)
@@ -255,7 +255,7 @@ def test_glossary_expansion_per_domain(prompts: PromptRegistry) -> None:
 def test_domain_and_version_pick_the_prompt(prompts: PromptRegistry) -> None:
     reply = AIMessage(content="", tool_calls=[call("search_sources", search_query="x")])
     assert run(prompts, reply, domain="hr").prompts["rewrite"] == "hr/rewrite@v2"
-    assert run(prompts, reply, domain="hr", prompt_version=1).prompts["rewrite"] == "hr/rewrite@v1"
+    assert run(prompts, reply, domain="hr", rewrite_version=1).prompts["rewrite"] == "hr/rewrite@v1"
     assert run(prompts, reply).prompts["rewrite"] == "default/rewrite@v1"
 
 
@@ -271,7 +271,7 @@ def test_history_trimmed_to_budget_newest_turns_whole(prompts: PromptRegistry) -
     assert sum(len(str(m.content)) + 4 for m in kept) <= 200
 
     llm = tool_llm(AIMessage(content="", tool_calls=[call("search_sources", search_query="x")]))
-    chain = build_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS, history_tokens=200)
+    chain = create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS, history_tokens=200)
     chain.invoke(
         {"question": "and the last one?", "chat_history": history},
         {"configurable": {"domain": "hr"}},

@@ -16,11 +16,11 @@ import openai
 import pytest
 from langserve import RemoteRunnable
 
-from chains.llm import LLM
+from ragchains.chains.llm import LLM
 from ragchains.serving.openai_api import ChatMessage, to_chat_input
 from ragchains.settings import Settings
-from retrievers.embeddings import SentenceTransformerEmbedder
-from server import create_app
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.server import create_app
 from tests.servers import serving
 
 pytestmark = pytest.mark.slow
@@ -277,8 +277,8 @@ def test_health_and_readiness(url: str) -> None:
 def test_eval_answers_reaches_the_server_through_both_apis(url: str) -> None:
     """`ragchains eval answers` with a server URL: a LangServe route and the OpenAI API give
     the same turn shape, so the same metrics."""
-    from evaluation.answers import evaluate_answers, http_target
-    from evaluation.datasets import QAItem
+    from ragchains.evaluation.answers import evaluate_answers, http_target
+    from ragchains.evaluation.datasets import QAItem
 
     item = QAItem("cost", "What does the standard plan cost?", "$45.00", ["x#never-cited"])
     for route in ("/chat", "/v1"):

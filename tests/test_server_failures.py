@@ -17,8 +17,8 @@ from langserve import RemoteRunnable
 from pydantic import SecretStr
 
 from ragchains.settings import Settings
-from retrievers.embeddings import SentenceTransformerEmbedder
-from server import create_app
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.server import create_app
 from tests.servers import FakeOpenAI, fake_openai_server, serving
 
 pytestmark = pytest.mark.slow

@@ -13,17 +13,18 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragchains.factory import Service
 from ragchains.serving.errors import classify, error_body
-from ragchains.serving.requests import require_configurable
+from ragchains.serving.requests import validate_configurable
 
 
 class ContentPart(BaseModel):
@@ -55,7 +56,7 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     configurable: dict[str, Any] = Field(
         default_factory=dict,
-        description="ragchains extension: prompt_version, k, threshold (as on /chat)",
+        description="ragchains extension: prompt versions, k, threshold (as on /chat)",
     )
 
 
@@ -73,16 +74,14 @@ def to_chat_input(messages: list[ChatMessage]) -> dict[str, Any]:
     return {"question": last.text(), "chat_history": history}
 
 
-def openai_router(
-    service: Callable[[], Service], request_model: Callable[[], type[BaseModel]]
-) -> APIRouter:
-    """``service`` and ``request_model`` give the loaded service and the limit-checking chat
-    input model once the app has started."""
+def openai_router(service: Service, chat: Runnable[Any, Any]) -> APIRouter:
+    """``chat`` is the chat chain as /chat serves it: its input type checks the server's
+    limits, its config schema the ``configurable`` choices."""
     router = APIRouter(prefix="/v1", tags=["openai"])
 
     @router.get("/models")
     async def models() -> dict[str, Any]:
-        domains = service().prompts.domains.values()
+        domains = service.prompts.domains.values()
         return {
             "object": "list",
             "data": [
@@ -99,7 +98,6 @@ def openai_router(
 
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
-        loaded = service()
         try:
             body = ChatCompletionRequest.model_validate(await request.json())
         except json.JSONDecodeError as exc:
@@ -108,10 +106,11 @@ def openai_router(
             raise HTTPException(422, _first_problem(exc)) from exc
         if "domain" in body.configurable:
             raise HTTPException(422, "choose the domain with 'model', not configurable.domain")
-        configurable = {**body.configurable, "domain": body.model}
-        require_configurable(loaded.prompts, configurable, "chat")
+        configurable = validate_configurable(
+            chat, service.prompts, "chat", {**body.configurable, "domain": body.model}
+        )
         try:
-            turn = request_model().model_validate(to_chat_input(body.messages))
+            turn = chat.get_input_schema().model_validate(to_chat_input(body.messages))
         except ValidationError as exc:
             raise HTTPException(422, _first_problem(exc)) from exc
         except ValueError as exc:
@@ -119,9 +118,9 @@ def openai_router(
         config: Any = {"configurable": configurable, "run_name": "chat"}
         reply = _Reply(body.model)
         if not body.stream:
-            result = await loaded.graphs.chat.ainvoke(turn, config)
+            result = await chat.ainvoke(turn, config)
             return reply.completion(result)
-        events = loaded.graphs.chat.astream(turn, config).__aiter__()
+        events = chat.astream(turn, config).__aiter__()
         # The first event (sources) comes after the rewrite and the search: waiting for it
         # lets a failing model still get a proper status instead of a broken stream.
         head = await events.__anext__()

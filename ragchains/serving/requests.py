@@ -1,21 +1,25 @@
-"""Request bodies as the server accepts them: the chains' input types plus size limits and
-filters checked against the index, so bad input is a 422 with the reason before any work."""
+"""Requests as the server accepts them, checked before any work: the chains' input types
+plus size limits and filters checked against the index (422), and the ``configurable``
+choices: unknown keys and bad values 422, a domain or prompt version that does not exist 400.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import HTTPException
-from pydantic import BaseModel, field_validator
+from langchain_core.runnables import Runnable, RunnableBinding
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from chains.graph import AskInput, ChatInput, check_configurable
-from chains.retrieve import RetrieveInput
-from chains.rewrite import RewriteInput
-from prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.chains.graph import PROMPTS_USED, AskInput, ChatInput
+from ragchains.chains.options import Choices, OptionsError, explain_choice
+from ragchains.chains.retrieve import RetrieveInput
+from ragchains.chains.rewrite import RewriteInput
+from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.settings import Settings
-from retrievers.filters import MetadataFilter, validate_filters
 
 
 @dataclass(frozen=True)
@@ -101,14 +105,78 @@ def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[
     }
 
 
-def require_configurable(prompts: PromptRegistry, configurable: Any, mode: str) -> None:
-    """``check_configurable`` for a request: 400 for an unknown domain or prompt version,
-    422 for anything else wrong (unknown key, bad k or threshold)."""
-    if not isinstance(configurable, dict):
-        raise HTTPException(422, "config.configurable must be an object")
+class KnownKeysOnly(RunnableBinding[Any, Any]):
+    """A chain whose config schema refuses ``configurable`` keys the chain does not declare.
+
+    LangServe validates a request's config with ``config_schema``; langchain-core's drops
+    unknown keys silently, so a misspelt ``domian`` would quietly answer from the default
+    domain. In-process callers are not affected: the chains ignore keys they do not read.
+    """
+
+    def config_schema(self, *, include: Sequence[str] | None = None) -> type[BaseModel]:
+        fields = {
+            spec.id: (
+                spec.annotation,
+                Field(spec.default, title=spec.name, description=spec.description),
+            )
+            for spec in self.config_specs
+        }
+        configurable = create_model(  # type: ignore[call-overload]
+            "Configurable", __config__=ConfigDict(extra="forbid"), **fields
+        )
+        return create_model(  # type: ignore[call-overload,no-any-return]
+            self.get_name("Config"), configurable=(configurable, None)
+        )
+
+
+def served(chain: Runnable[Any, Any], request_model: type[BaseModel]) -> KnownKeysOnly:
+    """``chain`` as a route serves it: the limit-checking input model, known keys only."""
+    return KnownKeysOnly(bound=chain.with_types(input_type=request_model))
+
+
+def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTPException:
+    """The reply to a request whose ``configurable`` failed validation: 400 for a domain or
+    prompt version that does not exist, 422 for an unknown key or a bad value."""
+    unknown, bad = [], []
+    for err in errors:
+        key = str(err["loc"][1]) if len(err["loc"]) > 1 else ""
+        if err["type"] == "extra_forbidden":
+            unknown.append(key)
+            continue
+        reason = explain_choice(prompts, key, err.get("input"))
+        if reason is not None:
+            return HTTPException(400, reason)
+        bad.append(f"{'.'.join(str(p) for p in err['loc'][1:])}: {err['msg']}")
+    if unknown:
+        return HTTPException(
+            422, f"unknown configurable key(s) {', '.join(map(repr, sorted(unknown)))}"
+        )
+    return HTTPException(422, f"invalid configurable value: {'; '.join(bad)}")
+
+
+def check_choices(prompts: PromptRegistry, route: str, configurable: Mapping[str, Any]) -> None:
+    """400 when the chosen domain lacks a chosen prompt version (each exists somewhere, or
+    the config schema would have refused it)."""
     try:
-        check_configurable(prompts, configurable, mode)
+        Choices(prompts, PROMPTS_USED[route]).resolve(configurable)
     except PromptSelectionError as exc:
         raise HTTPException(400, str(exc)) from exc
-    except ValueError as exc:
+    except OptionsError as exc:
         raise HTTPException(422, str(exc)) from exc
+
+
+def validate_configurable(
+    chain: Runnable[Any, Any], prompts: PromptRegistry, route: str, configurable: Any
+) -> dict[str, Any]:
+    """What LangServe and ``check_choices`` do for a route, for callers outside LangServe
+    (the OpenAI-compatible endpoint): the checked choices, defaults filled in."""
+    if not isinstance(configurable, dict):
+        raise HTTPException(422, "configurable must be an object")
+    model = KnownKeysOnly(bound=chain).config_schema(include=["configurable"])
+    try:
+        config = model.model_validate({"configurable": configurable})
+    except ValidationError as exc:
+        raise configurable_problem(prompts, exc.errors()) from exc
+    values = config.model_dump()["configurable"] or {}
+    check_choices(prompts, route, values)
+    return dict(values)

@@ -1,4 +1,8 @@
-"""``ragchains eval ...``: the evaluation commands. Each run writes a folder (see runs.py)."""
+"""``ragchains eval ...``: the evaluation commands.
+
+The measuring is library code in ragchains.evaluation; each run writes a folder (see
+ragchains.evaluation.runs).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +13,21 @@ from typing import Any
 
 import click
 
-from evaluation import RETRIEVERS
-from ragchains import cli as base
+from ragchains.cli.common import (
+    DOMAIN_OPTION,
+    EXIT_FAILED,
+    INDEX_OPTION,
+    PROMPT_VERSION_OPTION,
+    build_configurable,
+    checked_prompts,
+    fail,
+    load_service,
+    load_settings,
+    model_failures_as_errors,
+    rewrite_chain,
+    service_graph,
+)
+from ragchains.evaluation import RETRIEVERS
 
 _OUT = click.option(
     "--out",
@@ -51,22 +68,22 @@ def _beir_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @contextlib.contextmanager
 def _user_errors() -> Iterator[None]:
     """Bad data, bad folders and unloadable indexes or models end in one line, exit 2."""
-    from evaluation.datasets import DatasetError
-    from evaluation.runs import RunError
+    from ragchains.evaluation.datasets import DatasetError
+    from ragchains.evaluation.runs import RunError
 
     try:
         yield
     except (DatasetError, RunError) as exc:
-        base._fail(str(exc))
+        fail(str(exc))
 
 
 def _run_folder(out: Path | None, kind: str, label: str) -> Path:
     """--out, or a new folder under eval-runs/; an existing folder is never overwritten."""
-    from evaluation.runs import default_run_dir
+    from ragchains.evaluation.runs import default_run_dir
 
     out = out or default_run_dir(kind, label)
     if out.exists():
-        base._fail(f"{out} already exists; choose another --out folder")
+        fail(f"{out} already exists; choose another --out folder")
     return out
 
 
@@ -106,11 +123,11 @@ def retrieval_command(
     The corpus is indexed once (one chunk per document, title + text) and reused while it and
     the embedder stay the same. Writes one run folder per retriever under --out.
     """
-    from evaluation.retrieval import build_setup, evaluate_setup
-    from evaluation.runs import RunWriter
+    from ragchains.evaluation.retrieval import build_setup, evaluate_setup
+    from ragchains.evaluation.runs import RunWriter
     from ragchains.factory import build_compressor, build_retriever
 
-    settings = base._settings()
+    settings = load_settings()
     with _user_errors():
         data, embedder, search_index, index_dir, out = _beir_search_index(
             settings, dataset, split, index, "retrieval", out, limit, quiet
@@ -148,7 +165,7 @@ def retrieval_command(
 
 
 def _print_summary(paths: list[Path]) -> None:
-    from evaluation.runs import load_run, summary_table
+    from ragchains.evaluation.runs import load_run, summary_table
 
     click.echo(summary_table([load_run(p) for p in paths]))
     click.echo(f"written: {', '.join(str(p) for p in paths)}")
@@ -167,7 +184,7 @@ def summary_command(runs: tuple[Path, ...], plot: Path | None, as_json: bool) ->
     """A table of the headline metrics of RUNS (run folders, or folders holding runs)."""
     import json
 
-    from evaluation.runs import find_runs, summary_table
+    from ragchains.evaluation.runs import find_runs, summary_table
 
     with _user_errors():
         found = find_runs(list(runs))
@@ -177,7 +194,7 @@ def summary_command(runs: tuple[Path, ...], plot: Path | None, as_json: bool) ->
     else:
         click.echo(summary_table(found))
     if plot:
-        from evaluation.plots import plot_runs
+        from ragchains.evaluation.plots import plot_runs
 
         plot_runs(found, plot)
         click.echo(f"plot written to {plot}", err=True)
@@ -190,19 +207,25 @@ def summary_command(runs: tuple[Path, ...], plot: Path | None, as_json: bool) ->
 @click.option("--limit", type=click.IntRange(min=1), default=20, show_default=True)
 def diff_command(before: Path, after: Path, metric: str | None, limit: int) -> None:
     """What changed per question between two runs of the same kind, biggest changes first."""
-    from evaluation.runs import diff_runs, format_value, headline_delta, load_run, summary_table
+    from ragchains.evaluation.runs import (
+        diff_runs,
+        format_value,
+        headline_delta,
+        load_run,
+        summary_table,
+    )
 
     with _user_errors():
         a, b = load_run(before), load_run(after)
     if a.summary.get("kind") != b.summary.get("kind"):
         kinds = a.summary.get("kind"), b.summary.get("kind")
-        base._fail(f"cannot compare a {kinds[0]} run with a {kinds[1]} run")
+        fail(f"cannot compare a {kinds[0]} run with a {kinds[1]} run")
     click.echo(summary_table([a, b]))
     changes, only_a, only_b = diff_runs(a, b)
     metrics = a.summary.get("item_metrics") or []
     metric = metric or (metrics[0] if metrics else None)
     if metric is not None and metric not in metrics:
-        base._fail(f"unknown metric {metric!r}; these runs have {', '.join(metrics)}")
+        fail(f"unknown metric {metric!r}; these runs have {', '.join(metrics)}")
     higher = sum(1 for c in changes if headline_delta(c, metric) > 0)
     lower = sum(1 for c in changes if headline_delta(c, metric) < 0)
     click.echo(
@@ -224,11 +247,11 @@ def _prompts_and_llm(settings: Any, configurable: dict[str, Any], mode: str) -> 
     """The prompt files (the selection checked) and the configured chat model."""
     from ragchains.factory import build_llm
 
-    prompts = base._checked_prompts(configurable, mode)
+    prompts = checked_prompts(configurable, mode)
     try:
         return prompts, build_llm(settings)
     except ValueError as exc:
-        base._fail(str(exc))
+        fail(str(exc))
 
 
 # ----------------------------------------------------------------------------- rewrites
@@ -240,8 +263,8 @@ def _prompts_and_llm(settings: Any, configurable: dict[str, Any], mode: str) -> 
     help="JSONL of turns: {id, history: [{utterance, response?}], raw, rewrite} "
     "(e.g. TREC CAsT's rewrites.jsonl).",
 )
-@base._DOMAIN
-@base._PROMPT_VERSION
+@DOMAIN_OPTION
+@PROMPT_VERSION_OPTION
 @_OUT
 @_LIMIT
 @_QUIET
@@ -258,22 +281,19 @@ def rewrites_command(
     The raw utterance is scored the same way, as the baseline. Uses the configured chat
     model (by default the embedded SmolLM2).
     """
-    from chains.rewrite import build_rewrite_chain
-    from evaluation.datasets import load_rewrites
-    from evaluation.rewrites import evaluate_rewrites
-    from evaluation.runs import RunWriter
-    from ingest.pipeline import BASE_FIELDS
+    from ragchains.evaluation.datasets import load_rewrites
+    from ragchains.evaluation.rewrites import evaluate_rewrites
+    from ragchains.evaluation.runs import RunWriter
+    from ragchains.ingest.pipeline import BASE_FIELDS
 
-    settings = base._settings()
-    configurable = base._configurable(domain, prompt_versions, None)
+    settings = load_settings()
+    configurable = build_configurable(domain, prompt_versions, None)
     with _user_errors():
         items = load_rewrites(dataset)[:limit]
         out = _run_folder(out, "rewrites", dataset.parent.name)
         prompts, llm = _prompts_and_llm(settings, configurable, "rewrite")
         # The filter fields every index has: the rewrite prompt shows the model these.
-        chain = build_rewrite_chain(
-            llm=llm, prompts=prompts, fields=BASE_FIELDS, history_tokens=settings.history_tokens
-        )
+        chain = rewrite_chain(settings, llm, prompts, BASE_FIELDS)
         config = {
             "kind": "rewrites",
             "label": f"{dataset.parent.name}/{llm.name}",
@@ -284,7 +304,7 @@ def rewrites_command(
             "fields": BASE_FIELDS,
             "history_tokens": settings.history_tokens,
         }
-        with RunWriter(out, config) as writer, base._model_failures_as_errors():
+        with RunWriter(out, config) as writer, model_failures_as_errors():
             metrics = evaluate_rewrites(
                 items,
                 chain,
@@ -334,8 +354,8 @@ def _beir_search_index(
 ) -> tuple[Any, Any, Any, Path, Path]:
     """The BEIR data (first ``limit`` queries), the embedder, the dataset's index (built or
     reused) and the run folder, which is checked to be free before any slow work."""
-    from evaluation.datasets import load_beir
-    from evaluation.retrieval import beir_index, default_index_dir
+    from ragchains.evaluation.datasets import load_beir
+    from ragchains.evaluation.retrieval import beir_index, default_index_dir
     from ragchains.factory import build_embedder
 
     data = load_beir(dataset, split)
@@ -354,7 +374,7 @@ def _beir_search_index(
             say=lambda m: click.echo(m, err=True),
         )
     except ValueError as exc:  # an index folder that is not ours, or busy
-        base._fail(str(exc))
+        fail(str(exc))
     return data, embedder, search_index, index_dir, out
 
 
@@ -389,13 +409,13 @@ def abstention_command(
     documents removed from the search (unanswerable). A turn abstains when no chunk scores
     at least the threshold, so the best compressor score decides. Writes sweep.png too.
     """
-    from evaluation.abstention import best_scores, default_thresholds, recommend, sweep
-    from evaluation.plots import plot_sweep
-    from evaluation.retrieval import hybrid_params
-    from evaluation.runs import RunWriter
+    from ragchains.evaluation.abstention import best_scores, default_thresholds, recommend, sweep
+    from ragchains.evaluation.plots import plot_sweep
+    from ragchains.evaluation.retrieval import hybrid_params
+    from ragchains.evaluation.runs import RunWriter
     from ragchains.factory import build_compressor, build_retriever
 
-    settings = base._settings()
+    settings = load_settings()
     with _user_errors():
         data, embedder, search_index, index_dir, out = _beir_search_index(
             settings, dataset, split, index, "abstention", out, limit, quiet
@@ -497,7 +517,7 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
     """
     import os
 
-    from evaluation.answers import (
+    from ragchains.evaluation.answers import (
         JUDGED,
         InProcessTarget,
         Judge,
@@ -506,11 +526,11 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
         http_target,
         load_answers_config,
     )
-    from evaluation.datasets import load_qa
-    from evaluation.runs import RunWriter
+    from ragchains.evaluation.datasets import load_qa
+    from ragchains.evaluation.runs import RunWriter
     from ragchains.factory import build_llm
 
-    settings = base._settings()
+    settings = load_settings()
     with _user_errors():
         config = load_answers_config(config_file)
         items = load_qa(config.dataset)[:limit]
@@ -520,8 +540,8 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
         target: Any
         service = None
         if spec.index is not None:
-            service = base._load_service(settings, spec.index, configurable, spec.mode)
-            graph = service.graphs.ask if spec.mode == "ask" else service.graphs.chat
+            service = load_service(settings, spec.index, configurable, spec.mode)
+            graph = service_graph(service, spec.mode)
             info = {
                 "kind": "in-process",
                 "index": str(spec.index),
@@ -544,7 +564,7 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
                 judge_llm = service.llm if service and same else build_llm(judge_settings)
                 judge = Judge(judge_llm, prompt_version=config.judge.prompt_version)
             except ValueError as exc:
-                base._fail(f"judge: {exc}")
+                fail(f"judge: {exc}")
         run_config = {
             "kind": "answers",
             "label": f"{config.dataset.stem}/{_target_name(target.describe())}",
@@ -563,7 +583,7 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
                     items, target, judge, on_item=writer.add, progress=not quiet
                 )
             except TargetError as exc:
-                base._fail(str(exc), base.EXIT_FAILED)
+                fail(str(exc), EXIT_FAILED)
             path = writer.finish(
                 {
                     "count": writer.count,
@@ -617,14 +637,14 @@ def _judge_settings(settings: Any, judge: Any) -> Any:
         if judge.api_key_env:
             key = os.environ.get(judge.api_key_env)
             if not key:
-                base._fail(f"judge: {judge.api_key_env} is not set")
+                fail(f"judge: {judge.api_key_env} is not set")
             update["openai_api_key"] = SecretStr(key)
     return settings.model_copy(update=update)
 
 
 # ----------------------------------------------------------------------------- generate
 @eval_group.command("generate")
-@base._INDEX
+@INDEX_OPTION
 @click.option(
     "--out",
     "out_file",
@@ -656,22 +676,22 @@ def generate_command(
 
     from tqdm import tqdm
 
-    from evaluation.generate import QuestionWriter, generate
+    from ragchains.evaluation.generate import QuestionWriter, generate
     from ragchains.factory import build_embedder, build_llm, open_index
 
     if out_file.exists():
-        base._fail(f"{out_file} already exists; choose another --out file")
-    settings = base._settings()
+        fail(f"{out_file} already exists; choose another --out file")
+    settings = load_settings()
     try:
         search_index = open_index(index, build_embedder(settings))
         writer = QuestionWriter(build_llm(settings))
     except ValueError as exc:
-        base._fail(str(exc))
+        fail(str(exc))
     dropped: list[str] = []
     items = []
     tmp = out_file.with_name(f".{out_file.name}.partial")
     out_file.parent.mkdir(parents=True, exist_ok=True)
-    with base._model_failures_as_errors():
+    with model_failures_as_errors():
         found = generate(
             search_index,
             writer,
@@ -687,7 +707,7 @@ def generate_command(
     for reason in dropped:
         click.echo(f"dropped {reason}", err=True)
     if not items:
-        base._fail(f"the model wrote no usable question ({len(dropped)} dropped)", base.EXIT_FAILED)
+        fail(f"the model wrote no usable question ({len(dropped)} dropped)", EXIT_FAILED)
     with open(tmp, "w", encoding="utf-8") as fh:
         for item in items:
             fh.write(json.dumps(item.as_dict(), ensure_ascii=False) + "\n")

@@ -1,0 +1,267 @@
+"""What a request may choose through ``config["configurable"]``, declared and resolved once.
+
+A chain declares the choices it reads as LangChain ``ConfigurableFieldSpec``s with concrete
+types: the domain and each prompt's version are enumerations built from the prompt registry,
+``k`` and ``threshold`` plain numbers with the parts' own defaults. LangServe validates a
+request against them and its playground renders them as lists and fields (an ``Optional``,
+``anyOf`` with null, would leave the playground blank).
+
+The first step of every chain, ``configure``, turns the request's choices into one
+``Options`` object that the later stages read; nothing downstream parses ``configurable``
+again. Keys the chain does not declare are left alone, so our chains compose with parts that
+have configurable fields of their own.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables.utils import ConfigurableFieldSpec
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+
+from ragchains.prompts.registry import (
+    DEFAULT_DOMAIN,
+    Domain,
+    Prompt,
+    PromptRegistry,
+    PromptSelectionError,
+)
+
+MAX_K = 200
+LATEST = "latest"
+DOMAIN_KEY = "domain"
+K_KEY = "k"
+THRESHOLD_KEY = "threshold"
+
+# One annotation object per kind, shared by every chain: LangChain merges the config specs of
+# composed runnables and refuses two specs with one id that are not equal.
+K_TYPE = Annotated[int, Field(ge=1, le=MAX_K)]
+THRESHOLD_TYPE = Annotated[float, Field(allow_inf_nan=False)]
+
+
+def version_key(prompt: str) -> str:
+    """The configurable key choosing ``prompt``'s version, e.g. ``answer_version``."""
+    return f"{prompt}_version"
+
+
+def _version_text(value: Any) -> Any:
+    """2, "2", "V2" and "v2" all mean "v2"; anything else is left for the enum to refuse."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return f"v{value}"
+    if isinstance(value, str):
+        text = value.strip().lower()
+        return f"v{text}" if text.isdigit() else text
+    return value
+
+
+@dataclass(frozen=True)
+class Options:
+    """A request's choices, resolved: the domain, the prompt of each name, k and threshold.
+
+    ``k`` and ``threshold`` are None when the chain's parts take no such setting.
+    """
+
+    domain: Domain
+    prompts: Mapping[str, Prompt]
+    k: int | None = None
+    threshold: float | None = None
+
+    def prompt(self, name: str) -> Prompt:
+        return self.prompts[name]
+
+    @property
+    def refs(self) -> dict[str, str]:
+        return {name: prompt.ref for name, prompt in self.prompts.items()}
+
+
+class _Specs:
+    """The domain and version specs of one registry, built once and shared by its chains."""
+
+    def __init__(self, registry: PromptRegistry) -> None:
+        domains = tuple(sorted(registry.domains))
+        self.domain = ConfigurableFieldSpec(
+            id=DOMAIN_KEY,
+            annotation=Literal[domains],  # type: ignore[valid-type]
+            default=DEFAULT_DOMAIN,
+            name="Domain",
+            description="which domain's prompt files answer: " + ", ".join(domains),
+        )
+        self.versions: dict[str, ConfigurableFieldSpec] = {}
+        for name in sorted({n for d in registry.domains.values() for n in d.prompts}):
+            numbers = sorted(
+                {v for d in registry.domains.values() for v in d.prompts.get(name, {})}
+            )
+            choices = (LATEST, *(f"v{n}" for n in numbers))
+            self.versions[name] = ConfigurableFieldSpec(
+                id=version_key(name),
+                annotation=Annotated[
+                    Literal[choices],  # type: ignore[valid-type]
+                    BeforeValidator(_version_text),
+                ],
+                default=LATEST,
+                name=f"{name.replace('_', ' ').capitalize()} prompt version",
+                description=f"version of the {name} prompt; {LATEST} = the domain's newest",
+            )
+
+
+_SPECS: weakref.WeakKeyDictionary[PromptRegistry, _Specs] = weakref.WeakKeyDictionary()
+
+
+def _specs(registry: PromptRegistry) -> _Specs:
+    if registry not in _SPECS:
+        _SPECS[registry] = _Specs(registry)
+    return _SPECS[registry]
+
+
+def k_spec(default: int) -> ConfigurableFieldSpec:
+    return ConfigurableFieldSpec(
+        id=K_KEY,
+        annotation=K_TYPE,
+        default=default,
+        name="k",
+        description=f"chunks retrieved and handed to the compressor (1-{MAX_K})",
+    )
+
+
+def threshold_spec(default: float) -> ConfigurableFieldSpec:
+    return ConfigurableFieldSpec(
+        id=THRESHOLD_KEY,
+        annotation=THRESHOLD_TYPE,
+        default=default,
+        name="Threshold",
+        description="minimum compressor score for a chunk to be kept",
+    )
+
+
+class OptionsError(ValueError):
+    """A configurable value of the wrong kind (a bad k, a threshold that is not a number)."""
+
+
+class Choices:
+    """The choices one chain offers: its prompts' versions, the domain, and optionally k and
+    threshold. ``resolve`` validates a request's ``configurable`` and returns ``Options``.
+
+    ``k`` and ``threshold`` are callables giving the default, asked for only when the specs
+    are first needed: a compressor knows its threshold once its scorer has loaded.
+    """
+
+    def __init__(
+        self,
+        registry: PromptRegistry,
+        prompt_names: Sequence[str] = (),
+        *,
+        k: Any = None,
+        threshold: Any = None,
+    ) -> None:
+        self.registry = registry
+        self.prompt_names = tuple(prompt_names)
+        unknown = [n for n in self.prompt_names if n not in _specs(registry).versions]
+        if unknown:
+            raise ValueError(f"the prompt registry has no prompt named {', '.join(unknown)}")
+        self._k = k
+        self._threshold = threshold
+        self._built: tuple[list[ConfigurableFieldSpec], type[BaseModel]] | None = None
+
+    def _build(self) -> tuple[list[ConfigurableFieldSpec], type[BaseModel]]:
+        if self._built is None:
+            shared = _specs(self.registry)
+            specs = [shared.domain] if self.prompt_names else []
+            specs += [shared.versions[name] for name in self.prompt_names]
+            if self._k is not None:
+                specs.append(k_spec(int(self._k())))
+            if self._threshold is not None:
+                specs.append(threshold_spec(float(self._threshold())))
+            model = create_model(  # type: ignore[call-overload]
+                "Configurable",
+                __config__=ConfigDict(extra="ignore"),
+                **{spec.id: (spec.annotation, spec.default) for spec in specs},
+            )
+            self._built = specs, model
+        return self._built
+
+    @property
+    def specs(self) -> list[ConfigurableFieldSpec]:
+        return list(self._build()[0])
+
+    def resolve(self, configurable: Mapping[str, Any] | None) -> Options:
+        """The chosen domain, prompts, k and threshold; PromptSelectionError for a domain or
+        version that does not exist, OptionsError for any other bad value."""
+        model = self._build()[1]
+        try:
+            chosen = model.model_validate(dict(configurable or {}))
+        except ValidationError as exc:
+            raise _as_options_error(self.registry, exc) from None
+        values = chosen.model_dump()
+        domain = self.registry.domain(values.get(DOMAIN_KEY))
+        prompts = {}
+        for name in self.prompt_names:
+            version = values[version_key(name)]
+            prompts[name] = self.registry.get(
+                domain.name, name, None if version == LATEST else version
+            )
+        return Options(
+            domain=domain,
+            prompts=prompts,
+            k=values.get(K_KEY),
+            threshold=values.get(THRESHOLD_KEY),
+        )
+
+    def step(self) -> RunnableLambda[Any, Options]:
+        """The ``configure`` runnable: declares the specs, resolves a request's choices."""
+
+        def configure(_: Any, config: RunnableConfig) -> Options:
+            return self.resolve(config.get("configurable"))
+
+        return _Configure(configure, self)
+
+
+class _Configure(RunnableLambda[Any, Options]):
+    """A RunnableLambda that declares config specs, so LangServe and ``config_schema`` see
+    what the chain lets a request choose."""
+
+    def __init__(self, func: Any, choices: Choices) -> None:
+        super().__init__(func, name="configure")
+        self._choices = choices
+
+    @property
+    def config_specs(self) -> list[ConfigurableFieldSpec]:
+        return self._choices.specs
+
+
+def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None:
+    """The reason a domain or prompt version a request named does not exist (for a 400),
+    or None when ``key`` is neither."""
+    if key == DOMAIN_KEY:
+        try:
+            registry.domain(str(value))
+        except PromptSelectionError as exc:
+            return str(exc)
+        return None
+    for name, spec in _specs(registry).versions.items():
+        if key == spec.id:
+            choices = ", ".join(_spec_choices(spec))
+            return f"prompt {name} has no version {value!r}; choose one of: {choices}"
+    return None
+
+
+def _spec_choices(spec: ConfigurableFieldSpec) -> tuple[str, ...]:
+    literal = spec.annotation.__origin__  # Annotated[Literal[...], ...]
+    return tuple(literal.__args__)
+
+
+def _as_options_error(registry: PromptRegistry, exc: ValidationError) -> ValueError:
+    for err in exc.errors():
+        key = str(err["loc"][0]) if err["loc"] else ""
+        reason = explain_choice(registry, key, err.get("input"))
+        if reason is not None:
+            return PromptSelectionError(reason)
+    problems = "; ".join(
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+    )
+    return OptionsError(f"invalid configurable value: {problems}")

@@ -1,0 +1,63 @@
+"""The `ragchains` command line: the group, the console entry point and its commands.
+
+One module per command group (ingest, query, serve, eval), each importing only
+``ragchains.cli.common``; this module imports them to register their commands.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import click
+
+from ragchains import __version__
+from ragchains.cli.common import EXIT_INTERNAL, EXIT_INTERRUPTED
+from ragchains.cli.eval import eval_group
+from ragchains.cli.ingest import ingest_command
+from ragchains.cli.query import ask_command, chat_command, retrieve_command
+from ragchains.cli.serve import serve_command
+
+__all__ = ["app", "run"]
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="ragchains")
+@click.option("-v", "--verbose", is_flag=True, help="Log more detail.")
+def app(verbose: bool) -> None:
+    """Grounded, cited answers over your own documents.
+
+    Runs offline on the embedded default models. Settings come from RAGCHAINS_* environment
+    variables or a .env file (e.g. RAGCHAINS_CHUNK_SIZE=200, RAGCHAINS_K=10).
+    """
+    logging.basicConfig(
+        level=logging.INFO if verbose else logging.WARNING,
+        format="%(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+for _command in (
+    ingest_command,
+    retrieve_command,
+    ask_command,
+    chat_command,
+    serve_command,
+    eval_group,
+):
+    app.add_command(_command)
+
+
+def run() -> None:
+    """Console entry point: no stack trace reaches the user."""
+    try:
+        app(standalone_mode=True)
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        sys.exit(EXIT_INTERRUPTED)
+    except Exception as exc:  # last resort: one line, non-zero exit
+        if os.environ.get("RAGCHAINS_DEBUG"):
+            raise
+        click.echo(f"error: unexpected {type(exc).__name__}: {exc}", err=True)
+        sys.exit(EXIT_INTERNAL)

@@ -1,0 +1,206 @@
+"""What the command modules share: exit codes, settings, options, and the chain API calls.
+
+Every place the CLI touches the chain API is here, once: ``checked_prompts`` (the prompt
+selection check), ``load_service`` and ``service_graph`` (the service and the graph a turn
+runs) and ``rewrite_chain`` (the rewrite chain alone, for `eval rewrites`). Command modules
+import only this module, never the package or each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from pydantic import ValidationError
+
+EXIT_NOTHING_INGESTED = 1
+EXIT_FAILED = 1
+EXIT_USAGE = 2
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+
+def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+def load_settings() -> Any:
+    from ragchains.factory import configure_runtime
+    from ragchains.settings import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"RAGCHAINS_{'_'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in exc.errors()
+        )
+        fail(f"invalid settings: {problems}")
+    configure_runtime(settings)
+    return settings
+
+
+# ----------------------------------------------------------------------------- shared options
+INDEX_OPTION: Callable[[Any], Any] = click.option(
+    "--index",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Index folder built by `ingest`.",
+)
+FILTER_OPTION: Callable[[Any], Any] = click.option(
+    "--filter",
+    "filters",
+    nargs=3,
+    multiple=True,
+    metavar="FIELD OP VALUE",
+    help="e.g. --filter price '<' 100, --filter filename = '*.pdf', "
+    "--filter brand in Acme,Globex. OP: = != < <= > >= in. Repeat to AND them.",
+)
+DOMAIN_OPTION: Callable[[Any], Any] = click.option(
+    "--domain", help="Prompt domain (e.g. hr, catalog); default: the 'default' domain."
+)
+PROMPT_VERSION_OPTION: Callable[[Any], Any] = click.option(
+    "--prompt-version",
+    "prompt_versions",
+    multiple=True,
+    metavar="N|NAME=N",
+    help="Prompt version: N for every prompt, or NAME=N (e.g. rewrite=2), repeatable. "
+    "Default: the latest.",
+)
+K_OPTION: Callable[[Any], Any] = click.option(
+    "--k", type=click.IntRange(1, 200), help="Chunks retrieved before reranking."
+)
+
+
+def parse_filters(filters: tuple[tuple[str, str, str], ...], fields: dict[str, str]) -> list[Any]:
+    """``--filter FIELD OP VALUE`` options, typed by the index's fields and checked."""
+    from ragchains.retrievers.filters import (
+        OPERATORS,
+        FilterError,
+        parse_cli_value,
+        validate_filters,
+    )
+
+    try:
+        raw = []
+        for field, op, value in filters:
+            if op not in OPERATORS:
+                fail(f"unknown filter operator {op!r}; use one of {' '.join(OPERATORS)}")
+            raw.append(
+                {"field": field, "op": op, "value": parse_cli_value(field, op, value, fields)}
+            )
+        return validate_filters(raw, fields)
+    except FilterError as exc:
+        fail(str(exc))
+
+
+def parse_prompt_versions(values: tuple[str, ...]) -> int | str | dict[str, str] | None:
+    """``--prompt-version 2`` for every prompt, or ``--prompt-version rewrite=2`` per prompt."""
+    if not values:
+        return None
+    mapping: dict[str, str] = {}
+    for value in values:
+        name, sep, version = value.partition("=")
+        if not sep:
+            if len(values) > 1:
+                fail("give one --prompt-version N, or NAME=N for each prompt")
+            return value
+        mapping[name.strip()] = version.strip()
+    return mapping
+
+
+def build_configurable(
+    domain: str | None, versions: tuple[str, ...], k: int | None
+) -> dict[str, Any]:
+    """The request's ``configurable`` from --domain, --prompt-version and --k (unset left out)."""
+    chosen: dict[str, Any] = {"domain": domain, "prompt_version": parse_prompt_versions(versions)}
+    chosen["k"] = k
+    return {key: value for key, value in chosen.items() if value is not None}
+
+
+# ----------------------------------------------------------------------------- the chain API
+def checked_prompts(configurable: dict[str, Any], mode: str) -> Any:
+    """The prompt files, with the request's domain and versions checked for ``mode``."""
+    from ragchains.chains.graph import REQUIRED_PROMPTS, check_configurable
+    from ragchains.prompts.registry import PromptRegistry
+
+    try:
+        prompts = PromptRegistry(required=REQUIRED_PROMPTS)
+        check_configurable(prompts, configurable, mode)  # before the slow model loading
+    except ValueError as exc:
+        fail(str(exc))
+    return prompts
+
+
+def load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
+    """Models, index and graphs, with every problem reported as one line before any work."""
+    from ragchains.factory import build_service
+
+    prompts = checked_prompts(configurable, mode)
+    # Every expected failure (index, model, key) is a ValueError subclass with a message
+    # made for the user.
+    try:
+        return build_service(settings, index, prompts=prompts)
+    except ValueError as exc:
+        fail(str(exc))
+
+
+def service_graph(service: Any, mode: str) -> Any:
+    """The graph of a loaded service that runs a turn of ``mode`` ("ask" or "chat")."""
+    return service.graphs.ask if mode == "ask" else service.graphs.chat
+
+
+def rewrite_chain(settings: Any, llm: Any, prompts: Any, fields: dict[str, str]) -> Any:
+    """The rewrite chain on its own (what `eval rewrites` measures), for an index's ``fields``."""
+    from ragchains.chains.rewrite import build_rewrite_chain
+
+    return build_rewrite_chain(
+        llm=llm, prompts=prompts, fields=fields, history_tokens=settings.history_tokens
+    )
+
+
+# ----------------------------------------------------------------------------- turns
+def one_line(exc: Exception) -> str:
+    """What the user is told when a turn fails: the model's failure, or the input's fault."""
+    from ragchains.llms import explain_failure
+
+    failure = explain_failure(exc)
+    if failure is not None:
+        return failure.message
+    if isinstance(exc, ValueError):
+        return str(exc)
+    raise exc  # a bug: the traceback is the useful report
+
+
+@contextlib.contextmanager
+def model_failures_as_errors() -> Iterator[None]:
+    try:
+        yield
+    except Exception as exc:
+        fail(one_line(exc), EXIT_FAILED)
+
+
+def print_turn(events: Any, *, show_query: bool) -> str:
+    """Stream one turn: the answer as it is written, then what it cites."""
+    out: dict[str, Any] = {}
+    for event in events:
+        if "answer" in event:
+            click.echo(event["answer"], nl=False)
+        for key, value in event.items():
+            out[key] = out.get(key, "") + value if key == "answer" else value
+    click.echo()
+    if show_query:
+        filters = " ".join(f"{f['field']}{f['op']}{f['value']!r}" for f in out.get("filters", []))
+        searched = out.get("search_query", "")
+        click.echo(f"  searched: {searched}" + (f"  filters: {filters}" if filters else ""))
+    for n, cite in enumerate(out.get("citations", []), start=1):
+        page = f", page {cite['page']}" if cite.get("page") else ""
+        click.echo(f"  [{n}] {cite['label']}  ({cite['source']}{page})")
+    if out.get("abstained") and out.get("sources") == []:
+        click.echo("  (no chunk passed the relevance threshold; the model was not asked)")
+    return str(out.get("answer", ""))

@@ -1,0 +1,74 @@
+"""``ragchains ingest``: build or update an index."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, load_settings
+
+
+@click.command("ingest")
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option(
+    "--index",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="Index folder to create or update.",
+)
+@click.option(
+    "--text-columns",
+    metavar="COL,COL",
+    help="Table columns that form each row's text (default: all). Other columns stay "
+    "filterable metadata.",
+)
+@click.option("--rebuild", is_flag=True, help="Ignore the existing index and build it anew.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+def ingest_command(
+    paths: tuple[Path, ...],
+    index: Path,
+    text_columns: str | None,
+    rebuild: bool,
+    as_json: bool,
+    quiet: bool,
+) -> None:
+    """Build or update an index from PATHS (PDF, HTML, Markdown, text, CSV/TSV, JSON/JSONL).
+
+    Re-runs embed only what changed and drop the chunks of files that are gone; unreadable
+    files are skipped with a reason. Exits 1 when nothing at all could be ingested.
+    """
+    from ragchains.factory import run_ingest
+    from ragchains.ingest.pipeline import IngestError, NothingIngestedError
+
+    settings = load_settings()
+    columns = [c.strip() for c in text_columns.split(",") if c.strip()] if text_columns else None
+    try:
+        report = run_ingest(
+            settings,
+            paths,
+            index,
+            text_columns=columns,
+            rebuild=rebuild,
+            progress=not quiet and not as_json,
+        )
+    except NothingIngestedError as exc:
+        fail(str(exc), EXIT_NOTHING_INGESTED)
+    except IngestError as exc:
+        fail(str(exc))
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=2))
+        return
+    for skipped in report.skipped:
+        kept = " (previous version kept)" if skipped.source in report.kept_previous else ""
+        click.echo(f"skipped {skipped.source}: {skipped.reason}{kept}", err=True)
+    for note in report.notes:
+        click.echo(f"note: {note}", err=True)
+    counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
+    state = "written" if report.wrote else "unchanged (nothing to write)"
+    click.echo(
+        f"{counts}; {report.chunks_total} chunks ({report.chunks_embedded} embedded); "
+        f"index {index} {state}"
+    )

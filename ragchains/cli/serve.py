@@ -1,0 +1,80 @@
+"""``ragchains serve``: every chain over HTTP."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ragchains.cli.common import fail, load_service, load_settings
+
+
+@click.command("serve")
+@click.option(
+    "--index",
+    type=click.Path(path_type=Path),
+    help="Index folder built by `ingest` (default: RAGCHAINS_INDEX).",
+)
+@click.option("--host", help="Address to listen on (default: RAGCHAINS_HOST or 127.0.0.1).")
+@click.option(
+    "--port", type=click.IntRange(1, 65535), help="Port (default: RAGCHAINS_PORT or 8000)."
+)
+@click.pass_context
+def serve_command(
+    ctx: click.Context, index: Path | None, host: str | None, port: int | None
+) -> None:
+    """Serve every chain over HTTP until Ctrl-C.
+
+    LangServe routes /chat, /ask, /rewrite and /retrieve (invoke, batch, stream, playground),
+    OpenAI-compatible /v1/chat/completions and /v1/models (one model per prompt domain),
+    /healthz and /readyz. Set RAGCHAINS_API_KEY to require a key on every route but the
+    health checks, RAGCHAINS_CORS_ORIGINS to allow browsers from other origins.
+    """
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    from ragchains.server import create_app
+
+    settings = load_settings()
+    index = index or settings.index
+    if index is None:
+        fail("no index to serve: give --index DIR (or set RAGCHAINS_INDEX)")
+    updates = {"index": index, "host": host or settings.host, "port": port or settings.port}
+    settings = settings.model_copy(update=updates)
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:  # before the slow loading: a busy port is the quickest failure
+        listener.bind((settings.host, settings.port))
+    except OSError as exc:
+        fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
+    click.echo(f"loading models and index {index} ...", err=True)
+    service = load_service(settings, index, {}, "chat")
+    verbose = bool(ctx.parent and ctx.parent.params.get("verbose"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(settings, service=service),
+            log_level="info" if verbose else "warning",
+            timeout_graceful_shutdown=5,
+        )
+    )
+    shown_host = "localhost" if settings.host in ("0.0.0.0", "::", "127.0.0.1") else settings.host
+    base = f"http://{shown_host}:{settings.port}"
+
+    def announce() -> None:
+        while not server.started and not server.should_exit:
+            time.sleep(0.05)
+        if server.started:
+            click.echo(f"ragchains is serving {index} at {base}")
+            click.echo(f"  playground:  {base}/chat/playground/")
+            click.echo(f"  API docs:    {base}/docs")
+            click.echo(
+                f"  OpenAI API:  {base}/v1 (models: {', '.join(sorted(service.prompts.domains))})"
+            )
+            click.echo("Press Ctrl-C to stop.")
+
+    threading.Thread(target=announce, daemon=True).start()
+    server.run(sockets=[listener])
