@@ -28,6 +28,7 @@ from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse
+from langchain_core.runnables import Runnable
 from langserve import add_routes
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -41,10 +42,10 @@ from ragchains.serving.guards import ApiKeyMiddleware, BodyLimitMiddleware
 from ragchains.serving.openai_api import openai_router
 from ragchains.serving.requests import (
     Limits,
-    check_choices,
     configurable_problem,
     request_models,
     served,
+    validate_configurable,
 )
 from ragchains.settings import Settings
 
@@ -73,13 +74,13 @@ class _Health:
         }
 
 
-def _config_check(service: Service, route: str) -> Any:
-    """LangServe's ``per_req_config_modifier``: after LangServe has validated the config
-    against the chain's schema, a domain that lacks a chosen prompt version is a 400 before
-    any work (a stream has not started yet)."""
+def _config_check(service: Service, route: str, chain: Runnable[Any, Any]) -> Any:
+    """LangServe's ``per_req_config_modifier``: the request's choices checked in full before
+    any work, while a stream can still answer with a status (see validate_configurable)."""
 
     def check(config: dict[str, Any], request: Request) -> dict[str, Any]:
-        check_choices(service.prompts, route, config.get("configurable") or {})
+        configurable = config.get("configurable") or {}
+        validate_configurable(chain, service.prompts, route, configurable)
         return config
 
     return check
@@ -179,7 +180,9 @@ def create_app(
     @app.exception_handler(RequestValidationError)
     async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
         errors = [err for err in exc.errors() if isinstance(err, dict)]
-        config_errors = [err for err in errors if err.get("loc", ("",))[0] == "configurable"]
+        config_errors = [
+            err for err in errors if tuple(err.get("loc") or ("",))[0] == "configurable"
+        ]
         if config_errors:
             return await http_error(request, configurable_problem(service.prompts, config_errors))
         # FastAPI's default echoes each bad input back: not for a 100k-character question.
@@ -187,11 +190,12 @@ def create_app(
         return JSONResponse({"detail": problems}, status_code=422)
 
     for route in ROUTES:
+        chain = served(service.chains[route], requests[route])
         add_routes(
             app,
-            served(service.chains[route], requests[route]),
+            chain,
             path=f"/{route}",
-            per_req_config_modifier=_config_check(service, route),
+            per_req_config_modifier=_config_check(service, route, chain),
             dependencies=[Depends(_batch_limit(limits))],
             enable_feedback_endpoint=False,
         )

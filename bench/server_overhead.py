@@ -152,7 +152,7 @@ def in_process_times(index: Path) -> list[float]:
     from ragchains.factory import build_service
 
     service = build_service(bench_settings(index), index, llm=stub_llm(0.0))
-    chat = service.graphs.chat
+    chat = service.chains.chat
 
     async def run() -> list[float]:
         for _ in range(5):

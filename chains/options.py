@@ -21,7 +21,7 @@ from typing import Annotated, Any, Literal
 
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.utils import ConfigurableFieldSpec
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
 from ragchains.prompts.registry import (
     DEFAULT_DOMAIN,
@@ -38,7 +38,8 @@ K_KEY = "k"
 THRESHOLD_KEY = "threshold"
 
 # One annotation object per kind, shared by every chain: LangChain merges the config specs of
-# composed runnables and refuses two specs with one id that are not equal.
+# composed runnables and refuses two specs with one id that are not equal. (LangServe checks
+# only the bare type of each; the chains and the server's request check enforce the bounds.)
 K_TYPE = Annotated[int, Field(ge=1, le=MAX_K)]
 THRESHOLD_TYPE = Annotated[float, Field(allow_inf_nan=False)]
 
@@ -46,18 +47,6 @@ THRESHOLD_TYPE = Annotated[float, Field(allow_inf_nan=False)]
 def version_key(prompt: str) -> str:
     """The configurable key choosing ``prompt``'s version, e.g. ``answer_version``."""
     return f"{prompt}_version"
-
-
-def _version_text(value: Any) -> Any:
-    """2, "2", "V2" and "v2" all mean "v2"; anything else is left for the enum to refuse."""
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, int):
-        return f"v{value}"
-    if isinstance(value, str):
-        text = value.strip().lower()
-        return f"v{text}" if text.isdigit() else text
-    return value
 
 
 @dataclass(frozen=True)
@@ -100,10 +89,9 @@ class _Specs:
             choices = (LATEST, *(f"v{n}" for n in numbers))
             self.versions[name] = ConfigurableFieldSpec(
                 id=version_key(name),
-                annotation=Annotated[
-                    Literal[choices],  # type: ignore[valid-type]
-                    BeforeValidator(_version_text),
-                ],
+                # Plain strings ("v2"), no validator: LangServe rebuilds the config model
+                # from bare annotations, so a validator would work in-process only.
+                annotation=Literal[choices],  # type: ignore[valid-type]
                 default=LATEST,
                 name=f"{name.replace('_', ' ').capitalize()} prompt version",
                 description=f"version of the {name} prompt; {LATEST} = the domain's newest",
@@ -251,8 +239,7 @@ def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None
 
 
 def _spec_choices(spec: ConfigurableFieldSpec) -> tuple[str, ...]:
-    literal = spec.annotation.__origin__  # Annotated[Literal[...], ...]
-    return tuple(literal.__args__)
+    return tuple(spec.annotation.__args__)
 
 
 def _as_options_error(registry: PromptRegistry, exc: ValidationError) -> ValueError:

@@ -165,7 +165,7 @@ def test_rendered_prompt_holds_sources_history_and_question(prompts: PromptRegis
     llm = RecordingModel(responses=["x"])
     answer_chain(llm, prompts).invoke(
         {"question": "and for children?", "documents": DOCS},
-        config={"configurable": {"domain": "catalog", "answer_version": 1}},
+        config={"configurable": {"domain": "catalog", "answer_version": "v1"}},
     )
     assert "Catalog rows:" in llm.seen[0][0].content
     assert llm.seen[0][-1].content == "and for children?"

@@ -42,7 +42,7 @@ def check_grounded(out: dict[str, Any], service: Service) -> ChatOutput:
 
 
 def test_chat_turns_answer_with_citations_from_the_index(service: Service) -> None:
-    first = service.graphs.chat.invoke(
+    first = service.chains.chat.invoke(
         {"question": "What does the Standard health plan cost per month?"},
         {"configurable": {"domain": "hr"}},
     )
@@ -57,7 +57,7 @@ def test_chat_turns_answer_with_citations_from_the_index(service: Service) -> No
         AIMessage(parsed.answer),
     ]
     events = list(
-        service.graphs.chat.stream(
+        service.chains.chat.stream(
             {"question": "And how much is it to add children?", "chat_history": history},
             {"configurable": {"domain": "hr"}},
         )
@@ -71,5 +71,5 @@ def test_chat_turns_answer_with_citations_from_the_index(service: Service) -> No
 
 
 def test_question_outside_the_documents_abstains(service: Service) -> None:
-    out = service.graphs.ask.invoke({"question": "Who won the 1998 football world cup?"})
+    out = service.chains.ask.invoke({"question": "Who won the 1998 football world cup?"})
     assert out["abstained"] is True and out["citations"] == []

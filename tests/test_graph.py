@@ -302,7 +302,7 @@ def test_invoke_returns_the_documented_output(
     history = [HumanMessage("hi"), AIMessage("Hello.")]
     out = graphs.chat.invoke(
         {"question": "what do plans cost?", "chat_history": history},
-        {"configurable": {"domain": "hr", "rewrite_version": 1}},
+        {"configurable": {"domain": "hr", "rewrite_version": "v1"}},
     )
     parsed = ChatOutput.model_validate(out)
     assert parsed.prompts == {"rewrite": "hr/rewrite@v1", "answer": "hr/answer@v2"}
@@ -341,8 +341,8 @@ def chat_choices() -> Choices:
     ("configurable", "error", "message"),
     [
         ({"domain": "legal"}, PromptSelectionError, "unknown domain 'legal'"),
-        ({"domain": "default", "rewrite_version": 2}, PromptSelectionError, "has no version"),
-        ({"answer_version": 9}, PromptSelectionError, "prompt answer has no version 'v9'"),
+        ({"domain": "default", "rewrite_version": "v2"}, PromptSelectionError, "has no version"),
+        ({"answer_version": 9}, PromptSelectionError, "prompt answer has no version 9"),
         ({"answer_version": "newest"}, PromptSelectionError, "has no version 'newest'"),
         ({"k": 0}, ValueError, "k: Input should be greater than or equal to 1"),
         ({"k": "ten"}, ValueError, "k: Input should be a valid integer"),
@@ -366,7 +366,9 @@ def test_good_configurable_values_resolve_once_into_options() -> None:
         "answer": "hr/answer@v2",
     }
     # Keys the chain does not declare belong to other parts of a composed chain: left alone.
-    options = chat_choices().resolve({"domain": "catalog", "temperature": 2, "answer_version": 1})
+    options = chat_choices().resolve(
+        {"domain": "catalog", "temperature": 2, "answer_version": "v1"}
+    )
     assert options.prompt("answer").ref == "catalog/answer@v1"
 
 

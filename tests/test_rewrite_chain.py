@@ -255,7 +255,9 @@ def test_glossary_expansion_per_domain(prompts: PromptRegistry) -> None:
 def test_domain_and_version_pick_the_prompt(prompts: PromptRegistry) -> None:
     reply = AIMessage(content="", tool_calls=[call("search_sources", search_query="x")])
     assert run(prompts, reply, domain="hr").prompts["rewrite"] == "hr/rewrite@v2"
-    assert run(prompts, reply, domain="hr", rewrite_version=1).prompts["rewrite"] == "hr/rewrite@v1"
+    assert (
+        run(prompts, reply, domain="hr", rewrite_version="v1").prompts["rewrite"] == "hr/rewrite@v1"
+    )
     assert run(prompts, reply).prompts["rewrite"] == "default/rewrite@v1"
 
 

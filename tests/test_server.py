@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from langchain_core.documents import Document
 from langserve import RemoteRunnable
 
 from ragchains.chains.llm import LLM
@@ -93,7 +94,10 @@ def test_playground_and_schemas(url: str) -> None:
     config = httpx.get(f"{url}/chat/config_schema").json()
     assert set(config["$defs"]["Configurable"]["properties"]) == {
         "domain",
-        "prompt_version",
+        "rewrite_version",
+        "multi_query_version",
+        "requery_version",
+        "answer_version",
         "k",
         "threshold",
     }
@@ -105,7 +109,8 @@ def test_playground_and_schemas(url: str) -> None:
     [
         ({}, "default/rewrite@v1"),
         ({"domain": "hr"}, "hr/rewrite@v2"),
-        ({"domain": "hr", "prompt_version": {"rewrite": 1}}, "hr/rewrite@v1"),
+        ({"domain": "hr", "rewrite_version": "v1"}, "hr/rewrite@v1"),
+        ({"domain": "hr", "rewrite_version": "v2"}, "hr/rewrite@v2"),
     ],
 )
 def test_domain_and_version_chosen_by_config(
@@ -124,8 +129,12 @@ def test_retrieve_route_takes_k_and_filters(url: str) -> None:
         },
         "config": {"configurable": {"k": 5}},
     }
-    out = httpx.post(f"{url}/retrieve/invoke", json=body).json()["output"]
-    assert out["sources"] and all(s["source"].endswith("products.csv") for s in out["sources"])
+    docs = httpx.post(f"{url}/retrieve/invoke", json=body).json()["output"]
+    assert docs and all(d["metadata"]["source"].endswith("products.csv") for d in docs)
+    assert all(d["metadata"]["price"] < 50 and "rerank_score" in d["metadata"] for d in docs)
+    # RemoteRunnable gives back LangChain Documents, as a retriever would.
+    remote = RemoteRunnable(f"{url}/retrieve/").invoke({"query": "temperature sensor"})
+    assert remote and all(isinstance(d, Document) for d in remote)
 
 
 # ----------------------------------------------------------------------------- OpenAI-compatible
@@ -196,9 +205,21 @@ LONG = "x" * 100_000
         ),
         (
             "/chat/stream",
-            {"input": {"question": "hi"}, "config": {"configurable": {"prompt_version": 9}}},
+            {"input": {"question": "hi"}, "config": {"configurable": {"answer_version": 9}}},
             400,
-            "has no version 9",
+            "prompt answer has no version 9",
+        ),
+        (
+            "/rewrite/invoke",
+            {"input": {"question": "hi"}, "config": {"configurable": {"rewrite_version": "v2"}}},
+            400,
+            "prompt default/rewrite has no version",
+        ),
+        (
+            "/retrieve/invoke",
+            {"input": {"query": "hi"}, "config": {"configurable": {"domain": "hr"}}},
+            422,
+            "unknown configurable key(s) 'domain'",
         ),
         (
             "/ask/invoke",

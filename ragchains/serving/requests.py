@@ -154,22 +154,13 @@ def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTP
     return HTTPException(422, f"invalid configurable value: {'; '.join(bad)}")
 
 
-def check_choices(prompts: PromptRegistry, route: str, configurable: Mapping[str, Any]) -> None:
-    """400 when the chosen domain lacks a chosen prompt version (each exists somewhere, or
-    the config schema would have refused it)."""
-    try:
-        Choices(prompts, PROMPTS_USED[route]).resolve(configurable)
-    except PromptSelectionError as exc:
-        raise HTTPException(400, str(exc)) from exc
-    except OptionsError as exc:
-        raise HTTPException(422, str(exc)) from exc
-
-
 def validate_configurable(
     chain: Runnable[Any, Any], prompts: PromptRegistry, route: str, configurable: Any
 ) -> dict[str, Any]:
-    """What LangServe and ``check_choices`` do for a route, for callers outside LangServe
-    (the OpenAI-compatible endpoint): the checked choices, defaults filled in."""
+    """A request's ``configurable`` for ``chain`` (as ``served`` wraps it), checked in full
+    before any work: LangServe checks only the bare types (it rebuilds the config model
+    without bounds), and only resolving says whether the chosen domain has each chosen
+    prompt version. Returns the choices with defaults filled in."""
     if not isinstance(configurable, dict):
         raise HTTPException(422, "configurable must be an object")
     model = KnownKeysOnly(bound=chain).config_schema(include=["configurable"])
@@ -177,6 +168,11 @@ def validate_configurable(
         config = model.model_validate({"configurable": configurable})
     except ValidationError as exc:
         raise configurable_problem(prompts, exc.errors()) from exc
-    values = config.model_dump()["configurable"] or {}
-    check_choices(prompts, route, values)
-    return dict(values)
+    values = dict(config.model_dump()["configurable"] or {})
+    try:
+        Choices(prompts, PROMPTS_USED[route]).resolve(values)
+    except PromptSelectionError as exc:
+        raise HTTPException(400, str(exc)) from exc
+    except OptionsError as exc:
+        raise HTTPException(422, str(exc)) from exc
+    return values
