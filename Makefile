@@ -11,6 +11,11 @@ LLAMA_CPP_VERSION := 0.3.36
 LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON \
 	-DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_BF16=OFF
 
+# The browser tests drive Debian's Chromium (Playwright's own browser download does not work
+# on these machines); installed with apt, through sudo when not root.
+CHROMIUM := /usr/bin/chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
 .PHONY: setup quickstart test lint format bench clean
 
 setup: $(STAMP)
@@ -30,7 +35,12 @@ quickstart: setup
 	$(BIN)/ragchains ingest samples --index $(INDEX)
 	$(BIN)/ragchains serve --index $(INDEX)
 
-test: setup
+$(CHROMIUM):
+	@echo "installing Debian's chromium for the browser tests"
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
+
+test: setup $(CHROMIUM)
 	$(BIN)/pytest
 
 lint: setup

@@ -179,9 +179,10 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = [err for err in exc.errors() if isinstance(err, dict)]
         config_errors = [
-            err for err in errors if tuple(err.get("loc") or ("",))[0] == "configurable"
+            err
+            for err in exc.errors()
+            if isinstance(err, dict) and tuple(err.get("loc") or ())[:1] == ("configurable",)
         ]
         if config_errors:
             return await http_error(request, configurable_problem(service.prompts, config_errors))

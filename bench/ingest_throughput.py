@@ -17,12 +17,12 @@ import numpy as np
 
 from bench.common import machine_line, peak_rss_mb, write_section
 from bench.synthetic import make_corpus
-from ragchains.ingest.pipeline import EMBED_BATCH
 from ragchains.factory import build_embedder, configure_runtime, run_ingest
-from ragchains.settings import Settings
+from ragchains.ingest.pipeline import EMBED_BATCH
 from ragchains.retrievers.bm25 import build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.index import load_index
+from ragchains.settings import Settings
 
 PARAGRAPHS_PER_FILE = 6
 WORDS_PER_PARAGRAPH_SOURCES = 4  # synthetic documents joined into one paragraph

@@ -31,12 +31,18 @@ from bench.common import (
 )
 from bench.synthetic import Corpus, cached_embeddings, make_corpus
 from ragchains.factory import build_embedder, configure_runtime
-from ragchains.settings import Settings
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
-from ragchains.retrievers.dense import HNSW_EF_CONSTRUCTION, HNSW_EF_SEARCH, HNSW_M, build_faiss, dense_search
+from ragchains.retrievers.dense import (
+    HNSW_EF_CONSTRUCTION,
+    HNSW_EF_SEARCH,
+    HNSW_M,
+    build_faiss,
+    dense_search,
+)
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import Chunk, IndexContents, SearchIndex, load_index, write_index
+from ragchains.settings import Settings
 
 CANDIDATES = 50
 K = 10

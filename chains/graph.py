@@ -153,8 +153,10 @@ def read_ask_input(inputs: Any) -> dict[str, Any]:
 
 
 def as_asked(state: Mapping[str, Any]) -> RewriteOutput:
-    """Ask mode's search: the question as asked (blanks collapsed) with the given filters."""
-    return RewriteOutput(search_query=" ".join(state["question"].split()), filters=state["filters"])
+    """Ask mode's search: the question as asked (blanks collapsed, the domain's glossary
+    expanded) with the given filters."""
+    query = expand_glossary(" ".join(state["question"].split()), state["options"].glossary)
+    return RewriteOutput(search_query=query, filters=state["filters"])
 
 
 def _retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]:
@@ -235,7 +237,7 @@ class _Requery:
         )
         # A usable query that differs from the one already searched, or nothing.
         fresh = parse_alternatives(reply, main=search.search_query, count=1)
-        new_query = expand_glossary(fresh[0], options.domain.query_glossary) if fresh else None
+        new_query = expand_glossary(fresh[0], options.glossary) if fresh else None
         report = RequeryReport(
             first_query=search.search_query, first_best_score=old.best_score, query=new_query
         )

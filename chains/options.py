@@ -16,12 +16,11 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.utils import ConfigurableFieldSpec
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
 from ragchains.prompts.registry import (
     DEFAULT_DOMAIN,
@@ -49,24 +48,72 @@ def version_key(prompt: str) -> str:
     return f"{prompt}_version"
 
 
-@dataclass(frozen=True)
-class Options:
-    """A request's choices, resolved: the domain, the prompt of each name, k and threshold.
+def version_text(value: int | str) -> str:
+    """2, "2", "V2" and "v2" all mean "v2"; "latest" stays."""
+    text = str(value).strip().lower()
+    return f"v{text}" if text.isdigit() else text
 
-    ``k`` and ``threshold`` are None when the chain's parts take no such setting.
+
+def version_choices(
+    versions: int | str | Mapping[str, int | str] | None, prompt_names: Sequence[str]
+) -> dict[str, str]:
+    """Prompt versions as ``configurable`` keys: one version (``2`` or ``"v2"``) for every
+    prompt in ``prompt_names``, or ``{prompt: version}`` for some of them. A prompt not in
+    ``prompt_names`` is a ValueError."""
+    if versions is None:
+        return {}
+    if not isinstance(versions, Mapping):
+        return {version_key(name): version_text(versions) for name in prompt_names}
+    unknown = sorted(set(versions) - set(prompt_names))
+    if unknown:
+        raise OptionsError(
+            f"no prompt {', '.join(map(repr, unknown))} here; choose from {', '.join(prompt_names)}"
+        )
+    return {version_key(name): version_text(v) for name, v in versions.items()}
+
+
+class Options(BaseModel):
+    """A request's choices, resolved: the domain (its glossary and multi-query setting), the
+    prompt of each name, k and threshold (None when the chain's parts take no such setting).
+
+    Plain data as it dumps (LangServe's stream_log serialises every step's output); the
+    prompt objects themselves are kept aside and reached with ``prompt(name)``.
     """
 
-    domain: Domain
-    prompts: Mapping[str, Prompt]
+    model_config = ConfigDict(frozen=True)
+
+    domain: str
+    glossary: dict[str, str] = Field(
+        default_factory=dict, description="abbreviations expanded in search queries"
+    )
+    multi_query: int = 1
+    prompts: dict[str, str] = Field(default_factory=dict, description="prompt refs by name")
     k: int | None = None
     threshold: float | None = None
+    _prompts: dict[str, Prompt] = PrivateAttr(default_factory=dict)
+
+    @classmethod
+    def of(
+        cls,
+        domain: Domain,
+        prompts: Mapping[str, Prompt],
+        *,
+        k: int | None = None,
+        threshold: float | None = None,
+    ) -> Options:
+        options = cls(
+            domain=domain.name,
+            glossary=domain.query_glossary,
+            multi_query=domain.multi_query,
+            prompts={name: prompt.ref for name, prompt in prompts.items()},
+            k=k,
+            threshold=threshold,
+        )
+        options._prompts.update(prompts)
+        return options
 
     def prompt(self, name: str) -> Prompt:
-        return self.prompts[name]
-
-    @property
-    def refs(self) -> dict[str, str]:
-        return {name: prompt.ref for name, prompt in self.prompts.items()}
+        return self._prompts[name]
 
 
 class _Specs:
@@ -132,7 +179,7 @@ class OptionsError(ValueError):
 
 
 class Choices:
-    """The choices one chain offers: its prompts' versions, the domain, and optionally k and
+    """The choices one chain offers: the domain, its prompts' versions, and optionally k and
     threshold. ``resolve`` validates a request's ``configurable`` and returns ``Options``.
 
     ``k`` and ``threshold`` are callables giving the default, asked for only when the specs
@@ -159,8 +206,7 @@ class Choices:
     def _build(self) -> tuple[list[ConfigurableFieldSpec], type[BaseModel]]:
         if self._built is None:
             shared = _specs(self.registry)
-            specs = [shared.domain] if self.prompt_names else []
-            specs += [shared.versions[name] for name in self.prompt_names]
+            specs = [shared.domain, *(shared.versions[name] for name in self.prompt_names)]
             if self._k is not None:
                 specs.append(k_spec(int(self._k())))
             if self._threshold is not None:
@@ -193,12 +239,7 @@ class Choices:
             prompts[name] = self.registry.get(
                 domain.name, name, None if version == LATEST else version
             )
-        return Options(
-            domain=domain,
-            prompts=prompts,
-            k=values.get(K_KEY),
-            threshold=values.get(THRESHOLD_KEY),
-        )
+        return Options.of(domain, prompts, k=values.get(K_KEY), threshold=values.get(THRESHOLD_KEY))
 
     def step(self) -> RunnableLambda[Any, Options]:
         """The ``configure`` runnable: declares the specs, resolves a request's choices."""

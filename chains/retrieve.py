@@ -27,6 +27,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from pydantic import BaseModel, Field
 
 from ragchains.chains.options import Choices, Options
+from ragchains.chains.rewrite import expand_glossary
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -235,8 +236,9 @@ def create_retrieve_chain(
     a query, or ``{"query", "filters", "alternatives"}``, in; the kept documents out, best
     first, each with its scores in ``metadata``.
 
-    ``k`` (when the retriever takes it) and ``threshold`` (when the compressor does) are
-    chosen per request through ``configurable``.
+    Per request, through ``configurable``: the domain (whose glossary expands abbreviations
+    in the query), ``k`` (when the retriever takes it) and ``threshold`` (when the compressor
+    does).
     """
 
     searcher = Searcher(retriever)
@@ -249,17 +251,15 @@ def create_retrieve_chain(
 
     def retrieve(state: dict[str, Any], config: RunnableConfig) -> list[Document]:
         options: Options = state["options"]
+        query = expand_glossary(state["query"], options.glossary)
+        alternatives = [expand_glossary(q, options.glossary) for q in state["alternatives"]]
         found = searcher.search(
-            state["query"],
-            filters=state["filters"],
-            alternatives=state["alternatives"],
-            k=options.k,
-            config=config,
+            query, filters=state["filters"], alternatives=alternatives, k=options.k, config=config
         )
         for note in found.notes:
             log.warning("%s", note)
         kept = compress(
-            compressor, found.documents, state["query"], threshold=options.threshold, config=config
+            compressor, found.documents, query, threshold=options.threshold, config=config
         )
         return kept.documents
 

@@ -288,7 +288,7 @@ def rewrite_stage(
     def alternatives(
         question: str, query: str, options: Options, config: RunnableConfig
     ) -> tuple[list[str], str]:
-        wanted = options.domain.multi_query - 1
+        wanted = options.multi_query - 1
         prompt = options.prompt("multi_query")
         text = (llm.prompted(prompt, grammar=lines_grammar(wanted)) | StrOutputParser()).invoke(
             {"question": question, "search_query": query, "n": wanted}, config
@@ -312,8 +312,8 @@ def rewrite_stage(
         out = interpret(reply, question, fields)
         out.notes[:0] = notes
         out.prompts["rewrite"] = prompt.ref
-        glossary = options.domain.query_glossary
-        if options.domain.multi_query > 1:
+        glossary = options.glossary
+        if options.multi_query > 1:
             out.alternatives, out.prompts["multi_query"] = alternatives(
                 question, out.search_query, options, config
             )

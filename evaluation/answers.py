@@ -302,8 +302,21 @@ class TargetConfig(BaseModel):
             raise ValueError("give exactly one of target.index and target.url")
         return self
 
+    @model_validator(mode="after")
+    def _known_prompts(self) -> TargetConfig:
+        self.configurable()  # a prompt the mode does not use is a config error
+        return self
+
     def configurable(self) -> dict[str, Any]:
-        chosen = {"domain": self.domain, "prompt_version": self.prompt_version, "k": self.k}
+        """The turn's choices as the chains take them (``answer_version``, ...)."""
+        from ragchains.chains.graph import PROMPTS_USED
+        from ragchains.chains.options import version_choices
+
+        chosen = {
+            "domain": self.domain,
+            "k": self.k,
+            **version_choices(self.prompt_version, PROMPTS_USED[self.mode]),
+        }
         return {key: value for key, value in chosen.items() if value is not None}
 
 

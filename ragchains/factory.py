@@ -16,7 +16,6 @@ from ragchains.chains.graph import Chains, RequeryPolicy, create_chains
 from ragchains.chains.llm import LLM
 from ragchains.ingest.pipeline import IngestReport, ingest
 from ragchains.prompts.registry import PromptRegistry, default_registry
-from ragchains.settings import Settings
 from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
     RerankCompressor,
@@ -25,6 +24,7 @@ from ragchains.retrievers.compressors import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import SearchIndex, load_index
+from ragchains.settings import Settings
 
 
 def configure_runtime(settings: Settings) -> None:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from ragchains.ingest.pipeline import IngestReport
 from ragchains.factory import build_embedder, configure_runtime, run_ingest
-from ragchains.settings import Settings
+from ragchains.ingest.pipeline import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.settings import Settings
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"

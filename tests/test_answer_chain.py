@@ -11,8 +11,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from ragchains.chains.answer import (
     DONT_KNOW,
-    create_answer_chain,
     citation_grammar,
+    create_answer_chain,
     format_context,
     parse_citations,
 )

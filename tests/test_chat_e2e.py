@@ -15,8 +15,8 @@ from langchain_core.messages import AIMessage, HumanMessage
 from ragchains.chains.graph import ChatOutput
 from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service
-from ragchains.settings import Settings
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.settings import Settings
 
 pytestmark = pytest.mark.e2e
 

@@ -250,7 +250,8 @@ def test_chat_keeps_history_and_resets(index: Path) -> None:
     ("args", "env", "message"),
     [
         (["--domain", "legal"], {}, "unknown domain 'legal'; available: catalog, default, hr"),
-        (["--domain", "hr", "--prompt-version", "7"], {}, "has no version '7'"),
+        (["--domain", "hr", "--prompt-version", "7"], {}, "has no version 'v7'"),
+        (["--prompt-version", "rewrite=1"], {}, "no prompt 'rewrite' here; choose from answer"),
         (["--k", "0"], {}, "Invalid value for '--k'"),
         ([], {"RAGCHAINS_LLM_PROVIDER": "openai"}, "needs RAGCHAINS_OPENAI_API_KEY"),
         ([], {"RAGCHAINS_LLM_MODEL_PATH": "/nonexistent.gguf"}, "does not exist"),

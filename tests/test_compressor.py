@@ -16,7 +16,6 @@ import pytest
 from langchain_core.documents import Document
 
 from ragchains.factory import build_compressor, build_retriever, open_index
-from ragchains.settings import Settings
 from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
     RerankCompressor,
@@ -24,6 +23,7 @@ from ragchains.retrievers.compressors import (
     compressing_retriever,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.settings import Settings
 from tests.conftest import CONFIG_ONLY_CROSS_ENCODER
 
 DOCS = [

@@ -29,8 +29,8 @@ from ragchains.chains.graph import (
 from ragchains.chains.llm import LLM
 from ragchains.chains.options import Choices
 from ragchains.chains.retrieve import citation_label
-from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from ragchains.factory import open_index
+from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
@@ -358,8 +358,8 @@ def test_bad_configurable_values_fail_before_any_work(
 
 def test_good_configurable_values_resolve_once_into_options() -> None:
     options = chat_choices().resolve({"domain": "hr", "rewrite_version": "v1", "k": 5})
-    assert options.domain.name == "hr" and options.k == 5 and options.threshold == 0.25
-    assert options.refs == {
+    assert options.domain == "hr" and options.k == 5 and options.threshold == 0.25
+    assert options.prompts == {
         "rewrite": "hr/rewrite@v1",
         "multi_query": "default/multi_query@v1",
         "requery": "default/requery@v1",
@@ -398,6 +398,7 @@ def test_config_specs_are_enumerations_the_playground_can_render(
         "threshold",
     }
     assert set(graphs.retrieve.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
+        "domain",
         "k",
         "threshold",
     }
@@ -434,6 +435,8 @@ def test_retrieve_is_retriever_like(
     assert 0 < len(docs) <= 4 and all(isinstance(d, Document) for d in docs)
     assert citation_label(docs[0]).startswith("employee-handbook.md#")
     assert all(d.metadata["rerank_score"] == 0.6 for d in docs)
+    graphs.retrieve.invoke("PTO carry over", {"configurable": {"domain": "hr"}})
+    assert retriever.calls[-1][0] == "PTO (paid time off) carry over"  # the domain's glossary
     filtered = graphs.retrieve.invoke(
         {"query": "sensor", "filters": [{"field": "price", "op": "<", "value": 50}]}
     )
@@ -475,3 +478,23 @@ def test_astream_events_report_each_stage_by_name(
         assert stage in names, (stage, names)
     order = [names.index(s) for s in ("rewrite", "retrieve", "compress", "requery", "answer")]
     assert order == sorted(order)
+
+
+def test_every_step_output_serialises_as_langserve_streams_it(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    """The playground calls stream_log, which sends every step's output as JSON."""
+    from langserve.serialization import WellKnownLCSerializer
+
+    model = plain_model("search_sources(search_query='bad query')", "better query", "Fine.")
+    graphs, _ = build(index, embedder, model, scores={"bad query": 0.1, "better query": 0.5})
+    serializer = WellKnownLCSerializer()
+
+    async def patches() -> int:
+        count = 0
+        async for patch in graphs.chat.astream_log({"question": "q?"}):
+            serializer.dumps(patch.ops)
+            count += 1
+        return count
+
+    assert asyncio.run(patches()) > 10

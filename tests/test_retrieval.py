@@ -10,7 +10,6 @@ import pytest
 from rank_bm25 import BM25Okapi
 
 from ragchains.factory import build_retriever, open_index
-from ragchains.settings import Settings
 from ragchains.retrievers.bm25 import BM25Retriever, bm25_search, build_bm25, tokenize
 from ragchains.retrievers.dense import FaissRetriever, build_faiss, dense_search
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -23,6 +22,7 @@ from ragchains.retrievers.filters import (
 )
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
 from ragchains.retrievers.index import SearchIndex
+from ragchains.settings import Settings
 
 CORPUS = (Path(__file__).resolve().parent / "fixtures" / "bm25_corpus.txt").read_text().splitlines()
 

@@ -15,8 +15,8 @@ from pydantic import Field
 from ragchains.chains.graph import REQUIRED_PROMPTS
 from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
 from ragchains.chains.rewrite import (
-    create_rewrite_chain,
     call_grammar,
+    create_rewrite_chain,
     expand_glossary,
     interpret,
     lines_grammar,

@@ -18,10 +18,10 @@ from langchain_core.documents import Document
 from langserve import RemoteRunnable
 
 from ragchains.chains.llm import LLM
-from ragchains.serving.openai_api import ChatMessage, to_chat_input
-from ragchains.settings import Settings
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.server import create_app
+from ragchains.serving.openai_api import ChatMessage, to_chat_input
+from ragchains.settings import Settings
 from tests.servers import serving
 
 pytestmark = pytest.mark.slow
@@ -217,9 +217,9 @@ LONG = "x" * 100_000
         ),
         (
             "/retrieve/invoke",
-            {"input": {"query": "hi"}, "config": {"configurable": {"domain": "hr"}}},
+            {"input": {"query": "hi"}, "config": {"configurable": {"answer_version": "v1"}}},
             422,
-            "unknown configurable key(s) 'domain'",
+            "unknown configurable key(s) 'answer_version'",
         ),
         (
             "/ask/invoke",

@@ -16,9 +16,9 @@ import pytest
 from langserve import RemoteRunnable
 from pydantic import SecretStr
 
-from ragchains.settings import Settings
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.server import create_app
+from ragchains.settings import Settings
 from tests.servers import FakeOpenAI, fake_openai_server, serving
 
 pytestmark = pytest.mark.slow

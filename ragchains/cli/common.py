@@ -1,7 +1,7 @@
 """What the command modules share: exit codes, settings, options, and the chain API calls.
 
 Every place the CLI touches the chain API is here, once: ``checked_prompts`` (the prompt
-selection check), ``load_service`` and ``service_graph`` (the service and the graph a turn
+selection check), ``load_service`` and ``service_chain`` (the service and the chain a turn
 runs) and ``rewrite_chain`` (the rewrite chain alone, for `eval rewrites`). Command modules
 import only this module, never the package or each other.
 """
@@ -99,7 +99,7 @@ def parse_filters(filters: tuple[tuple[str, str, str], ...], fields: dict[str, s
         fail(str(exc))
 
 
-def parse_prompt_versions(values: tuple[str, ...]) -> int | str | dict[str, str] | None:
+def parse_prompt_versions(values: tuple[str, ...]) -> str | dict[str, str] | None:
     """``--prompt-version 2`` for every prompt, or ``--prompt-version rewrite=2`` per prompt."""
     if not values:
         return None
@@ -115,30 +115,38 @@ def parse_prompt_versions(values: tuple[str, ...]) -> int | str | dict[str, str]
 
 
 def build_configurable(
-    domain: str | None, versions: tuple[str, ...], k: int | None
+    domain: str | None, versions: tuple[str, ...], k: int | None, mode: str
 ) -> dict[str, Any]:
-    """The request's ``configurable`` from --domain, --prompt-version and --k (unset left out)."""
-    chosen: dict[str, Any] = {"domain": domain, "prompt_version": parse_prompt_versions(versions)}
-    chosen["k"] = k
+    """The request's ``configurable`` from --domain, --prompt-version and --k (unset left out)
+    for a turn of ``mode`` (the chain whose prompts --prompt-version N sets)."""
+    from ragchains.chains.graph import PROMPTS_USED
+    from ragchains.chains.options import OptionsError, version_choices
+
+    chosen: dict[str, Any] = {"domain": domain, "k": k}
+    try:
+        chosen.update(version_choices(parse_prompt_versions(versions), PROMPTS_USED[mode]))
+    except OptionsError as exc:
+        fail(f"--prompt-version: {exc}")
     return {key: value for key, value in chosen.items() if value is not None}
 
 
 # ----------------------------------------------------------------------------- the chain API
 def checked_prompts(configurable: dict[str, Any], mode: str) -> Any:
     """The prompt files, with the request's domain and versions checked for ``mode``."""
-    from ragchains.chains.graph import REQUIRED_PROMPTS, check_configurable
-    from ragchains.prompts.registry import PromptRegistry
+    from ragchains.chains.graph import PROMPTS_USED
+    from ragchains.chains.options import Choices
+    from ragchains.prompts.registry import default_registry
 
     try:
-        prompts = PromptRegistry(required=REQUIRED_PROMPTS)
-        check_configurable(prompts, configurable, mode)  # before the slow model loading
+        prompts = default_registry()
+        Choices(prompts, PROMPTS_USED[mode]).resolve(configurable)  # before the slow loading
     except ValueError as exc:
         fail(str(exc))
     return prompts
 
 
 def load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
-    """Models, index and graphs, with every problem reported as one line before any work."""
+    """Models, index and chains, with every problem reported as one line before any work."""
     from ragchains.factory import build_service
 
     prompts = checked_prompts(configurable, mode)
@@ -150,16 +158,16 @@ def load_service(settings: Any, index: Path, configurable: dict[str, Any], mode:
         fail(str(exc))
 
 
-def service_graph(service: Any, mode: str) -> Any:
-    """The graph of a loaded service that runs a turn of ``mode`` ("ask" or "chat")."""
-    return service.graphs.ask if mode == "ask" else service.graphs.chat
+def service_chain(service: Any, mode: str) -> Any:
+    """The chain of a loaded service that runs a turn of ``mode`` ("ask" or "chat")."""
+    return service.chains[mode]
 
 
 def rewrite_chain(settings: Any, llm: Any, prompts: Any, fields: dict[str, str]) -> Any:
     """The rewrite chain on its own (what `eval rewrites` measures), for an index's ``fields``."""
-    from ragchains.chains.rewrite import build_rewrite_chain
+    from ragchains.chains.rewrite import create_rewrite_chain
 
-    return build_rewrite_chain(
+    return create_rewrite_chain(
         llm=llm, prompts=prompts, fields=fields, history_tokens=settings.history_tokens
     )
 

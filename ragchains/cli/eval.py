@@ -25,7 +25,7 @@ from ragchains.cli.common import (
     load_settings,
     model_failures_as_errors,
     rewrite_chain,
-    service_graph,
+    service_chain,
 )
 from ragchains.evaluation import RETRIEVERS
 
@@ -287,7 +287,7 @@ def rewrites_command(
     from ragchains.ingest.pipeline import BASE_FIELDS
 
     settings = load_settings()
-    configurable = build_configurable(domain, prompt_versions, None)
+    configurable = build_configurable(domain, prompt_versions, None, "rewrite")
     with _user_errors():
         items = load_rewrites(dataset)[:limit]
         out = _run_folder(out, "rewrites", dataset.parent.name)
@@ -541,7 +541,7 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
         service = None
         if spec.index is not None:
             service = load_service(settings, spec.index, configurable, spec.mode)
-            graph = service_graph(service, spec.mode)
+            graph = service_chain(service, spec.mode)
             info = {
                 "kind": "in-process",
                 "index": str(spec.index),

@@ -24,7 +24,7 @@ from ragchains.cli.common import (
     one_line,
     parse_filters,
     print_turn,
-    service_graph,
+    service_chain,
 )
 
 
@@ -143,10 +143,10 @@ def ask_command(
     if not question.strip():
         fail("the question is empty")
     settings = load_settings()
-    configurable = build_configurable(domain, prompt_versions, k)
+    configurable = build_configurable(domain, prompt_versions, k, "ask")
     service = load_service(settings, index, configurable, "ask")
     checked = parse_filters(filters, service.index.fields)
-    graph = service_graph(service, "ask")
+    graph = service_chain(service, "ask")
     request = {"question": question, "filters": checked}
     config = {"configurable": configurable}
     with model_failures_as_errors():
@@ -173,9 +173,9 @@ def chat_command(
     from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 
     settings = load_settings()
-    configurable = build_configurable(domain, prompt_versions, k)
+    configurable = build_configurable(domain, prompt_versions, k, "chat")
     service = load_service(settings, index, configurable, "chat")
-    graph = service_graph(service, "chat")
+    graph = service_chain(service, "chat")
     interactive = sys.stdin.isatty()
     if interactive:
         click.echo("Ask a question (/reset to start over, /quit to leave).")

@@ -1,0 +1,106 @@
+"""LangServe's playgrounds in a real browser, against the real app on a free port.
+
+Each served chain's playground must render its configuration (the domain and prompt versions
+as lists built from the prompt registry) and its input form without a console error; a
+question run through the chat playground must stream an answer with its citations into the
+output panel.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragchains.chains.llm import LLM
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.server import create_app
+from ragchains.settings import Settings
+from tests.browser import chromium, open_page
+from tests.servers import serving
+
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+
+DOMAINS = {"catalog", "default", "hr"}
+# The input field each route's form starts with.
+FIRST_INPUT = {"chat": "question", "ask": "question", "rewrite": "question", "retrieve": "query"}
+
+
+@pytest.fixture(scope="module")
+def url(
+    settings: Settings, sample_index: Path, smollm: LLM, embedder: SentenceTransformerEmbedder
+) -> Iterator[str]:
+    app = create_app(
+        settings.model_copy(update={"index": sample_index}), llm=smollm, embedder=embedder
+    )
+    with serving(app) as base:
+        yield base
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    with chromium() as launched:
+        yield launched
+
+
+def field(page: Any, name: str) -> Any:
+    """A form control of the playground (JSON Forms ids it by its schema path)."""
+    return page.locator(f"[id='#/properties/{name}-input']")
+
+
+def output_panel(page: Any) -> Any:
+    return page.locator("h2:text-is('Output') + div")
+
+
+@pytest.mark.parametrize("route", list(FIRST_INPUT))
+def test_playground_renders_and_offers_the_domains(url: str, browser: Any, route: str) -> None:
+    watched = open_page(browser, f"{url}/{route}/playground/")
+    page = watched.page
+    domain = field(page, "domain")
+    domain.wait_for(timeout=15_000)
+    offered = {
+        value
+        for value in domain.locator("option").evaluate_all("options => options.map(o => o.value)")
+        if value
+    }
+    assert offered == DOMAINS
+    assert domain.input_value() == "default"
+    domain.select_option("hr")
+    assert domain.input_value() == "hr"
+    field(page, FIRST_INPUT[route]).wait_for()
+    if route != "retrieve":
+        versions = field(page, "rewrite_version" if route == "rewrite" else "answer_version")
+        assert versions.locator("option[value='v2']").count() == 1
+    assert page.get_by_role("button", name="Start").count() == 1
+    watched.assert_clean()
+
+
+def test_chat_playground_streams_an_answer_with_citations(url: str, browser: Any) -> None:
+    watched = open_page(browser, f"{url}/chat/playground/")
+    page = watched.page
+    field(page, "domain").select_option("hr")
+    field(page, "question").fill("What does the standard plan cost?")
+    page.get_by_role("button", name="Start").click()
+    panel = output_panel(page)
+    # The sources come first, then the answer's tokens, then the citations and timings.
+    panel.get_by_text('"sources"').first.wait_for(timeout=120_000)
+    panel.get_by_text('"timings"').wait_for(timeout=240_000)
+    text = panel.inner_text()
+    assert text.index('"sources"') < text.index('"answer"') < text.index('"citations"')
+    assert '"label": "employee-handbook.md#' in text
+    assert '"abstained": false' in text
+    assert '"answer": "hr/answer@v2"' in text  # the prompts the hr domain answered with
+    watched.assert_clean()
+
+
+def test_retrieve_playground_returns_documents(url: str, browser: Any) -> None:
+    watched = open_page(browser, f"{url}/retrieve/playground/")
+    page = watched.page
+    field(page, "query").fill("temperature sensor")
+    page.get_by_role("button", name="Start").click()
+    panel = output_panel(page)
+    panel.get_by_text('"page_content"').first.wait_for(timeout=60_000)
+    assert "products.csv" in panel.inner_text()
+    watched.assert_clean()
