@@ -418,7 +418,7 @@ def create_chat_chain(
             RunnableLambda(requery_step.wanted, name="low_score"),
             RunnableLambda(requery_step, name="requery"),
         ),
-        RunnablePassthrough(),
+        cast(Runnable[Mapping[str, Any], dict[str, Any]], RunnablePassthrough()),
     )
     requery_branch.name = "requery"  # the graph's node; RunnableBranch takes no name argument
     chain = (

@@ -14,7 +14,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -110,7 +110,8 @@ def openai_router(service: Service, chat: Runnable[Any, Any]) -> APIRouter:
             chat, service.prompts, "chat", {**body.configurable, "domain": body.model}
         )
         try:
-            turn = chat.get_input_schema().model_validate(to_chat_input(body.messages))
+            request_model = cast(type[BaseModel], chat.get_input_schema())
+            turn = request_model.model_validate(to_chat_input(body.messages))
         except ValidationError as exc:
             raise HTTPException(422, _first_problem(exc)) from exc
         except ValueError as exc:

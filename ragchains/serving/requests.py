@@ -105,7 +105,7 @@ def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[
     }
 
 
-class KnownKeysOnly(RunnableBinding[Any, Any]):
+class KnownKeysOnly(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic plugin
     """A chain whose config schema refuses ``configurable`` keys the chain does not declare.
 
     LangServe validates a request's config with ``config_schema``; langchain-core's drops
