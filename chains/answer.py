@@ -16,6 +16,7 @@ import json
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, cast
 
 from langchain_core.documents import Document
@@ -34,6 +35,7 @@ from pydantic import BaseModel, Field
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.retrieve import citation_label, compressor_score, to_source
+from ragchains.chains.state import agather, gather, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 
 DONT_KNOW = "I don't know based on the available documents."
@@ -219,29 +221,6 @@ class Answerer:
         yield _ending(written.text, p)
 
 
-def gather(chunks: Iterator[Any]) -> Any:
-    """The one input a streaming step was given, merged from the chunks it arrived in (an
-    ``assign`` before it streams the passed-through keys and the new ones separately)."""
-    merged: Any = None
-    for chunk in chunks:
-        if isinstance(merged, Mapping) and isinstance(chunk, Mapping):
-            merged = {**merged, **chunk}
-        else:
-            merged = chunk
-    if merged is None:
-        raise ValueError("the step got no input")
-    return merged
-
-
-async def agather(chunks: AsyncIterator[Any]) -> Any:
-    return gather(iter([chunk async for chunk in chunks]))
-
-
-def read_answer_input(inputs: Any) -> dict[str, Any]:
-    data = inputs if isinstance(inputs, AnswerInput) else AnswerInput.model_validate(inputs)
-    return dict(data)
-
-
 def create_answer_chain(
     *,
     llm: LLM | BaseChatModel,
@@ -268,7 +247,7 @@ def create_answer_chain(
         cast(Any, stream), cast(Any, astream), name="answer"
     )
     chain = (
-        RunnableLambda(read_answer_input, name="input")
+        RunnableLambda(partial(read_input, AnswerInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | answer
     )

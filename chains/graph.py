@@ -43,7 +43,7 @@ from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
-from ragchains.chains.answer import Answerer, Citation, agather, create_answer_chain, gather
+from ragchains.chains.answer import Answerer, Citation, create_answer_chain
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.retrieve import (
@@ -68,6 +68,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
+from ragchains.chains.state import agather, gather, read_input
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -143,13 +144,11 @@ class RequeryPolicy:
 # ----------------------------------------------------------------------------- the stages
 def read_chat_input(inputs: Any) -> dict[str, Any]:
     """``{"question", "chat_history"}`` checked, the history as message objects."""
-    data = inputs if isinstance(inputs, ChatInput) else ChatInput.model_validate(inputs)
-    return {**dict(data), "started": time.perf_counter()}
+    return {**read_input(ChatInput, inputs), "started": time.perf_counter()}
 
 
 def read_ask_input(inputs: Any) -> dict[str, Any]:
-    data = inputs if isinstance(inputs, AskInput) else AskInput.model_validate(inputs)
-    return {**dict(data), "chat_history": [], "started": time.perf_counter()}
+    return {**read_input(AskInput, inputs), "chat_history": [], "started": time.perf_counter()}
 
 
 def as_asked(state: Mapping[str, Any]) -> RewriteOutput:

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import expand_glossary
+from ragchains.chains.state import read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -220,10 +221,7 @@ def threshold_default(compressor: BaseDocumentCompressor | None) -> Any:
 # ----------------------------------------------------------------------------- the chain
 def read_retrieve_input(inputs: Any) -> dict[str, Any]:
     """A query string, or ``{"query", "filters", "alternatives"}``, as a plain dict."""
-    if isinstance(inputs, str):
-        inputs = {"query": inputs}
-    data = inputs if isinstance(inputs, RetrieveInput) else RetrieveInput.model_validate(inputs)
-    return dict(data)
+    return read_input(RetrieveInput, {"query": inputs} if isinstance(inputs, str) else inputs)
 
 
 def create_retrieve_chain(

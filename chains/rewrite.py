@@ -19,6 +19,7 @@ import json
 import re
 import time
 from collections.abc import Mapping
+from functools import partial
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
@@ -29,6 +30,7 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
+from ragchains.chains.state import read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
 
@@ -325,12 +327,6 @@ def rewrite_stage(
     return RunnableLambda(rewrite, name="rewrite")
 
 
-def read_rewrite_input(inputs: Any) -> dict[str, Any]:
-    """``{"question", "chat_history"}`` checked, the history as message objects."""
-    data = inputs if isinstance(inputs, RewriteInput) else RewriteInput.model_validate(inputs)
-    return dict(data)
-
-
 def create_rewrite_chain(
     *,
     llm: LLM | BaseChatModel,
@@ -346,7 +342,7 @@ def create_rewrite_chain(
     """
     choices = Choices(prompts or default_registry(), PROMPTS)
     chain = (
-        RunnableLambda(read_rewrite_input, name="input")
+        RunnableLambda(partial(read_input, RewriteInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | rewrite_stage(llm=as_llm(llm), fields=fields or {}, history_tokens=history_tokens)
     )

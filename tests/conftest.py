@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +70,19 @@ def smollm() -> Any:
     from ragchains.llms import embedded_llm
 
     return embedded_llm()
+
+
+@pytest.fixture(scope="session")
+def sample_server(
+    settings: Settings, sample_index: Path, smollm: Any, embedder: SentenceTransformerEmbedder
+) -> Iterator[str]:
+    """The real app under uvicorn on a free port, over the sample index with the embedded
+    SmolLM2; yields its base URL."""
+    from ragchains.server import create_app
+    from tests.servers import serving
+
+    app = create_app(
+        settings.model_copy(update={"index": sample_index}), llm=smollm, embedder=embedder
+    )
+    with serving(app) as base:
+        yield base

@@ -5,6 +5,7 @@ server.py) as ``ragchains.chains``, ``ragchains.retrievers``, ..."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -27,12 +28,24 @@ def run(*args: str, cwd: Path, env: dict[str, str] | None = None) -> str:
     return result.stdout
 
 
+# What the build reads; copied (links kept) so setuptools' build/ stays out of the checkout.
+SOURCES = ("pyproject.toml", "README.md", "server.py", "ragchains", "chains", "retrievers",
+           "prompts", "ingest", "evaluation")  # fmt: skip
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The wheel built from this checkout, installed (without dependencies) into a folder."""
+    source = tmp_path_factory.mktemp("source")
+    skip = shutil.ignore_patterns("__pycache__", "*.pyc", "baselines")
+    for name in SOURCES:
+        if (REPO / name).is_dir() and not (REPO / name).is_symlink():
+            shutil.copytree(REPO / name, source / name, symlinks=True, ignore=skip)
+        else:
+            shutil.copy2(REPO / name, source / name, follow_symlinks=False)
     wheels = tmp_path_factory.mktemp("wheel")
     run(*PIP, "wheel", "--quiet", "--no-deps", "--no-build-isolation", "-w", str(wheels), ".",
-        cwd=REPO)  # fmt: skip
+        cwd=source)  # fmt: skip
     (wheel,) = wheels.glob("ragchains-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}

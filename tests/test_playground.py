@@ -9,17 +9,11 @@ output panel.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from ragchains.chains.llm import LLM
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.server import create_app
-from ragchains.settings import Settings
 from tests.browser import chromium, open_page
-from tests.servers import serving
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -28,15 +22,9 @@ DOMAINS = {"catalog", "default", "hr"}
 FIRST_INPUT = {"chat": "question", "ask": "question", "rewrite": "question", "retrieve": "query"}
 
 
-@pytest.fixture(scope="module")
-def url(
-    settings: Settings, sample_index: Path, smollm: LLM, embedder: SentenceTransformerEmbedder
-) -> Iterator[str]:
-    app = create_app(
-        settings.model_copy(update={"index": sample_index}), llm=smollm, embedder=embedder
-    )
-    with serving(app) as base:
-        yield base
+@pytest.fixture
+def url(sample_server: str) -> str:
+    return sample_server
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,6 @@ key and CORS switched on.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -17,12 +15,7 @@ import pytest
 from langchain_core.documents import Document
 from langserve import RemoteRunnable
 
-from ragchains.chains.llm import LLM
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.server import create_app
 from ragchains.serving.openai_api import ChatMessage, to_chat_input
-from ragchains.settings import Settings
-from tests.servers import serving
 
 pytestmark = pytest.mark.slow
 
@@ -30,15 +23,9 @@ QUESTION = "what does the standard plan cost?"
 KEY = "s3cret-key"
 
 
-@pytest.fixture(scope="module")
-def url(
-    settings: Settings, sample_index: Path, smollm: LLM, embedder: SentenceTransformerEmbedder
-) -> Iterator[str]:
-    app = create_app(
-        settings.model_copy(update={"index": sample_index}), llm=smollm, embedder=embedder
-    )
-    with serving(app) as base:
-        yield base
+@pytest.fixture
+def url(sample_server: str) -> str:
+    return sample_server
 
 
 def _sources_back_citations(out: dict[str, Any]) -> None:
