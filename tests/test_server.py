@@ -88,6 +88,9 @@ def test_playground_and_schemas(url: str) -> None:
         "k",
         "threshold",
     }
+    choices = config["$defs"]["Configurable"]["properties"]
+    assert choices["domain"]["enum"] == ["catalog", "default", "hr"]
+    assert choices["rewrite_version"]["enum"] == ["latest", "v1", "v2"]
     assert "question" in httpx.get(f"{url}/ask/input_schema").json()["properties"]
 
 
