@@ -26,7 +26,6 @@ from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
     RunnableGenerator,
-    RunnableLambda,
     RunnablePassthrough,
 )
 from langchain_core.runnables.utils import AddableDict
@@ -35,7 +34,7 @@ from pydantic import BaseModel, Field
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.retrieve import citation_label, compressor_score, to_source
-from ragchains.chains.state import agather, gather, read_input
+from ragchains.chains.state import agather, gather, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 
 DONT_KNOW = "I don't know based on the available documents."
@@ -247,7 +246,7 @@ def create_answer_chain(
         cast(Any, stream), cast(Any, astream), name="answer"
     )
     chain = (
-        RunnableLambda(partial(read_input, AnswerInput), name="input")
+        inline(partial(read_input, AnswerInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | answer
     )

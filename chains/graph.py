@@ -68,7 +68,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
-from ragchains.chains.state import agather, gather, read_input
+from ragchains.chains.state import agather, gather, inline, read_input
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -414,14 +414,14 @@ def create_chat_chain(
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
     requery_branch = RunnableBranch(
         (
-            RunnableLambda(requery_step.wanted, name="low_score"),
+            inline(requery_step.wanted, name="low_score"),
             RunnableLambda(requery_step, name="requery"),
         ),
         cast(Runnable[Mapping[str, Any], dict[str, Any]], RunnablePassthrough()),
     )
     requery_branch.name = "requery"  # the graph's node; RunnableBranch takes no name argument
     chain = (
-        RunnableLambda(read_chat_input, name="input")
+        inline(read_chat_input, name="input")
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
         | _stage("rewrite", "search", rewrite)
         | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
@@ -448,9 +448,9 @@ def create_ask_chain(
     parts = _parts(llm, retriever, compressor, prompts)
     respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), compressor)
     chain = (
-        RunnableLambda(read_ask_input, name="input")
+        inline(read_ask_input, name="input")
         | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
-        | _stage("query", "search", RunnableLambda(as_asked, name="query"))
+        | _stage("query", "search", inline(as_asked, name="query"))
         | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", _compress_stage(compressor))
         | respond.runnable()

@@ -247,15 +247,19 @@ class Choices:
         def configure(_: Any, config: RunnableConfig) -> Options:
             return self.resolve(config.get("configurable"))
 
-        return _Configure(configure, self)
+        # Quick and non-blocking: async callers run it on the event loop, not in a thread.
+        async def aconfigure(_: Any, config: RunnableConfig) -> Options:
+            return self.resolve(config.get("configurable"))
+
+        return _Configure(configure, aconfigure, self)
 
 
 class _Configure(RunnableLambda[Any, Options]):
     """A RunnableLambda that declares config specs, so LangServe and ``config_schema`` see
     what the chain lets a request choose."""
 
-    def __init__(self, func: Any, choices: Choices) -> None:
-        super().__init__(func, name="configure")
+    def __init__(self, func: Any, afunc: Any, choices: Choices) -> None:
+        super().__init__(func, afunc, name="configure")
         self._choices = choices
 
     @property

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import expand_glossary
-from ragchains.chains.state import read_input
+from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -262,7 +262,7 @@ def create_retrieve_chain(
         return kept.documents
 
     chain = (
-        RunnableLambda(read_retrieve_input, name="input")
+        inline(read_retrieve_input, name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | RunnableLambda(retrieve, name="retrieve")
     )

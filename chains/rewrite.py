@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
-from ragchains.chains.state import read_input
+from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
 
@@ -283,48 +283,88 @@ def rewrite_stage(
 ) -> Runnable[Mapping[str, Any], RewriteOutput]:
     """The rewrite step over a turn's state: ``question``, ``chat_history`` and the resolved
     ``options`` in, a ``RewriteOutput`` out."""
-    tools = build_tools(fields)
-    grammar = call_grammar(fields)
-    field_text = describe_fields(fields)
+    rewriter = _Rewriter(llm, fields, history_tokens)
+    return RunnableLambda(rewriter.run, rewriter.arun, name="rewrite")
 
-    def alternatives(
-        question: str, query: str, options: Options, config: RunnableConfig
-    ) -> tuple[list[str], str]:
+
+class _Rewriter:
+    """One rewrite: the model's call, read into a query and filters, then (multi-query) more
+    phrasings, then the glossary. Sync and async differ only in how the model is called; the
+    async path keeps a remote model's wait off the server's worker threads."""
+
+    def __init__(self, llm: LLM, fields: Mapping[str, str], history_tokens: int) -> None:
+        self.llm = llm
+        self.fields = fields
+        self.history_tokens = history_tokens
+        self.tools = build_tools(fields)
+        self.grammar = call_grammar(fields)
+        self.field_text = describe_fields(fields)
+
+    def _call(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, Any], dict[str, Any]]:
+        prompt = state["options"].prompt("rewrite")
+        history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
+        variables = {"question": state["question"], "fields": self.field_text}
+        model = self.llm.prompted(prompt, tools=self.tools, grammar=self.grammar)
+        return model, {**variables, "chat_history": history}
+
+    def _read(self, state: Mapping[str, Any], reply: Any, notes: list[str]) -> RewriteOutput:
+        out = interpret(reply, state["question"], self.fields)
+        out.notes[:0] = notes
+        out.prompts["rewrite"] = state["options"].prompt("rewrite").ref
+        return out
+
+    def _alternatives_call(
+        self, state: Mapping[str, Any], out: RewriteOutput
+    ) -> tuple[Runnable[Any, str], dict[str, Any]] | None:
+        options: Options = state["options"]
+        if options.multi_query < 2:
+            return None
         wanted = options.multi_query - 1
         prompt = options.prompt("multi_query")
-        text = (llm.prompted(prompt, grammar=lines_grammar(wanted)) | StrOutputParser()).invoke(
-            {"question": question, "search_query": query, "n": wanted}, config
-        )
-        return parse_alternatives(text, main=query, count=wanted), prompt.ref
+        out.prompts["multi_query"] = prompt.ref
+        chain = self.llm.prompted(prompt, grammar=lines_grammar(wanted)) | StrOutputParser()
+        return chain, {"question": state["question"], "search_query": out.search_query, "n": wanted}
 
-    def rewrite(state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
-        since = time.perf_counter()
+    @staticmethod
+    def _finish(
+        state: Mapping[str, Any], out: RewriteOutput, text: str, since: float
+    ) -> RewriteOutput:
         options: Options = state["options"]
-        question: str = state["question"]
-        prompt = options.prompt("rewrite")
-        history = llm.trim_history(state.get("chat_history") or [], history_tokens)
-        notes = []
-        try:
-            reply = llm.prompted(prompt, tools=tools, grammar=grammar).invoke(
-                {"question": question, "fields": field_text, "chat_history": history}, config
-            )
-        except ValueError as exc:  # some providers raise on malformed tool-call JSON
-            reply = AIMessage(content="")
-            notes.append(f"the model's reply could not be parsed ({type(exc).__name__})")
-        out = interpret(reply, question, fields)
-        out.notes[:0] = notes
-        out.prompts["rewrite"] = prompt.ref
-        glossary = options.glossary
-        if options.multi_query > 1:
-            out.alternatives, out.prompts["multi_query"] = alternatives(
-                question, out.search_query, options, config
-            )
-        out.search_query = expand_glossary(out.search_query, glossary)
-        out.alternatives = [expand_glossary(q, glossary) for q in out.alternatives]
+        if text:
+            wanted = options.multi_query - 1
+            out.alternatives = parse_alternatives(text, main=out.search_query, count=wanted)
+        out.search_query = expand_glossary(out.search_query, options.glossary)
+        out.alternatives = [expand_glossary(q, options.glossary) for q in out.alternatives]
         out.seconds = round(time.perf_counter() - since, 4)
         return out
 
-    return RunnableLambda(rewrite, name="rewrite")
+    def run(self, state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
+        since, notes = time.perf_counter(), []
+        model, variables = self._call(state)
+        try:
+            reply = model.invoke(variables, config)
+        except ValueError as exc:  # some providers raise on malformed tool-call JSON
+            reply, notes = AIMessage(content=""), [_unparsable(exc)]
+        out = self._read(state, reply, notes)
+        more = self._alternatives_call(state, out)
+        text = more[0].invoke(more[1], config) if more else ""
+        return self._finish(state, out, text, since)
+
+    async def arun(self, state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
+        since, notes = time.perf_counter(), []
+        model, variables = self._call(state)
+        try:
+            reply = await model.ainvoke(variables, config)
+        except ValueError as exc:  # some providers raise on malformed tool-call JSON
+            reply, notes = AIMessage(content=""), [_unparsable(exc)]
+        out = self._read(state, reply, notes)
+        more = self._alternatives_call(state, out)
+        text = await more[0].ainvoke(more[1], config) if more else ""
+        return self._finish(state, out, text, since)
+
+
+def _unparsable(exc: Exception) -> str:
+    return f"the model's reply could not be parsed ({type(exc).__name__})"
 
 
 def create_rewrite_chain(
@@ -342,7 +382,7 @@ def create_rewrite_chain(
     """
     choices = Choices(prompts or default_registry(), PROMPTS)
     chain = (
-        RunnableLambda(partial(read_input, RewriteInput), name="input")
+        inline(partial(read_input, RewriteInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | rewrite_stage(llm=as_llm(llm), fields=fields or {}, history_tokens=history_tokens)
     )

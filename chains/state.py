@@ -3,10 +3,21 @@ gathered back from the chunks a streaming step receives it in."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
+from langchain_core.runnables import RunnableLambda
 from pydantic import BaseModel
+
+
+def inline(func: Callable[[Any], Any], *, name: str) -> RunnableLambda[Any, Any]:
+    """A step for a quick function that never blocks: async callers (the server) run it on
+    the event loop, not in a worker thread (a RunnableLambda without ``afunc`` hops to one)."""
+
+    async def afunc(value: Any) -> Any:
+        return func(value)
+
+    return RunnableLambda(func, afunc, name=name)
 
 
 def read_input(model: type[BaseModel], inputs: Any) -> dict[str, Any]:

@@ -14,17 +14,16 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import Runnable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ragchains.factory import Service
 from ragchains.serving.errors import classify, error_body
-from ragchains.serving.requests import validate_configurable
+from ragchains.serving.requests import Route
 
 
 class ContentPart(BaseModel):
@@ -74,9 +73,9 @@ def to_chat_input(messages: list[ChatMessage]) -> dict[str, Any]:
     return {"question": last.text(), "chat_history": history}
 
 
-def openai_router(service: Service, chat: Runnable[Any, Any]) -> APIRouter:
-    """``chat`` is the chat chain as /chat serves it: its input type checks the server's
-    limits, its config schema the ``configurable`` choices."""
+def openai_router(service: Service, chat: Route) -> APIRouter:
+    """``chat`` is the chat chain as /chat serves it, with the same checks of the input and
+    of the ``configurable`` choices."""
     router = APIRouter(prefix="/v1", tags=["openai"])
 
     @router.get("/models")
@@ -106,12 +105,9 @@ def openai_router(service: Service, chat: Runnable[Any, Any]) -> APIRouter:
             raise HTTPException(422, _first_problem(exc)) from exc
         if "domain" in body.configurable:
             raise HTTPException(422, "choose the domain with 'model', not configurable.domain")
-        configurable = validate_configurable(
-            chat, service.prompts, "chat", {**body.configurable, "domain": body.model}
-        )
+        configurable = chat.check({**body.configurable, "domain": body.model})
         try:
-            request_model = cast(type[BaseModel], chat.get_input_schema())
-            turn = request_model.model_validate(to_chat_input(body.messages))
+            turn = chat.request_model.model_validate(to_chat_input(body.messages))
         except ValidationError as exc:
             raise HTTPException(422, _first_problem(exc)) from exc
         except ValueError as exc:
@@ -119,9 +115,9 @@ def openai_router(service: Service, chat: Runnable[Any, Any]) -> APIRouter:
         config: Any = {"configurable": configurable, "run_name": "chat"}
         reply = _Reply(body.model)
         if not body.stream:
-            result = await chat.ainvoke(turn, config)
+            result = await chat.runnable.ainvoke(turn, config)
             return reply.completion(result)
-        events = chat.astream(turn, config).__aiter__()
+        events = chat.runnable.astream(turn, config).__aiter__()
         # The first event (sources) comes after the rewrite and the search: waiting for it
         # lets a failing model still get a proper status instead of a broken stream.
         head = await events.__anext__()

@@ -129,11 +129,6 @@ class KnownKeysOnly(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pyd
         )
 
 
-def served(chain: Runnable[Any, Any], request_model: type[BaseModel]) -> KnownKeysOnly:
-    """``chain`` as a route serves it: the limit-checking input model, known keys only."""
-    return KnownKeysOnly(bound=chain.with_types(input_type=request_model))
-
-
 def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTPException:
     """The reply to a request whose ``configurable`` failed validation: 400 for a domain or
     prompt version that does not exist, 422 for an unknown key or a bad value."""
@@ -154,25 +149,42 @@ def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTP
     return HTTPException(422, f"invalid configurable value: {'; '.join(bad)}")
 
 
-def validate_configurable(
-    chain: Runnable[Any, Any], prompts: PromptRegistry, route: str, configurable: Any
-) -> dict[str, Any]:
-    """A request's ``configurable`` for ``chain`` (as ``served`` wraps it), checked in full
-    before any work: LangServe checks only the bare types (it rebuilds the config model
-    without bounds), and only resolving says whether the chosen domain has each chosen
-    prompt version. Returns the choices with defaults filled in."""
-    if not isinstance(configurable, dict):
-        raise HTTPException(422, "configurable must be an object")
-    model = KnownKeysOnly(bound=chain).config_schema(include=["configurable"])
-    try:
-        config = model.model_validate({"configurable": configurable})
-    except ValidationError as exc:
-        raise configurable_problem(prompts, exc.errors()) from exc
-    values = dict(config.model_dump()["configurable"] or {})
-    try:
-        Choices(prompts, PROMPTS_USED[route]).resolve(values)
-    except PromptSelectionError as exc:
-        raise HTTPException(400, str(exc)) from exc
-    except OptionsError as exc:
-        raise HTTPException(422, str(exc)) from exc
-    return values
+class Route:
+    """A chain as one route serves it (``runnable``: the limit-checking input model, unknown
+    configurable keys refused) and the check of each request's choices, built once."""
+
+    def __init__(
+        self,
+        name: str,
+        chain: Runnable[Any, Any],
+        request_model: type[BaseModel],
+        prompts: PromptRegistry,
+        *,
+        binding: type[KnownKeysOnly] = KnownKeysOnly,
+    ) -> None:
+        self.name = name
+        self.prompts = prompts
+        self.runnable = binding(bound=chain.with_types(input_type=request_model))
+        self.request_model = request_model
+        self._config_model = self.runnable.config_schema(include=["configurable"])
+        self._choices = Choices(prompts, PROMPTS_USED[name])
+
+    def check(self, configurable: Any) -> dict[str, Any]:
+        """A request's ``configurable``, checked in full before any work: LangServe checks
+        only the bare types (it rebuilds the config model without bounds), and only
+        resolving says whether the chosen domain has each chosen prompt version. Returns the
+        choices with defaults filled in; raises HTTPException 400 or 422."""
+        if not isinstance(configurable, dict):
+            raise HTTPException(422, "configurable must be an object")
+        try:
+            config = self._config_model.model_validate({"configurable": configurable})
+        except ValidationError as exc:
+            raise configurable_problem(self.prompts, exc.errors()) from exc
+        values = dict(config.model_dump()["configurable"] or {})
+        try:
+            self._choices.resolve(values)
+        except PromptSelectionError as exc:
+            raise HTTPException(400, str(exc)) from exc
+        except OptionsError as exc:
+            raise HTTPException(422, str(exc)) from exc
+        return values
