@@ -73,8 +73,6 @@ from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_re
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
 
-# Kept under its old name: the prompts every domain must be able to resolve.
-REQUIRED_PROMPTS = CHAIN_PROMPTS
 # The prompts each chain chooses versions of, by the chain's (and its route's) name.
 PROMPTS_USED: dict[str, tuple[str, ...]] = {
     "chat": CHAIN_PROMPTS,
@@ -291,8 +289,15 @@ class _Respond:
             requeried=requery is not None,
             requery=requery.model_dump() if requery else None,
             notes=[*search.notes, *retrieved.notes],
-            compressor=compressor_status(self.compressor),
+            compressor=self.status(state["compressed"]),
         )
+
+    def status(self, compressed: Compressed) -> dict[str, Any]:
+        """What compressed this turn, with the threshold the request applied."""
+        status = compressor_status(self.compressor)
+        if compressed.threshold is not None:
+            status["threshold"] = compressed.threshold
+        return status
 
     @staticmethod
     def answer_state(state: Mapping[str, Any]) -> dict[str, Any]:

@@ -227,8 +227,19 @@ class Choices:
         """The chosen domain, prompts, k and threshold; PromptSelectionError for a domain or
         version that does not exist, OptionsError for any other bad value."""
         model = self._build()[1]
+        given = dict(configurable or {})
+        if "prompt_version" in given:
+            raise OptionsError(
+                "prompt_version is replaced by one key per prompt, e.g. "
+                + ", ".join(f"{version_key(n)}='v2'" for n in self.prompt_names[:2])
+            )
+        if given.get(DOMAIN_KEY) is None:
+            given.pop(DOMAIN_KEY, None)  # None: the default domain, as when not given
+        for name in self.prompt_names:
+            if isinstance(given.get(version_key(name)), int | str):
+                given[version_key(name)] = version_text(given[version_key(name)])
         try:
-            chosen = model.model_validate(dict(configurable or {}))
+            chosen = model.model_validate(given)
         except ValidationError as exc:
             raise _as_options_error(self.registry, exc) from None
         values = chosen.model_dump()
@@ -279,7 +290,7 @@ def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None
     for name, spec in _specs(registry).versions.items():
         if key == spec.id:
             choices = ", ".join(_spec_choices(spec))
-            return f"prompt {name} has no version {value!r}; choose one of: {choices}"
+            return f"prompt {name} has no version {value!r}; choose one of: {choices} (as text)"
     return None
 
 

@@ -61,8 +61,10 @@ class RetrieveInput(BaseModel):
 
 
 def citation_label(doc: Document) -> str:
-    """The label a chunk is shown and cited with, e.g. ``handbook.pdf#page=3``."""
-    return str(doc.metadata.get("citation") or doc.metadata.get("source") or doc_key(doc))
+    """The label a chunk is shown and cited with, e.g. ``handbook.pdf#page=3``; for chunks
+    from other retrievers their source, else their id, else the start of their text."""
+    label = doc.metadata.get("citation") or doc.metadata.get("source") or doc.id
+    return str(label) if label else " ".join(doc.page_content.split()[:6])
 
 
 def doc_key(doc: Document) -> str:
@@ -78,14 +80,22 @@ def compressor_score(doc: Document) -> float | None:
     return None
 
 
+def _page(value: Any) -> int | None:
+    """A page number, when the metadata holds one (other loaders write "ii" or "3-4")."""
+    try:
+        return int(value) if value is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
 def to_source(doc: Document) -> Source:
-    page = doc.metadata.get("page")
+    section = doc.metadata.get("section")
     return Source(
         id=doc_key(doc),
         label=citation_label(doc),
         source=str(doc.metadata.get("source", "")),
-        page=int(page) if page is not None else None,
-        section=doc.metadata.get("section"),
+        page=_page(doc.metadata.get("page")),
+        section=str(section) if section is not None else None,
         score=compressor_score(doc),
         text=doc.page_content,
     )
@@ -155,7 +165,8 @@ class Searcher:
                 notes.append(f"the retriever takes no metadata filters; searched without {unused}")
                 log.info("filters not applied (retriever takes none): %s", unused)
         lists = [self.retriever.invoke(q, config, **kwargs) for q in [query, *alternatives]]
-        documents = lists[0] if len(lists) == 1 else fuse(lists, k=k or len(lists[0]))
+        depth = k or max(len(found) for found in lists)  # a retriever without k: its own depth
+        documents = lists[0] if len(lists) == 1 else fuse(lists, k=depth)
         return Retrieved(documents, notes, round(time.perf_counter() - since, 4))
 
 

@@ -294,7 +294,8 @@ class PromptRegistry:
         return versions[number]
 
     def select(self, name: str, configurable: Mapping[str, Any] | None) -> Prompt:
-        """The prompt a request asked for through its ``configurable`` domain and version."""
+        """The prompt ``name`` for ``{"domain": …, "prompt_version": …}`` (the evaluation's
+        judge and generator prompts; the chains choose theirs through ``chains.options``)."""
         chosen = configurable or {}
         return self.get(chosen.get("domain"), name, chosen.get("prompt_version"))
 

@@ -16,8 +16,8 @@ from ragchains.chains.answer import (
     format_context,
     parse_citations,
 )
-from ragchains.chains.graph import REQUIRED_PROMPTS
 from ragchains.chains.llm import LLM
+from ragchains.prompts.registry import CHAIN_PROMPTS as REQUIRED_PROMPTS
 from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from tests.fakes import NoCallModel, RecordingModel
 

@@ -18,7 +18,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables import RunnableLambda
 
-from ragchains import create_ask_chain, create_chat_chain
+from ragchains import create_ask_chain, create_chat_chain, create_retrieve_chain
 from ragchains.chains.llm import LLM
 from ragchains.retrievers.compressors import RerankCompressor
 from tests.conftest import CONFIG_ONLY_CROSS_ENCODER, REPO
@@ -235,3 +235,32 @@ def test_served_example_is_called_with_remote_runnable_across_domains() -> None:
 def _listening(port: int) -> bool:
     with socket.socket() as probe:
         return probe.connect_ex(("127.0.0.1", port)) == 0
+
+
+def test_phrasings_fuse_to_the_retriever_depth_without_k() -> None:
+    """A retriever that takes no k: fusion keeps as many chunks as the longest list."""
+    docs = {q: [Document(id=f"{q}{n}", page_content=f"{q} {n}") for n in range(4)] for q in "ab"}
+    hits = {"main": [], "alt": docs["a"], "alt2": docs["b"][:2]}
+    chain = create_retrieve_chain(retriever=RunnableLambda(lambda q: hits[q]))
+    found = chain.invoke({"query": "main", "alternatives": ["alt", "alt2"]})
+    assert [d.id for d in found] == ["a0", "b0", "a1", "b1"]
+
+
+def test_other_retrievers_metadata_is_read_leniently() -> None:
+    odd = Document(page_content="Roman numerals", metadata={"page": "ii", "section": 3})
+    llm = fake_llm("Numerals [ii].")
+    out = create_ask_chain(llm=llm, retriever=RunnableLambda(lambda q: [odd])).invoke(
+        {"question": "numerals?"}
+    )
+    (source,) = out["sources"]
+    assert source["page"] is None and source["section"] == "3"
+    assert source["label"] == "Roman numerals"  # no citation, source or id: the text's start
+
+
+def test_the_turn_reports_the_threshold_it_applied(stock_retriever: BM25Retriever) -> None:
+    compressor = RerankCompressor(primary=ScriptedScorer(default=0.6))
+    chain = create_ask_chain(
+        llm=fake_llm("Fine."), retriever=stock_retriever, compressor=compressor
+    )
+    out = chain.invoke({"question": "plans"}, {"configurable": {"threshold": 0.9}})
+    assert out["compressor"]["threshold"] == 0.9 and out["abstained"] and not out["sources"]

@@ -20,7 +20,6 @@ from pydantic import Field
 
 from ragchains.chains.graph import (
     PROMPTS_USED,
-    REQUIRED_PROMPTS,
     Chains,
     ChatOutput,
     RequeryPolicy,
@@ -30,7 +29,7 @@ from ragchains.chains.llm import LLM
 from ragchains.chains.options import Choices
 from ragchains.chains.retrieve import citation_label
 from ragchains.factory import open_index
-from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, PromptSelectionError
 from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
@@ -38,7 +37,7 @@ from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import SearchIndex
 from tests.fakes import NoCallModel, RecordingModel
 
-PROMPTS = PromptRegistry(required=REQUIRED_PROMPTS)
+PROMPTS = PromptRegistry(required=CHAIN_PROMPTS)
 
 
 class SpyRetriever(HybridRetriever):
@@ -342,7 +341,8 @@ def chat_choices() -> Choices:
     [
         ({"domain": "legal"}, PromptSelectionError, "unknown domain 'legal'"),
         ({"domain": "default", "rewrite_version": "v2"}, PromptSelectionError, "has no version"),
-        ({"answer_version": 9}, PromptSelectionError, "prompt answer has no version 9"),
+        ({"answer_version": 9}, PromptSelectionError, "prompt answer has no version 'v9'"),
+        ({"prompt_version": 2}, ValueError, "prompt_version is replaced by one key per prompt"),
         ({"answer_version": "newest"}, PromptSelectionError, "has no version 'newest'"),
         ({"k": 0}, ValueError, "k: Input should be greater than or equal to 1"),
         ({"k": "ten"}, ValueError, "k: Input should be a valid integer"),
@@ -365,6 +365,9 @@ def test_good_configurable_values_resolve_once_into_options() -> None:
         "requery": "default/requery@v1",
         "answer": "hr/answer@v2",
     }
+    # Versions as numbers, and a None domain (the default), as callers write them.
+    options = chat_choices().resolve({"domain": None, "answer_version": 1, "rewrite_version": "V1"})
+    assert options.domain == "default" and options.prompts["answer"] == "default/answer@v1"
     # Keys the chain does not declare belong to other parts of a composed chain: left alone.
     options = chat_choices().resolve(
         {"domain": "catalog", "temperature": 2, "answer_version": "v1"}

@@ -12,7 +12,6 @@ from langchain_core.language_models.fake_chat_models import (
 from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
 from pydantic import Field
 
-from ragchains.chains.graph import REQUIRED_PROMPTS
 from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
 from ragchains.chains.rewrite import (
     call_grammar,
@@ -23,6 +22,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     sanitize_query,
 )
+from ragchains.prompts.registry import CHAIN_PROMPTS as REQUIRED_PROMPTS
 from ragchains.prompts.registry import PromptRegistry
 from tests.fakes import RecordingModel
 

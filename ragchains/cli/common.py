@@ -145,6 +145,14 @@ def checked_prompts(configurable: dict[str, Any], mode: str) -> Any:
     return prompts
 
 
+def chosen_prompts(prompts: Any, configurable: dict[str, Any], mode: str) -> dict[str, str]:
+    """The refs (``domain/name@vN``) of the prompts a turn of ``mode`` runs with."""
+    from ragchains.chains.graph import PROMPTS_USED
+    from ragchains.chains.options import Choices
+
+    return dict(Choices(prompts, PROMPTS_USED[mode]).resolve(configurable).prompts)
+
+
 def load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
     """Models, index and chains, with every problem reported as one line before any work."""
     from ragchains.factory import build_service

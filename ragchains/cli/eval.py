@@ -20,6 +20,7 @@ from ragchains.cli.common import (
     PROMPT_VERSION_OPTION,
     build_configurable,
     checked_prompts,
+    chosen_prompts,
     fail,
     load_service,
     load_settings,
@@ -300,7 +301,7 @@ def rewrites_command(
             "dataset": str(dataset),
             "turns": len(items),
             "llm": _llm_config(settings, llm),
-            "prompts": {"rewrite": prompts.select("rewrite", configurable).ref},
+            "prompts": chosen_prompts(prompts, configurable, "rewrite"),
             "fields": BASE_FIELDS,
             "history_tokens": settings.history_tokens,
         }
