@@ -51,6 +51,8 @@ from ragchains.chains.retrieve import (
     Retrieved,
     Searcher,
     Source,
+    acompress,
+    checked_parts,
     compress,
     compressor_status,
     create_retrieve_chain,
@@ -157,17 +159,24 @@ def as_asked(state: Mapping[str, Any]) -> RewriteOutput:
 
 
 def _retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]:
-    def retrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+    def request(state: Mapping[str, Any]) -> dict[str, Any]:
         search: RewriteOutput = state["search"]
-        return searcher.search(
-            search.search_query,
-            filters=search.filters,
-            alternatives=search.alternatives,
-            k=state["options"].k,
-            config=config,
-        )
+        return {
+            "query": search.search_query,
+            "filters": search.filters,
+            "alternatives": search.alternatives,
+            "k": state["options"].k,
+        }
 
-    return RunnableLambda(retrieve, name="retrieve")
+    def retrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+        request_ = request(state)
+        return searcher.search(request_.pop("query"), config=config, **request_)
+
+    async def aretrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+        request_ = request(state)
+        return await searcher.asearch(request_.pop("query"), config=config, **request_)
+
+    return RunnableLambda(retrieve, aretrieve, name="retrieve")
 
 
 def _compress_stage(
@@ -182,7 +191,16 @@ def _compress_stage(
             config=config,
         )
 
-    return RunnableLambda(compress_, name="compress")
+    async def acompress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
+        return await acompress(
+            compressor,
+            state["retrieved"].documents,
+            state["search"].search_query,
+            threshold=state["options"].threshold,
+            config=config,
+        )
+
+    return RunnableLambda(compress_, acompress_, name="compress")
 
 
 class _Requery:
@@ -223,33 +241,34 @@ class _Requery:
             return bool(new.documents) and not old.documents
         return self.policy.keeps(old.best_score, new.best_score)
 
-    def __call__(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-        since = time.perf_counter()
-        options: Options = state["options"]
+    def _ask(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, str], dict[str, Any]]:
+        prompt = state["options"].prompt("requery")
+        chain = self.llm.prompted(prompt, grammar=lines_grammar(1)) | StrOutputParser()
+        variables = {"question": state["question"], "previous_query": state["search"].search_query}
+        return chain, variables
+
+    @staticmethod
+    def _new_query(state: Mapping[str, Any], reply: str) -> str | None:
+        """A usable query that differs from the one already searched, or None."""
+        search: RewriteOutput = state["search"]
+        fresh = parse_alternatives(reply, main=search.search_query, count=1)
+        return expand_glossary(fresh[0], state["options"].glossary) if fresh else None
+
+    def _result(
+        self,
+        state: Mapping[str, Any],
+        new_query: str | None,
+        found: tuple[Retrieved, Compressed] | None,
+        since: float,
+    ) -> dict[str, Any]:
         search: RewriteOutput = state["search"]
         old: Compressed = state["compressed"]
-        prompt = options.prompt("requery")
-        reply = (self.llm.prompted(prompt, grammar=lines_grammar(1)) | StrOutputParser()).invoke(
-            {"question": state["question"], "previous_query": search.search_query}, config
-        )
-        # A usable query that differs from the one already searched, or nothing.
-        fresh = parse_alternatives(reply, main=search.search_query, count=1)
-        new_query = expand_glossary(fresh[0], options.glossary) if fresh else None
         report = RequeryReport(
             first_query=search.search_query, first_best_score=old.best_score, query=new_query
         )
         update: dict[str, Any] = {}
-        if new_query:
-            found = self.searcher.search(
-                new_query, filters=search.filters, k=options.k, config=config
-            )
-            new = compress(
-                self.compressor,
-                found.documents,
-                new_query,
-                threshold=options.threshold,
-                config=config,
-            )
+        if new_query and found is not None:
+            retrieved, new = found
             report.best_score = new.best_score
             if self.better(old, new):
                 report.kept = True
@@ -257,16 +276,56 @@ class _Requery:
                     "search": search.model_copy(
                         update={"search_query": new_query, "alternatives": []}
                     ),
-                    "retrieved": found,
+                    "retrieved": retrieved,
                     "compressed": new,
                 }
         return {
             **state,
             **update,
             "requery": report,
-            "requery_prompt": prompt.ref,
+            "requery_prompt": state["options"].prompt("requery").ref,
             "requery_seconds": round(time.perf_counter() - since, 4),
         }
+
+    def __call__(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        since = time.perf_counter()
+        chain, variables = self._ask(state)
+        new_query = self._new_query(state, chain.invoke(variables, config))
+        found = None
+        if new_query:
+            options: Options = state["options"]
+            retrieved = self.searcher.search(
+                new_query, filters=state["search"].filters, k=options.k, config=config
+            )
+            new = compress(
+                self.compressor,
+                retrieved.documents,
+                new_query,
+                threshold=options.threshold,
+                config=config,
+            )
+            found = (retrieved, new)
+        return self._result(state, new_query, found, since)
+
+    async def acall(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        since = time.perf_counter()
+        chain, variables = self._ask(state)
+        new_query = self._new_query(state, await chain.ainvoke(variables, config))
+        found = None
+        if new_query:
+            options: Options = state["options"]
+            retrieved = await self.searcher.asearch(
+                new_query, filters=state["search"].filters, k=options.k, config=config
+            )
+            new = await acompress(
+                self.compressor,
+                retrieved.documents,
+                new_query,
+                threshold=options.threshold,
+                config=config,
+            )
+            found = (retrieved, new)
+        return self._result(state, new_query, found, since)
 
 
 class _Respond:
@@ -377,6 +436,7 @@ def _parts(
     compressor: BaseDocumentCompressor | None,
     prompts: PromptRegistry | None,
 ) -> _Parts:
+    retriever, compressor = checked_parts(retriever, compressor)
     return _Parts(
         as_llm(llm),
         Searcher(retriever),
@@ -412,15 +472,15 @@ def create_chat_chain(
     may filter on (default: the retriever's own ``fields``, when it filters).
     """
     parts = _parts(llm, retriever, compressor, prompts)
-    fields = dict(fields) if fields is not None else retriever_fields(retriever)
+    fields = dict(fields) if fields is not None else retriever_fields(parts.searcher.retriever)
     policy = requery or RequeryPolicy()
-    requery_step = _Requery(parts.llm, parts.searcher, compressor, policy)
-    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), compressor)
+    requery_step = _Requery(parts.llm, parts.searcher, parts.compressor, policy)
+    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), parts.compressor)
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
     requery_branch = RunnableBranch(
         (
             inline(requery_step.wanted, name="low_score"),
-            RunnableLambda(requery_step, name="requery"),
+            RunnableLambda(requery_step, requery_step.acall, name="requery"),
         ),
         cast(Runnable[Mapping[str, Any], dict[str, Any]], RunnablePassthrough()),
     )
@@ -430,7 +490,7 @@ def create_chat_chain(
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
         | _stage("rewrite", "search", rewrite)
         | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
-        | _stage("compress", "compressed", _compress_stage(compressor))
+        | _stage("compress", "compressed", _compress_stage(parts.compressor))
         | requery_branch
         | respond.runnable()
     )
@@ -451,13 +511,13 @@ def create_ask_chain(
     asked, compressed, and answered with citations. Same parts and output as
     ``create_chat_chain``."""
     parts = _parts(llm, retriever, compressor, prompts)
-    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), compressor)
+    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), parts.compressor)
     chain = (
         inline(read_ask_input, name="input")
         | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
         | _stage("query", "search", inline(as_asked, name="query"))
         | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
-        | _stage("compress", "compressed", _compress_stage(compressor))
+        | _stage("compress", "compressed", _compress_stage(parts.compressor))
         | respond.runnable()
     )
     return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")

@@ -94,7 +94,11 @@ class LLM:
 def as_llm(model: LLM | Any) -> LLM:
     """What the chains take as a chat model: an ``LLM`` as it is, or any LangChain chat model
     (``BaseChatModel``, or a runnable of one with fallbacks) described by ``LLM.of``."""
-    return model if isinstance(model, LLM) else LLM.of(model)
+    if isinstance(model, LLM):
+        return model
+    if not isinstance(model, Runnable):
+        raise ValueError(f"llm must be a LangChain chat model, not {type(model).__name__}")
+    return LLM.of(model)
 
 
 def supports_tool_calling(model: Any) -> bool:

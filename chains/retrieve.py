@@ -14,6 +14,7 @@ score is read from the kept chunks' ``rerank_score`` / ``relevance_score`` metad
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 import logging
 import time
@@ -24,6 +25,7 @@ from typing import Any
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
+from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, Field
 
 from ragchains.chains.options import Choices, Options
@@ -135,6 +137,25 @@ class Retrieved:
     seconds: float = 0.0
 
 
+def checked_parts(
+    retriever: Any, compressor: Any
+) -> tuple[Runnable[str, list[Document]], BaseDocumentCompressor | None]:
+    """The retriever (a plain function from a query to documents becomes a runnable) and the
+    compressor, or a ValueError when the builder was given something else."""
+    if not isinstance(retriever, Runnable):
+        if not callable(retriever):
+            raise ValueError(
+                "retriever must be a BaseRetriever or a runnable from a query to documents, "
+                f"not {type(retriever).__name__}"
+            )
+        retriever = RunnableLambda(retriever)
+    if compressor is not None and not isinstance(compressor, BaseDocumentCompressor):
+        raise ValueError(
+            f"compressor must be a BaseDocumentCompressor or None, not {type(compressor).__name__}"
+        )
+    return retriever, compressor
+
+
 class Searcher:
     """Searches one retriever with a query, its alternatives and filters, as far as the
     retriever takes them."""
@@ -143,16 +164,10 @@ class Searcher:
         self.retriever = retriever
         self.keywords = search_keywords(retriever)
 
-    def search(
-        self,
-        query: str,
-        *,
-        filters: Sequence[MetadataFilter] = (),
-        alternatives: Sequence[str] = (),
-        k: int | None = None,
-        config: RunnableConfig | None = None,
-    ) -> Retrieved:
-        since = time.perf_counter()
+    def _kwargs(
+        self, filters: Sequence[MetadataFilter], k: int | None
+    ) -> tuple[dict[str, Any], list[str]]:
+        """What the retriever takes of ``filters`` and ``k``, and a note for what it does not."""
         kwargs: dict[str, Any] = {}
         notes: list[str] = []
         if k is not None and "k" in self.keywords:
@@ -164,10 +179,45 @@ class Searcher:
                 unused = "; ".join(str(f) for f in filters)
                 notes.append(f"the retriever takes no metadata filters; searched without {unused}")
                 log.info("filters not applied (retriever takes none): %s", unused)
-        lists = [self.retriever.invoke(q, config, **kwargs) for q in [query, *alternatives]]
+        return kwargs, notes
+
+    @staticmethod
+    def _fused(
+        lists: Sequence[list[Document]], k: int | None, notes: list[str], since: float
+    ) -> Retrieved:
         depth = k or max(len(found) for found in lists)  # a retriever without k: its own depth
         documents = lists[0] if len(lists) == 1 else fuse(lists, k=depth)
         return Retrieved(documents, notes, round(time.perf_counter() - since, 4))
+
+    def search(
+        self,
+        query: str,
+        *,
+        filters: Sequence[MetadataFilter] = (),
+        alternatives: Sequence[str] = (),
+        k: int | None = None,
+        config: RunnableConfig | None = None,
+    ) -> Retrieved:
+        since = time.perf_counter()
+        kwargs, notes = self._kwargs(filters, k)
+        lists = [self.retriever.invoke(q, config, **kwargs) for q in [query, *alternatives]]
+        return self._fused(lists, k, notes, since)
+
+    async def asearch(
+        self,
+        query: str,
+        *,
+        filters: Sequence[MetadataFilter] = (),
+        alternatives: Sequence[str] = (),
+        k: int | None = None,
+        config: RunnableConfig | None = None,
+    ) -> Retrieved:
+        """``search`` through the retriever's async path, every phrasing at once."""
+        since = time.perf_counter()
+        kwargs, notes = self._kwargs(filters, k)
+        searches = [self.retriever.ainvoke(q, config, **kwargs) for q in [query, *alternatives]]
+        lists = list(await asyncio.gather(*searches))
+        return self._fused(lists, k, notes, since)
 
 
 def fuse(lists: Sequence[Sequence[Document]], *, k: int) -> list[Document]:
@@ -206,10 +256,37 @@ def compress(
         kept, best, cut = reranked.documents, reranked.best_score, reranked.threshold
     else:
         callbacks = (config or {}).get("callbacks")
-        kept = list(compressor.compress_documents(documents, query, callbacks=callbacks))
-        scores = [s for s in map(compressor_score, kept) if s is not None]
-        best, cut = (max(scores) if scores else None), None
+        return _kept_by(
+            list(compressor.compress_documents(documents, query, callbacks=callbacks)), since
+        )
     return Compressed(kept, best, cut, round(time.perf_counter() - since, 4))
+
+
+async def acompress(
+    compressor: BaseDocumentCompressor | None,
+    documents: Sequence[Document],
+    query: str,
+    *,
+    threshold: float | None = None,
+    config: RunnableConfig | None = None,
+) -> Compressed:
+    """``compress`` for async callers: a reranker's scoring runs in a worker thread (it is
+    CPU work), any other compressor through its own ``acompress_documents``."""
+    if compressor is None or isinstance(compressor, ScoringCompressor):
+        return await run_in_executor(
+            config, compress, compressor, documents, query, threshold=threshold, config=config
+        )
+    since = time.perf_counter()
+    callbacks = (config or {}).get("callbacks")
+    kept = await compressor.acompress_documents(documents, query, callbacks=callbacks)
+    return _kept_by(list(kept), since)
+
+
+def _kept_by(kept: list[Document], since: float) -> Compressed:
+    """What a compressor without ``rerank`` kept; its best score is the kept chunks' best."""
+    scores = [s for s in map(compressor_score, kept) if s is not None]
+    best = max(scores) if scores else None
+    return Compressed(kept, best, None, round(time.perf_counter() - since, 4))
 
 
 def compressor_status(compressor: BaseDocumentCompressor | None) -> dict[str, Any]:
@@ -250,6 +327,7 @@ def create_retrieve_chain(
     does).
     """
 
+    retriever, compressor = checked_parts(retriever, compressor)
     searcher = Searcher(retriever)
     k = default_k(retriever)
     choices = Choices(
@@ -258,10 +336,14 @@ def create_retrieve_chain(
         threshold=threshold_default(compressor),
     )
 
+    def phrasings(state: dict[str, Any]) -> tuple[str, list[str]]:
+        glossary = state["options"].glossary
+        alternatives = [expand_glossary(q, glossary) for q in state["alternatives"]]
+        return expand_glossary(state["query"], glossary), alternatives
+
     def retrieve(state: dict[str, Any], config: RunnableConfig) -> list[Document]:
         options: Options = state["options"]
-        query = expand_glossary(state["query"], options.glossary)
-        alternatives = [expand_glossary(q, options.glossary) for q in state["alternatives"]]
+        query, alternatives = phrasings(state)
         found = searcher.search(
             query, filters=state["filters"], alternatives=alternatives, k=options.k, config=config
         )
@@ -272,10 +354,23 @@ def create_retrieve_chain(
         )
         return kept.documents
 
+    async def aretrieve(state: dict[str, Any], config: RunnableConfig) -> list[Document]:
+        options: Options = state["options"]
+        query, alternatives = phrasings(state)
+        found = await searcher.asearch(
+            query, filters=state["filters"], alternatives=alternatives, k=options.k, config=config
+        )
+        for note in found.notes:
+            log.warning("%s", note)
+        kept = await acompress(
+            compressor, found.documents, query, threshold=options.threshold, config=config
+        )
+        return kept.documents
+
     chain = (
         inline(read_retrieve_input, name="input")
         | RunnablePassthrough.assign(options=choices.step())
-        | RunnableLambda(retrieve, name="retrieve")
+        | RunnableLambda(retrieve, aretrieve, name="retrieve")
     )
     return chain.with_types(input_type=RetrieveInput, output_type=list[Document]).with_config(
         run_name="retrieve"

@@ -264,3 +264,40 @@ def test_the_turn_reports_the_threshold_it_applied(stock_retriever: BM25Retrieve
     )
     out = chain.invoke({"question": "plans"}, {"configurable": {"threshold": 0.9}})
     assert out["compressor"]["threshold"] == 0.9 and out["abstained"] and not out["sources"]
+
+
+def test_async_callers_use_the_async_paths_of_the_parts() -> None:
+    """Under ainvoke the retriever's and compressor's async paths run: an async-only
+    retriever works, for the ask chain and for a re-query."""
+    import asyncio
+
+    async def search(query: str) -> list[Document]:
+        return [Document(id=query, page_content=f"parental leave for {query}")]
+
+    class AsyncOnly(KeepMentioning):
+        def compress_documents(self, *args: object, **kwargs: object) -> Sequence[Document]:
+            raise AssertionError("the sync path ran")
+
+        async def acompress_documents(
+            self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+        ) -> Sequence[Document]:
+            return [d for d in documents if self.word in query]
+
+    llm = fake_llm("search_sources(search_query='leave')", "parental leave weeks", "Fine.")
+    chain = create_chat_chain(
+        llm=llm, retriever=RunnableLambda(search), compressor=AsyncOnly(word="parental")
+    )
+    out = asyncio.run(chain.ainvoke({"question": "how long is leave?"}))
+    assert out["requery"]["kept"] and [s["id"] for s in out["sources"]] == ["parental leave weeks"]
+
+
+def test_builders_refuse_parts_that_are_not_langchain_parts() -> None:
+    with pytest.raises(ValueError, match="retriever must be a BaseRetriever"):
+        create_ask_chain(llm=fake_llm("x"), retriever="bm25")
+    with pytest.raises(ValueError, match="compressor must be a BaseDocumentCompressor"):
+        create_ask_chain(llm=fake_llm("x"), retriever=lambda q: [], compressor=object())
+    with pytest.raises(ValueError, match="llm must be a LangChain chat model"):
+        create_chat_chain(llm="gpt-4o", retriever=lambda q: [])
+    # A plain function from a query to documents is a retriever too.
+    out = create_ask_chain(llm=fake_llm("x"), retriever=lambda q: []).invoke({"question": "q"})
+    assert out["abstained"] and out["sources"] == []
