@@ -123,6 +123,13 @@ def test_rewrites_score_the_real_rewrite_chain(work: Path) -> None:
     assert found.metrics["followup_raw_token_f1"] == pytest.approx(
         (items["c1_2"]["raw_token_f1"] + items["c1_3"]["raw_token_f1"]) / 2
     )
+    # The run records the prompt version that ran, not the latest.
+    older = work / "rewrites-hr-v1"
+    args = ["--domain", "hr", "--prompt-version", "rewrite=1", "--limit", "1", "-q"]
+    dataset = FIXTURES / "eval" / "rewrites.jsonl"
+    result = run("eval", "rewrites", "--dataset", dataset, "--out", older, *args)
+    assert result.returncode == 0, result.stderr
+    assert load_run(older).config["prompts"] == {"rewrite": "hr/rewrite@v1"}
 
 
 def test_answers_in_process_with_and_without_a_judge(work: Path, sample_index: Path) -> None:

@@ -301,7 +301,7 @@ def rewrites_command(
             "dataset": str(dataset),
             "turns": len(items),
             "llm": _llm_config(settings, llm),
-            "prompts": chosen_prompts(prompts, configurable, "rewrite"),
+            "prompts": {"rewrite": chosen_prompts(prompts, configurable, "rewrite")["rewrite"]},
             "fields": BASE_FIELDS,
             "history_tokens": settings.history_tokens,
         }
