@@ -53,12 +53,13 @@ from ragchains.chains.retrieve import (
     Source,
     acompress,
     checked_parts,
+    choices_for,
     compress,
+    compress_stage,
     compressor_status,
     create_retrieve_chain,
-    default_k,
+    retrieve_stage,
     retriever_fields,
-    threshold_default,
     to_source,
 )
 from ragchains.chains.rewrite import PROMPTS as REWRITE_PROMPTS
@@ -156,51 +157,6 @@ def as_asked(state: Mapping[str, Any]) -> RewriteOutput:
     expanded) with the given filters."""
     query = expand_glossary(" ".join(state["question"].split()), state["options"].glossary)
     return RewriteOutput(search_query=query, filters=state["filters"])
-
-
-def _retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]:
-    def request(state: Mapping[str, Any]) -> dict[str, Any]:
-        search: RewriteOutput = state["search"]
-        return {
-            "query": search.search_query,
-            "filters": search.filters,
-            "alternatives": search.alternatives,
-            "k": state["options"].k,
-        }
-
-    def retrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
-        request_ = request(state)
-        return searcher.search(request_.pop("query"), config=config, **request_)
-
-    async def aretrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
-        request_ = request(state)
-        return await searcher.asearch(request_.pop("query"), config=config, **request_)
-
-    return RunnableLambda(retrieve, aretrieve, name="retrieve")
-
-
-def _compress_stage(
-    compressor: BaseDocumentCompressor | None,
-) -> Runnable[Mapping[str, Any], Compressed]:
-    def compress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
-        return compress(
-            compressor,
-            state["retrieved"].documents,
-            state["search"].search_query,
-            threshold=state["options"].threshold,
-            config=config,
-        )
-
-    async def acompress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
-        return await acompress(
-            compressor,
-            state["retrieved"].documents,
-            state["search"].search_query,
-            threshold=state["options"].threshold,
-            config=config,
-        )
-
-    return RunnableLambda(compress_, acompress_, name="compress")
 
 
 class _Requery:
@@ -418,16 +374,9 @@ class _Parts:
     searcher: Searcher
     compressor: BaseDocumentCompressor | None
     prompts: PromptRegistry
-    k: int | None
 
     def choices(self, names: tuple[str, ...]) -> Choices:
-        k = self.k
-        return Choices(
-            self.prompts,
-            names,
-            k=(lambda: k) if k is not None else None,
-            threshold=threshold_default(self.compressor),
-        )
+        return choices_for(self.prompts, names, self.searcher.retriever, self.compressor)
 
 
 def _parts(
@@ -437,13 +386,7 @@ def _parts(
     prompts: PromptRegistry | None,
 ) -> _Parts:
     retriever, compressor = checked_parts(retriever, compressor)
-    return _Parts(
-        as_llm(llm),
-        Searcher(retriever),
-        compressor,
-        prompts or default_registry(),
-        default_k(retriever),
-    )
+    return _Parts(as_llm(llm), Searcher(retriever), compressor, prompts or default_registry())
 
 
 def _stage(name: str, key: str, runnable: Runnable[Any, Any]) -> Runnable[Any, Any]:
@@ -489,8 +432,8 @@ def create_chat_chain(
         inline(read_chat_input, name="input")
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
         | _stage("rewrite", "search", rewrite)
-        | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
-        | _stage("compress", "compressed", _compress_stage(parts.compressor))
+        | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
+        | _stage("compress", "compressed", compress_stage(parts.compressor))
         | requery_branch
         | respond.runnable()
     )
@@ -516,8 +459,8 @@ def create_ask_chain(
         inline(read_ask_input, name="input")
         | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
         | _stage("query", "search", inline(as_asked, name="query"))
-        | _stage("retrieve", "retrieved", _retrieve_stage(parts.searcher))
-        | _stage("compress", "compressed", _compress_stage(parts.compressor))
+        | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
+        | _stage("compress", "compressed", compress_stage(parts.compressor))
         | respond.runnable()
     )
     return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")

@@ -18,7 +18,7 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,8 +28,8 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, Field
 
-from ragchains.chains.options import Choices, Options
-from ragchains.chains.rewrite import expand_glossary
+from ragchains.chains.options import Choices
+from ragchains.chains.rewrite import RewriteOutput, expand_glossary
 from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
@@ -312,6 +312,90 @@ def read_retrieve_input(inputs: Any) -> dict[str, Any]:
     return read_input(RetrieveInput, {"query": inputs} if isinstance(inputs, str) else inputs)
 
 
+def choices_for(
+    prompts: PromptRegistry,
+    prompt_names: Sequence[str],
+    retriever: Runnable[str, list[Document]],
+    compressor: BaseDocumentCompressor | None,
+) -> Choices:
+    """What a request may choose of a chain over these parts: the domain and the versions of
+    ``prompt_names``, ``k`` when the retriever takes it, ``threshold`` when the compressor does."""
+    k = default_k(retriever)
+    return Choices(
+        prompts,
+        prompt_names,
+        k=(lambda: k) if k is not None else None,
+        threshold=threshold_default(compressor),
+    )
+
+
+def retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]:
+    """The retrieve step over a turn's state: its ``search`` (query, filters, phrasings)
+    and ``options`` (k) in, ``Retrieved`` out."""
+
+    def request(state: Mapping[str, Any]) -> dict[str, Any]:
+        search: RewriteOutput = state["search"]
+        return {
+            "query": search.search_query,
+            "filters": search.filters,
+            "alternatives": search.alternatives,
+            "k": state["options"].k,
+        }
+
+    def retrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+        request_ = request(state)
+        return searcher.search(request_.pop("query"), config=config, **request_)
+
+    async def aretrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+        request_ = request(state)
+        return await searcher.asearch(request_.pop("query"), config=config, **request_)
+
+    return RunnableLambda(retrieve, aretrieve, name="retrieve")
+
+
+def compress_stage(
+    compressor: BaseDocumentCompressor | None,
+) -> Runnable[Mapping[str, Any], Compressed]:
+    """The compress step over a turn's state: ``retrieved`` documents, the ``search`` query
+    and ``options`` (threshold) in, ``Compressed`` out."""
+
+    def compress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
+        return compress(
+            compressor,
+            state["retrieved"].documents,
+            state["search"].search_query,
+            threshold=state["options"].threshold,
+            config=config,
+        )
+
+    async def acompress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
+        return await acompress(
+            compressor,
+            state["retrieved"].documents,
+            state["search"].search_query,
+            threshold=state["options"].threshold,
+            config=config,
+        )
+
+    return RunnableLambda(compress_, acompress_, name="compress")
+
+
+def as_search(state: Mapping[str, Any]) -> RewriteOutput:
+    """The query and phrasings as given, the domain's glossary expanded, with the filters."""
+    glossary = state["options"].glossary
+    return RewriteOutput(
+        search_query=expand_glossary(state["query"], glossary),
+        filters=state["filters"],
+        alternatives=[expand_glossary(q, glossary) for q in state["alternatives"]],
+    )
+
+
+def kept_documents(state: Mapping[str, Any]) -> list[Document]:
+    for note in state["retrieved"].notes:
+        log.warning("%s", note)
+    return list(state["compressed"].documents)
+
+
 def create_retrieve_chain(
     *,
     retriever: Runnable[str, list[Document]],
@@ -320,57 +404,22 @@ def create_retrieve_chain(
 ) -> Runnable[RetrieveInput | dict[str, Any] | str, list[Document]]:
     """Retrieval (and compression, when a compressor is given) as a retriever-like chain:
     a query, or ``{"query", "filters", "alternatives"}``, in; the kept documents out, best
-    first, each with its scores in ``metadata``.
+    first, each with its scores in ``metadata``. The same retrieve and compress steps as the
+    chat and ask chains.
 
     Per request, through ``configurable``: the domain (whose glossary expands abbreviations
     in the query), ``k`` (when the retriever takes it) and ``threshold`` (when the compressor
     does).
     """
-
     retriever, compressor = checked_parts(retriever, compressor)
-    searcher = Searcher(retriever)
-    k = default_k(retriever)
-    choices = Choices(
-        prompts or default_registry(),
-        k=(lambda: k) if k is not None else None,
-        threshold=threshold_default(compressor),
-    )
-
-    def phrasings(state: dict[str, Any]) -> tuple[str, list[str]]:
-        glossary = state["options"].glossary
-        alternatives = [expand_glossary(q, glossary) for q in state["alternatives"]]
-        return expand_glossary(state["query"], glossary), alternatives
-
-    def retrieve(state: dict[str, Any], config: RunnableConfig) -> list[Document]:
-        options: Options = state["options"]
-        query, alternatives = phrasings(state)
-        found = searcher.search(
-            query, filters=state["filters"], alternatives=alternatives, k=options.k, config=config
-        )
-        for note in found.notes:
-            log.warning("%s", note)
-        kept = compress(
-            compressor, found.documents, query, threshold=options.threshold, config=config
-        )
-        return kept.documents
-
-    async def aretrieve(state: dict[str, Any], config: RunnableConfig) -> list[Document]:
-        options: Options = state["options"]
-        query, alternatives = phrasings(state)
-        found = await searcher.asearch(
-            query, filters=state["filters"], alternatives=alternatives, k=options.k, config=config
-        )
-        for note in found.notes:
-            log.warning("%s", note)
-        kept = await acompress(
-            compressor, found.documents, query, threshold=options.threshold, config=config
-        )
-        return kept.documents
-
+    choices = choices_for(prompts or default_registry(), (), retriever, compressor)
     chain = (
         inline(read_retrieve_input, name="input")
         | RunnablePassthrough.assign(options=choices.step())
-        | RunnableLambda(retrieve, aretrieve, name="retrieve")
+        | RunnablePassthrough.assign(search=inline(as_search, name="query"))
+        | RunnablePassthrough.assign(retrieved=retrieve_stage(Searcher(retriever)))
+        | RunnablePassthrough.assign(compressed=compress_stage(compressor))
+        | inline(kept_documents, name="documents")
     )
     return chain.with_types(input_type=RetrieveInput, output_type=list[Document]).with_config(
         run_name="retrieve"

@@ -199,17 +199,13 @@ class RerankCompressor(BaseDocumentCompressor):
             "threshold": self.effective_threshold,
         }
 
-    @property
-    def requery_below(self) -> float:
-        """The active scorer's default best score under which a re-query is worth a try."""
-        self.warm_up()
-        return float(self._active.default_requery_below)
-
     def default_threshold(self) -> float:
         return self.effective_threshold
 
     def requery_threshold(self) -> float:
-        return self.requery_below
+        """The active scorer's default best score under which a re-query is worth a try."""
+        self.warm_up()
+        return float(self._active.default_requery_below)
 
     def rerank(
         self,
