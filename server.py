@@ -4,9 +4,9 @@ checks. The composition root for HTTP and the only module that imports langserve
     ragchains serve --index .index/samples                 # one-line errors and the URLs
     uvicorn --factory ragchains.server:create_app          # settings from RAGCHAINS_*
 
-Routes: /chat, /ask, /rewrite, /retrieve (each with invoke, batch, stream, stream_log,
-stream_events, input/output/config schemas and a playground), /v1/chat/completions,
-/v1/models, /healthz, /readyz.
+Routes: the chat page at / (its files under /ui/), /chat, /ask, /rewrite, /retrieve (each
+with invoke, batch, stream, stream_log, stream_events, input/output/config schemas and a
+playground), /v1/chat/completions, /v1/models, /feedback, /healthz, /readyz.
 
 The chains are built first (models and index load when the app is created) and handed to
 ``add_routes`` as they are: what a route serves is the same runnable ``ragchains ask`` runs,
@@ -22,19 +22,24 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
 from langserve import add_routes
 from langserve.callbacks import AsyncEventAggregatorCallback
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service, configure_runtime
+from ragchains.feedback import FeedbackIn, FeedbackStore, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.serving.errors import ErrorMiddleware, error_body
@@ -50,6 +55,9 @@ from ragchains.serving.requests import (
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
+
+# The chat page: plain files, no build step; /ui/ serves them, / the page itself.
+WEB = Path(str(resources.files("ragchains") / "web"))
 
 # Route name (also the chain's name on Service.chains) -> what it does.
 ROUTES: dict[str, str] = {
@@ -150,6 +158,8 @@ def _readiness(service: Service, health: _Health) -> dict[str, Any]:
         },
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
+        # The chat page asks for a key only when one is needed.
+        "api_key_required": settings.api_key is not None,
     }
 
 
@@ -172,6 +182,7 @@ def create_app(
     limits = Limits.from_settings(settings)
     requests = request_models(limits, service.index.fields)
     health = _Health()
+    feedback_store = FeedbackStore(feedback_path(settings, service.index.path.parent))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -235,15 +246,30 @@ def create_app(
         """Models and index are loaded; what each is, and any fallback in use."""
         return _readiness(service, health)
 
-    @app.get("/", tags=["health"])
-    async def index() -> dict[str, Any]:
-        return {
-            "name": "ragchains",
-            "version": __version__,
-            "playground": "/chat/playground/",
-            "docs": "/docs",
-            "routes": {f"/{route}": summary for route, summary in ROUTES.items()},
-        }
+    @app.post("/feedback", tags=["feedback"], status_code=201)
+    async def feedback(body: FeedbackIn) -> dict[str, Any]:
+        """A thumbs up (score 1) or down (0) on one answer, with an optional comment; kept
+        in the feedback store (`ragchains feedback export` reads it)."""
+        record = await run_in_threadpool(feedback_store.add, body)
+        return {"id": record.id, "created_at": record.created_at}
+
+    @app.get("/", include_in_schema=False)
+    async def index(request: Request) -> Response:
+        """The chat page for browsers; for other clients, what is served where."""
+        if "text/html" in request.headers.get("accept", ""):
+            return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
+        return JSONResponse(
+            {
+                "name": "ragchains",
+                "version": __version__,
+                "page": "/",
+                "playground": "/chat/playground/",
+                "docs": "/docs",
+                "routes": {f"/{route}": summary for route, summary in ROUTES.items()},
+            }
+        )
+
+    app.mount("/ui", StaticFiles(directory=WEB), name="ui")
 
     # The last added runs first: CORS, then the key, then the size limit, then errors.
     app.add_middleware(ErrorMiddleware, on_llm_failure=health.record)

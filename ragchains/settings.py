@@ -106,6 +106,11 @@ class Settings(BaseSettings):
     worker_threads: int = Field(
         64, ge=1, description="threads for the blocking stages (retrieval, non-streamed calls)"
     )
+    feedback_db: Path | None = Field(
+        None,
+        description="SQLite file for readers' feedback on answers (POST /feedback); "
+        "default: feedback.sqlite in the index folder, beside its generations",
+    )
 
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:

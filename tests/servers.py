@@ -5,25 +5,45 @@ Both listen on a free port of 127.0.0.1 and run in a background thread of the te
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+import anyio
 import uvicorn
-from sse_starlette.sse import AppStatus
+from sse_starlette.sse import AppStatus, EventSourceResponse
+
+# sse-starlette 1.x makes every stream wait on one process-wide exit event, bound to the event
+# loop that first waited on it. A server process has one loop; the tests run several servers
+# at once, each on its own loop in its own thread, so each loop gets its own event.
+_exit_events: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, anyio.Event] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+async def _listen_for_exit_signal() -> None:
+    if AppStatus.should_exit:
+        return
+    loop = asyncio.get_running_loop()
+    event = _exit_events.get(loop)
+    if event is None:
+        event = _exit_events[loop] = anyio.Event()
+    await event.wait()
+
+
+EventSourceResponse.listen_for_exit_signal = staticmethod(_listen_for_exit_signal)  # type: ignore[method-assign]
 
 
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
     """Run ``app`` under uvicorn (lifespan included) and yield its base URL."""
-    # sse-starlette 1.x keeps one exit event per process, bound to the first server's event
-    # loop; each test server runs its own loop, so it starts with a fresh one.
-    AppStatus.should_exit_event = None
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -44,8 +64,8 @@ def serving(app: Any) -> Iterator[str]:
 
 class FakeOpenAI(ThreadingHTTPServer):
     """Answers /v1/chat/completions (plain or streamed) like the real API, per model:
-    "ok-*" replies, "down" fails with 503, "slow" sleeps 1.5 s first. ``behave_as`` makes
-    every model behave as the one named. Counts the requests per model."""
+    "ok-*" replies, "down" fails with 503, "broken" with 500, "slow" sleeps 1.5 s first.
+    ``behave_as`` makes every model behave as the one named. Counts the requests per model."""
 
     daemon_threads = True
 
@@ -74,6 +94,9 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(1.5)
         if behaviour == "down":
             self._send(503, {"error": {"message": "overloaded", "type": "server_error"}})
+            return
+        if behaviour == "broken":
+            self._send(500, {"error": {"message": "model crashed", "type": "server_error"}})
             return
         text = f"answer from {model}"
         if body.get("stream"):

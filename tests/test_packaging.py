@@ -74,6 +74,9 @@ def test_pip_show_lists_no_top_level_package_but_ragchains(installed: Path) -> N
         "ragchains/cli/__init__.py",
         "ragchains/prompts/hr/answer/v2.yaml",
         "ragchains/evaluation/prompts/default/groundedness/v1.yaml",
+        "ragchains/web/index.html",
+        "ragchains/web/app.js",
+        "ragchains/web/app.css",
     ):
         assert expected in files, expected
 

@@ -1,6 +1,6 @@
 """The `ragchains` command line: the group, the console entry point and its commands.
 
-One module per command group (ingest, query, serve, eval), each importing only
+One module per command group (ingest, query, serve, eval, feedback), each importing only
 ``ragchains.cli.common``; this module imports them to register their commands.
 """
 
@@ -15,6 +15,7 @@ import click
 from ragchains import __version__
 from ragchains.cli.common import EXIT_INTERNAL, EXIT_INTERRUPTED
 from ragchains.cli.eval import eval_group
+from ragchains.cli.feedback import feedback_group
 from ragchains.cli.ingest import ingest_command
 from ragchains.cli.query import ask_command, chat_command, retrieve_command
 from ragchains.cli.serve import serve_command
@@ -45,6 +46,7 @@ for _command in (
     chat_command,
     serve_command,
     eval_group,
+    feedback_group,
 ):
     app.add_command(_command)
 

@@ -7,12 +7,14 @@ from typing import Any
 
 from ragchains.serving.errors import Message, Scope, error_body, send_json
 
-# Probes must work without the key: load balancers and orchestrators call them.
-OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+# Probes must work without the key: load balancers and orchestrators call them. The chat
+# page and its files hold no data; the page asks for the key and sends it on each call.
+OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+OPEN_PREFIXES = ("/ui/",)
 
 
 class ApiKeyMiddleware:
-    """Every route but the health checks needs the key: ``X-API-Key: <key>`` or
+    """Every route but the health checks and the page's files needs the key: ``X-API-Key: <key>`` or
     ``Authorization: Bearer <key>`` (what OpenAI SDKs send)."""
 
     def __init__(self, app: Any, api_key: str) -> None:
@@ -20,7 +22,7 @@ class ApiKeyMiddleware:
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or _is_open(scope["path"]):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -37,6 +39,10 @@ class ApiKeyMiddleware:
             await send_json(send, 401, body, **{"WWW-Authenticate": "Bearer"})
             return
         await self.app(scope, receive, send)
+
+
+def _is_open(path: str) -> bool:
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 class BodyLimitMiddleware:

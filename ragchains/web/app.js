@@ -1,0 +1,698 @@
+// The chat page. The conversation lives in this browser (localStorage); every turn is one
+// call to the same LangServe streaming routes any client uses (/chat/stream, /ask/stream),
+// so what the page shows is what the chains produce. Nothing is fetched from elsewhere.
+
+const CONVERSATION = "ragchains.conversation.v1";
+const PREFERENCES = "ragchains.preferences.v1";
+const API_KEY = "ragchains.api-key";
+// The newest turns sent as chat history; the server trims it to its token budget anyway.
+const HISTORY_MESSAGES = 20;
+// Turns kept in the browser; older ones are dropped first when storage runs out.
+const KEPT_TURNS = 100;
+const CITATION = /\[([^[\]\n]{1,300})\]/g;
+
+const $ = (id) => document.getElementById(id);
+
+const state = {
+  turns: restoreTurns(),
+  prefs: { mode: "chat", domain: "default", ...read(PREFERENCES, {}) },
+  running: null, // { turn, controller } while an answer streams
+  server: null, // /readyz
+};
+
+// ------------------------------------------------------------------------- storage
+function read(key, fallback) {
+  try {
+    const value = JSON.parse(localStorage.getItem(key));
+    return value ?? fallback;
+  } catch {
+    return fallback;
+  }
+}
+
+function restoreTurns() {
+  const turns = read(CONVERSATION, []);
+  if (!Array.isArray(turns)) return [];
+  for (const turn of turns) {
+    // A reload cut this one off; its request is gone with the old page.
+    if (turn.status === "streaming") {
+      turn.status = "stopped";
+      turn.stopNote = "Interrupted by a page reload.";
+    }
+  }
+  return turns;
+}
+
+function saveTurns() {
+  let turns = state.turns.slice(-KEPT_TURNS);
+  for (;;) {
+    try {
+      localStorage.setItem(CONVERSATION, JSON.stringify(turns));
+      return;
+    } catch {
+      if (turns.length <= 1) return; // storage is full or off: the page still works
+      turns = turns.slice(Math.ceil(turns.length / 4));
+    }
+  }
+}
+
+function savePrefs() {
+  localStorage.setItem(PREFERENCES, JSON.stringify(state.prefs));
+  showWhere();
+}
+
+// ------------------------------------------------------------------------- DOM helpers
+function el(tag, attrs = {}, ...children) {
+  const node = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs)) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name === "class") node.className = value;
+    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+    else node.setAttribute(name, value === true ? "" : value);
+  }
+  for (const child of children.flat(Infinity)) {
+    if (child === undefined || child === null || child === false) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function fact(term, ...details) {
+  return [el("dt", {}, term), el("dd", {}, ...details)];
+}
+
+function seconds(value) {
+  if (typeof value !== "number") return "";
+  return value < 1 ? `${Math.round(value * 1000)} ms` : `${value.toFixed(2)} s`;
+}
+
+function score(value) {
+  return typeof value === "number" ? value.toFixed(3) : "n/a";
+}
+
+// ------------------------------------------------------------------------- HTTP
+class ServerError extends Error {
+  constructor(status, message) {
+    super(message);
+    this.status = status;
+  }
+}
+
+function headers() {
+  const result = { "Content-Type": "application/json" };
+  const key = localStorage.getItem(API_KEY);
+  if (key) result["X-API-Key"] = key;
+  return result;
+}
+
+async function failure(response) {
+  let message = response.statusText || "request failed";
+  try {
+    const body = await response.json();
+    const detail = body.detail ?? body.error?.message;
+    if (typeof detail === "string") message = detail;
+    else if (Array.isArray(detail)) message = detail.map((d) => d.msg ?? String(d)).join("; ");
+  } catch {
+    // not JSON: keep the status text
+  }
+  return new ServerError(response.status, message);
+}
+
+// Server-sent events from a fetch body (EventSource cannot POST).
+async function* events(response) {
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = /\r?\n\r?\n/.exec(buffer))) {
+      const block = buffer.slice(0, end.index);
+      buffer = buffer.slice(end.index + end[0].length);
+      let event = "message";
+      const data = [];
+      for (const line of block.split(/\r?\n/)) {
+        if (line.startsWith("event:")) event = line.slice(6).trim();
+        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+      }
+      // "end" comes without data; a block of comments only (a keep-alive ping) is skipped.
+      if (data.length || event !== "message") yield { event, data: data.join("\n") };
+    }
+  }
+}
+
+// ------------------------------------------------------------------------- a turn
+function history() {
+  const messages = [];
+  for (const turn of state.turns) {
+    if (turn.status !== "answered" && turn.status !== "abstained") continue;
+    messages.push({ role: "user", content: turn.question });
+    messages.push({ role: "assistant", content: turn.out.answer });
+  }
+  return messages.slice(-HISTORY_MESSAGES);
+}
+
+async function ask(question) {
+  const { mode, domain } = state.prefs;
+  const input = mode === "chat" ? { question, chat_history: history() } : { question };
+  const turn = {
+    id: `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`,
+    mode,
+    domain,
+    question,
+    status: "streaming",
+    out: { answer: "" },
+    feedback: {},
+  };
+  state.turns.push(turn);
+  const controller = new AbortController();
+  state.running = { turn, controller };
+  showTurn(turn);
+  showRunning();
+  saveTurns();
+  try {
+    const response = await fetch(`/${mode}/stream`, {
+      method: "POST",
+      headers: headers(),
+      body: JSON.stringify({ input, config: { configurable: { domain } } }),
+      signal: controller.signal,
+    });
+    if (!response.ok) throw await failure(response);
+    let ended = false;
+    for await (const { event, data } of events(response)) {
+      if (event === "metadata") {
+        turn.runId = JSON.parse(data).run_id;
+      } else if (event === "data") {
+        const chunk = JSON.parse(data);
+        const tokenOnly = Object.keys(chunk).length === 1 && "answer" in chunk;
+        for (const [name, value] of Object.entries(chunk)) {
+          turn.out[name] = name === "answer" ? turn.out.answer + value : value;
+        }
+        if (tokenOnly) showAnswerText(turn);
+        else showTurn(turn);
+      } else if (event === "error") {
+        const error = JSON.parse(data);
+        throw new ServerError(error.status_code, error.message);
+      } else if (event === "end") {
+        ended = true;
+        break;
+      }
+    }
+    if (!ended) throw new ServerError(0, "the answer was cut off: the connection closed early");
+    turn.status = turn.out.abstained ? "abstained" : "answered";
+  } catch (error) {
+    if (error.name === "AbortError") {
+      turn.status = "stopped";
+      turn.stopNote = "Stopped.";
+    } else {
+      turn.status = "error";
+      turn.error = error instanceof ServerError ? error.message : `the server cannot be reached (${error.message})`;
+      turn.errorStatus = error.status ?? 0;
+      if (error.status === 401) askForKey("The key was refused; enter it again.");
+    }
+  } finally {
+    state.running = null;
+    saveTurns();
+    showTurn(turn);
+    showRunning();
+  }
+}
+
+function stop() {
+  state.running?.controller.abort();
+}
+
+// ------------------------------------------------------------------------- rendering
+function sources(turn) {
+  return Array.isArray(turn.out.sources) ? turn.out.sources : [];
+}
+
+function citedIds(turn) {
+  return new Set((turn.out.citations ?? []).map((c) => c.id));
+}
+
+// The answer with each [label] of a retrieved source as a link to it.
+function answerNodes(turn) {
+  const text = turn.out.answer ?? "";
+  const known = new Map();
+  for (const source of sources(turn)) {
+    known.set(source.label, source);
+    known.set(source.id, source);
+  }
+  const nodes = [];
+  let last = 0;
+  for (const match of text.matchAll(CITATION)) {
+    const source = known.get(match[1].trim());
+    if (!source) continue;
+    nodes.push(text.slice(last, match.index));
+    nodes.push(citeLink(turn, source, match[0]));
+    last = match.index + match[0].length;
+  }
+  nodes.push(text.slice(last));
+  return nodes;
+}
+
+function citeLink(turn, source, text) {
+  return el(
+    "a",
+    {
+      class: "cite",
+      href: `#source-${source.id}`,
+      title: `Open ${source.label}`,
+      onclick: (event) => {
+        event.preventDefault();
+        openSource(source);
+      },
+    },
+    text,
+  );
+}
+
+function showAnswerText(turn) {
+  const node = document.querySelector(`[data-turn="${turn.id}"] .answer-text`);
+  if (!node) return showTurn(turn);
+  node.replaceChildren(...answerNodes(turn));
+  keepScrolled();
+}
+
+function showTurn(turn) {
+  const existing = document.querySelector(`[data-turn="${turn.id}"]`);
+  const open = existing?.querySelector("details.thoughts")?.open ?? false;
+  const node = turnNode(turn, open);
+  if (existing) existing.replaceWith(node);
+  else $("turns").append(node);
+  $("intro").hidden = state.turns.length > 0;
+  keepScrolled();
+}
+
+function turnNode(turn, thoughtsOpen) {
+  const streaming = turn.status === "streaming";
+  const answer = el(
+    "article",
+    { class: `answer is-${turn.status}`, "aria-label": "Answer", "aria-busy": streaming ? "true" : null },
+    turn.out.abstained
+      ? el("p", { class: "badge abstained" }, "Not in the documents")
+      : null,
+    el("div", { class: "answer-text" }, answerNodes(turn)),
+    streaming && !turn.out.answer
+      ? el("p", { class: "waiting" }, turn.out.sources ? "Writing the answer…" : "Searching…")
+      : null,
+    turn.status === "error"
+      ? el(
+          "p",
+          { class: "error", role: "alert" },
+          el("strong", {}, "Error: "),
+          turn.error,
+        )
+      : null,
+    turn.status === "stopped" ? el("p", { class: "stopped" }, turn.stopNote ?? "Stopped.") : null,
+    sourcesNode(turn),
+    thoughtsNode(turn, thoughtsOpen),
+    feedbackNode(turn),
+  );
+  return el(
+    "li",
+    { class: "turn", "data-turn": turn.id },
+    el(
+      "div",
+      { class: "question" },
+      el("span", { class: "meta" }, `${turn.mode === "chat" ? "Chat" : "Ask"} · ${turn.domain}`),
+      el("p", {}, turn.question),
+    ),
+    answer,
+  );
+}
+
+function sourcesNode(turn) {
+  const all = sources(turn);
+  if (!all.length || turn.status === "streaming") return null;
+  const cited = citedIds(turn);
+  const list = (items) =>
+    el(
+      "ul",
+      {},
+      items.map((source) =>
+        el(
+          "li",
+          {},
+          citeLink(turn, source, source.label),
+          el("span", { class: "score" }, ` score ${score(source.score)}`),
+        ),
+      ),
+    );
+  const citedSources = all.filter((s) => cited.has(s.id));
+  const others = all.filter((s) => !cited.has(s.id));
+  return el(
+    "section",
+    { class: "sources", "aria-label": "Sources" },
+    citedSources.length ? [el("h3", {}, "Cited"), list(citedSources)] : null,
+    others.length ? [el("h3", {}, "Retrieved, not cited"), list(others)] : null,
+  );
+}
+
+function thoughtsNode(turn, open) {
+  const out = turn.out;
+  if (out.search_query === undefined) return null;
+  const facts = [];
+  facts.push(
+    fact(
+      "Search query",
+      el("q", { class: "search-query" }, out.search_query),
+      turn.mode === "chat" && out.search_query !== turn.question
+        ? el("small", {}, " (rewritten from your question and the conversation)")
+        : null,
+    ),
+  );
+  const filters = out.filters ?? [];
+  facts.push(
+    fact(
+      "Filters",
+      filters.length
+        ? filters.map((f) => el("code", {}, `${f.field} ${f.op} ${JSON.stringify(f.value)}`))
+        : "none",
+    ),
+  );
+  const alternatives = out.alternatives ?? [];
+  facts.push(
+    fact(
+      "Alternative queries",
+      alternatives.length ? el("ul", {}, alternatives.map((a) => el("li", {}, a))) : "none",
+    ),
+  );
+  const requery = out.requery;
+  facts.push(
+    fact(
+      "Re-query",
+      requery
+        ? el(
+            "span",
+            { class: "requery" },
+            `first “${requery.first_query}” (best score ${score(requery.first_best_score)}), then `,
+            requery.query
+              ? `“${requery.query}” (best score ${score(requery.best_score)}): ${
+                  requery.kept ? "kept" : "not kept, the first results were better"
+                }`
+              : "no usable new query",
+          )
+        : "not needed",
+    ),
+  );
+  const compressor = out.compressor ?? {};
+  facts.push(
+    fact(
+      "Compressor",
+      el(
+        "span",
+        { class: "compressor" },
+        [
+          compressor.kind ?? "none",
+          compressor.model ? ` (${compressor.model})` : "",
+          compressor.threshold !== undefined ? `, threshold ${compressor.threshold}` : "",
+          compressor.top_n !== undefined ? `, keeps up to ${compressor.top_n}` : "",
+        ].join(""),
+      ),
+      compressor.fallback
+        ? el(
+            "p",
+            { class: "fallback" },
+            `Fallback in use: ${compressor.requested_model ?? "the configured model"} did not load (${
+              compressor.fallback_reason ?? "no reason given"
+            }).`,
+          )
+        : null,
+    ),
+  );
+  const prompts = Object.entries(out.prompts ?? {});
+  facts.push(
+    fact(
+      "Prompts",
+      prompts.length
+        ? el("ul", { class: "prompts" }, prompts.map(([name, ref]) => el("li", {}, `${name}: ${ref}`)))
+        : "none (no model call)",
+    ),
+  );
+  const timings = Object.entries(out.timings ?? {});
+  if (timings.length) {
+    facts.push(
+      fact(
+        "Timings",
+        el("ul", { class: "timings" }, timings.map(([stage, s]) => el("li", {}, `${stage} ${seconds(s)}`))),
+      ),
+    );
+  }
+  if ((out.notes ?? []).length) facts.push(fact("Notes", el("ul", {}, out.notes.map((n) => el("li", {}, n)))));
+  if (turn.runId) facts.push(fact("Run id", el("code", {}, turn.runId)));
+  return el(
+    "details",
+    { class: "thoughts", open },
+    el("summary", {}, "Thought process"),
+    el("dl", {}, facts),
+  );
+}
+
+// ------------------------------------------------------------------------- feedback
+const THUMB =
+  "M2 21h4V9H2v12zm20-11a2 2 0 0 0-2-2h-6.3l1-4.6v-.3c0-.4-.2-.8-.4-1.1L13.2 1 6.6 7.6" +
+  "C6.2 8 6 8.5 6 9v10a2 2 0 0 0 2 2h9c.8 0 1.5-.5 1.8-1.2l3-7.1c.1-.2.2-.5.2-.7v-2z";
+
+function thumb(down) {
+  const svg = document.createElementNS("http://www.w3.org/2000/svg", "svg");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("aria-hidden", "true");
+  if (down) svg.setAttribute("transform", "rotate(180)");
+  const path = document.createElementNS("http://www.w3.org/2000/svg", "path");
+  path.setAttribute("d", THUMB);
+  svg.append(path);
+  return svg;
+}
+
+function feedbackNode(turn) {
+  if (!turn.runId || (turn.status !== "answered" && turn.status !== "abstained")) return null;
+  const feedback = turn.feedback ?? (turn.feedback = {});
+  if (feedback.sent) {
+    return el("p", { class: "feedback sent", role: "status" }, "Thanks, your feedback was sent.");
+  }
+  const pick = (value) => () => {
+    feedback.score = value;
+    saveTurns();
+    showTurn(turn);
+    document.querySelector(`[data-turn="${turn.id}"] .feedback textarea`)?.focus();
+  };
+  const buttons = [
+    el(
+      "button",
+      { type: "button", class: "thumb", "aria-label": "Good answer", "aria-pressed": String(feedback.score === 1), onclick: pick(1) },
+      thumb(false),
+    ),
+    el(
+      "button",
+      { type: "button", class: "thumb", "aria-label": "Bad answer", "aria-pressed": String(feedback.score === 0), onclick: pick(0) },
+      thumb(true),
+    ),
+  ];
+  const form =
+    feedback.score === undefined
+      ? null
+      : el(
+          "form",
+          {
+            class: "feedback-form",
+            onsubmit: (event) => {
+              event.preventDefault();
+              sendFeedback(turn, event.target.elements.comment.value);
+            },
+          },
+          el("textarea", {
+            name: "comment",
+            rows: "2",
+            maxlength: "2000",
+            "aria-label": "Feedback comment",
+            placeholder: feedback.score === 1 ? "What was good? (optional)" : "What was wrong? (optional)",
+          }),
+          el("button", { type: "submit" }, "Send feedback"),
+        );
+  return el(
+    "div",
+    { class: "feedback", role: "group", "aria-label": "Feedback" },
+    el("div", { class: "thumbs" }, buttons),
+    form,
+    feedback.error ? el("p", { class: "error", role: "alert" }, feedback.error) : null,
+  );
+}
+
+async function sendFeedback(turn, comment) {
+  const out = turn.out;
+  const body = {
+    run_id: turn.runId,
+    score: turn.feedback.score,
+    comment,
+    mode: turn.mode,
+    domain: turn.domain,
+    prompts: out.prompts ?? {},
+    question: turn.question,
+    answer: out.answer ?? "",
+    cited_ids: (out.citations ?? []).map((c) => c.id),
+  };
+  try {
+    const response = await fetch("/feedback", {
+      method: "POST",
+      headers: headers(),
+      body: JSON.stringify(body),
+    });
+    if (!response.ok) throw await failure(response);
+    turn.feedback = { score: turn.feedback.score, sent: true };
+  } catch (error) {
+    turn.feedback.error = `Feedback not sent: ${error.message}`;
+    if (error.status === 401) askForKey("The key was refused; enter it again.");
+  }
+  saveTurns();
+  showTurn(turn);
+}
+
+// ------------------------------------------------------------------------- source panel
+function openSource(source) {
+  $("source-title").textContent = source.label;
+  const facts = [...fact("File", source.source ?? "unknown")];
+  if (source.page !== null && source.page !== undefined) facts.push(...fact("Page", String(source.page)));
+  if (source.section) facts.push(...fact("Section", source.section));
+  facts.push(...fact("Score", score(source.score)));
+  facts.push(...fact("Chunk id", el("code", {}, source.id)));
+  $("source-facts").replaceChildren(...facts);
+  $("source-text").textContent = source.text ?? "(the text of this chunk was not sent)";
+  $("source-panel").hidden = false;
+  document.body.classList.add("source-open");
+  $("close-source").focus();
+}
+
+function closeSource() {
+  $("source-panel").hidden = true;
+  document.body.classList.remove("source-open");
+}
+
+// ------------------------------------------------------------------------- page state
+function showRunning() {
+  const running = state.running !== null;
+  $("send").hidden = running;
+  $("stop").hidden = !running;
+  $("question").disabled = running;
+  if (!running) $("question").focus();
+}
+
+function keepScrolled() {
+  const list = $("turns");
+  list.scrollTop = list.scrollHeight;
+}
+
+function showWhere() {
+  const mode = state.prefs.mode === "chat" ? "Chat" : "Ask";
+  $("where").textContent = `${mode} · ${state.prefs.domain}`;
+}
+
+function showServer(server) {
+  const compressor = server.compressor ?? {};
+  $("server").replaceChildren(
+    ...fact("Model", server.llm?.model ?? "unknown"),
+    ...fact("Chunks", String(server.index?.chunks ?? "?")),
+    ...fact("Compressor", `${compressor.kind ?? "none"}${compressor.fallback ? " (fallback)" : ""}`),
+  );
+}
+
+function fillDomains(domains) {
+  const select = $("domain");
+  select.replaceChildren(...domains.map((d) => el("option", { value: d }, d)));
+  if (!domains.includes(state.prefs.domain)) {
+    state.prefs.domain = domains.includes("default") ? "default" : domains[0];
+    savePrefs();
+  }
+  select.value = state.prefs.domain;
+}
+
+function askForKey(message) {
+  localStorage.removeItem(API_KEY);
+  const dialog = $("key-dialog");
+  $("key-error").hidden = !message;
+  $("key-error").textContent = message ?? "";
+  if (!dialog.open) dialog.showModal();
+  $("api-key").focus();
+}
+
+async function saveKey(event) {
+  event.preventDefault();
+  const key = $("api-key").value.trim();
+  if (!key) return;
+  localStorage.setItem(API_KEY, key);
+  $("api-key").value = "";
+  $("key-dialog").close();
+}
+
+async function connect() {
+  try {
+    const response = await fetch("/readyz");
+    if (!response.ok) throw await failure(response);
+    state.server = await response.json();
+  } catch (error) {
+    $("server").replaceChildren(...fact("Server", `not ready: ${error.message}`));
+    return;
+  }
+  fillDomains(state.server.domains ?? ["default"]);
+  showServer(state.server);
+  if (state.server.api_key_required && !localStorage.getItem(API_KEY)) askForKey();
+}
+
+function newChat() {
+  stop();
+  state.turns = [];
+  saveTurns();
+  $("turns").replaceChildren();
+  $("intro").hidden = false;
+  closeSource();
+  $("question").value = "";
+  $("question").focus();
+}
+
+function init() {
+  for (const radio of document.querySelectorAll('input[name="mode"]')) {
+    radio.checked = radio.value === state.prefs.mode;
+    radio.addEventListener("change", () => {
+      state.prefs.mode = radio.value;
+      savePrefs();
+    });
+  }
+  $("domain").addEventListener("change", (event) => {
+    state.prefs.domain = event.target.value;
+    savePrefs();
+  });
+  $("menu").addEventListener("click", () => {
+    const open = !document.body.classList.contains("settings-open");
+    document.body.classList.toggle("settings-open", open);
+    $("menu").setAttribute("aria-expanded", String(open));
+  });
+  $("new-chat").addEventListener("click", newChat);
+  $("stop").addEventListener("click", stop);
+  $("close-source").addEventListener("click", closeSource);
+  $("key-form").addEventListener("submit", saveKey);
+  $("ask-form").addEventListener("submit", (event) => {
+    event.preventDefault();
+    const question = $("question").value.trim();
+    if (!question || state.running) return;
+    $("question").value = "";
+    ask(question);
+  });
+  $("question").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      $("ask-form").requestSubmit();
+    }
+  });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && !$("source-panel").hidden) closeSource();
+  });
+  showWhere();
+  for (const turn of state.turns) showTurn(turn);
+  $("intro").hidden = state.turns.length > 0;
+  showRunning();
+  connect();
+}
+
+init();
