@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ragchains import __version__
 from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service, configure_runtime
-from ragchains.feedback import FeedbackIn, FeedbackStore, feedback_path
+from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.serving.errors import ErrorMiddleware, error_body
@@ -250,7 +250,11 @@ def create_app(
     async def feedback(body: FeedbackIn) -> dict[str, Any]:
         """A thumbs up (score 1) or down (0) on one answer, with an optional comment; kept
         in the feedback store (`ragchains feedback export` reads it)."""
-        record = await run_in_threadpool(feedback_store.add, body)
+        try:
+            record = await run_in_threadpool(feedback_store.add, body)
+        except FeedbackStoreError as exc:  # the file, not the request, is at fault
+            log.error("feedback not stored: %s", exc)
+            raise HTTPException(503, f"feedback cannot be stored now: {exc}") from exc
         return {"id": record.id, "created_at": record.created_at}
 
     @app.get("/", include_in_schema=False)

@@ -5,8 +5,8 @@ Every test drives the page as a person would (by role, label and placeholder) an
 console error or uncaught page error. Feedback is checked through `ragchains feedback export`;
 the failing model is the OpenAI-compatible provider pointed at a local upstream that answers 500.
 
-``RAGCHAINS_SCREENSHOT=docs/chat-page.png pytest tests/test_chat_page.py -k citation`` saves the
-README's screenshot from the 1024×768 run.
+``RAGCHAINS_SCREENSHOT=docs/chat-page.png pytest tests/test_chat_page.py -k screenshot`` saves
+the README's screenshot.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from PIL import Image
 from pydantic import SecretStr
 
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -184,7 +185,7 @@ def size(request: pytest.FixtureRequest) -> tuple[int, int]:
 
 # ----------------------------------------------------------------------------- tests
 def test_streamed_answer_with_a_citation_that_opens_its_chunk(
-    sample_server: str, browser: Any, size: tuple[int, int], tmp_path: Path
+    sample_server: str, browser: Any, size: tuple[int, int]
 ) -> None:
     chat = ChatPage.open(browser, sample_server, size)
     page = chat.page
@@ -199,6 +200,8 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
     assert final.startswith(partial) and len(final) > len(partial)
     assert answer.get_by_role("alert").count() == 0
 
+    thoughts = chat.thoughts(page.locator(".turn").last)
+    assert "answer: default/answer@v2" in fact(thoughts, "Prompts")
     citation = answer.locator(".answer-text a.cite").first
     label = citation.inner_text().strip("[]")
     citation.click()
@@ -208,12 +211,6 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
     facts = panel.locator("dl").inner_text()
     assert "samples/" in facts and "Score" in facts and "Section" in facts
     assert len(panel.locator("blockquote").inner_text()) > 40
-    if size == (1024, 768):
-        shot = tmp_path / "chat-page.png"
-        page.screenshot(path=str(shot))
-        assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        if target := os.environ.get("RAGCHAINS_SCREENSHOT"):
-            shutil.copyfile(shot, target)
     panel.get_by_role("button", name="Close source").click()
     assert not panel.is_visible()
 
@@ -229,6 +226,27 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
     assert kept.locator(".answer-text").inner_text() == final
     page.get_by_role("button", name="New chat").click()
     assert page.locator(".turn").count() == 0
+    chat.watched.assert_clean()
+
+
+def test_screenshot_for_the_readme(sample_server: str, browser: Any, tmp_path: Path) -> None:
+    """The README's picture: an answer, its thought process, a cited chunk in the panel."""
+    chat = ChatPage.open(browser, sample_server, (1280, 860))
+    page = chat.page
+    chat.use(mode="Ask", domain="hr")
+    turn = chat.ask(ANSWERABLE)
+    answer = chat.wait_done(turn)
+    chat.thoughts(turn)
+    answer.locator(".answer-text a.cite").first.click()
+    page.get_by_role("complementary", name="Source").wait_for()
+    turn.locator(".question").scroll_into_view_if_needed()
+    shot = tmp_path / "chat-page.png"
+    page.screenshot(path=str(shot))
+    with Image.open(shot) as image:  # a small file for the repository: 64 colours
+        image.convert("RGB").quantize(64).save(shot, optimize=True)
+    assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    if target := os.environ.get("RAGCHAINS_SCREENSHOT"):
+        shutil.copyfile(shot, target)
     chat.watched.assert_clean()
 
 

@@ -25,10 +25,12 @@ def serve_command(
 ) -> None:
     """Serve every chain over HTTP until Ctrl-C.
 
-    LangServe routes /chat, /ask, /rewrite and /retrieve (invoke, batch, stream, playground),
-    OpenAI-compatible /v1/chat/completions and /v1/models (one model per prompt domain),
-    /healthz and /readyz. Set RAGCHAINS_API_KEY to require a key on every route but the
-    health checks, RAGCHAINS_CORS_ORIGINS to allow browsers from other origins.
+    The chat page at / (open it in a browser); LangServe routes /chat, /ask, /rewrite and
+    /retrieve (invoke, batch, stream, playground); OpenAI-compatible /v1/chat/completions and
+    /v1/models (one model per prompt domain); POST /feedback (votes kept in feedback.sqlite in
+    the index folder, or RAGCHAINS_FEEDBACK_DB); /healthz and /readyz. Set RAGCHAINS_API_KEY to
+    require a key on every route but the health checks and the page's files,
+    RAGCHAINS_CORS_ORIGINS to allow browsers from other origins.
     """
     import socket
     import threading
@@ -69,6 +71,7 @@ def serve_command(
             time.sleep(0.05)
         if server.started:
             click.echo(f"ragchains is serving {index} at {base}")
+            click.echo(f"  chat page:   {base}/")
             click.echo(f"  playground:  {base}/chat/playground/")
             click.echo(f"  API docs:    {base}/docs")
             click.echo(
