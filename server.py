@@ -20,7 +20,7 @@ import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -58,6 +58,23 @@ log = logging.getLogger("ragchains.server")
 
 # The chat page: plain files, no build step; /ui/ serves them, / the page itself.
 WEB = Path(str(resources.files("ragchains") / "web"))
+# The page loads and calls nothing but this server: no CDN, no inline script, no framing.
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class _PageFiles(StaticFiles):
+    """The page's files, revalidated on each load so an upgrade is seen at once."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
 
 # Route name (also the chain's name on Service.chains) -> what it does.
 ROUTES: dict[str, str] = {
@@ -133,7 +150,7 @@ def _batch_limit(limits: Limits) -> Any:
     return check
 
 
-def _readiness(service: Service, health: _Health) -> dict[str, Any]:
+def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, Any]:
     settings, index = service.settings, service.index
     compressor = service.compressor.status()
     return {
@@ -158,8 +175,9 @@ def _readiness(service: Service, health: _Health) -> dict[str, Any]:
         },
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
-        # The chat page asks for a key only when one is needed.
+        # The chat page asks for a key only when one is needed, and keeps within the limits.
         "api_key_required": settings.api_key is not None,
+        "limits": asdict(limits),
     }
 
 
@@ -244,7 +262,7 @@ def create_app(
     @app.get("/readyz", tags=["health"])
     async def readyz() -> dict[str, Any]:
         """Models and index are loaded; what each is, and any fallback in use."""
-        return _readiness(service, health)
+        return _readiness(service, health, limits)
 
     @app.post("/feedback", tags=["feedback"], status_code=201)
     async def feedback(body: FeedbackIn) -> dict[str, Any]:
@@ -261,7 +279,7 @@ def create_app(
     async def index(request: Request) -> Response:
         """The chat page for browsers; for other clients, what is served where."""
         if "text/html" in request.headers.get("accept", ""):
-            return FileResponse(WEB / "index.html", headers={"Cache-Control": "no-cache"})
+            return FileResponse(WEB / "index.html", headers=PAGE_HEADERS)
         return JSONResponse(
             {
                 "name": "ragchains",
@@ -273,7 +291,7 @@ def create_app(
             }
         )
 
-    app.mount("/ui", StaticFiles(directory=WEB), name="ui")
+    app.mount("/ui", _PageFiles(directory=WEB), name="ui")
 
     # The last added runs first: CORS, then the key, then the size limit, then errors.
     app.add_middleware(ErrorMiddleware, on_llm_failure=health.record)

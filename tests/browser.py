@@ -53,7 +53,9 @@ def chromium() -> Iterator[Any]:
 
 
 def open_page(browser: Any, url: str, *, width: int = 1280, height: int = 1000) -> WatchedPage:
-    page = browser.new_page(viewport={"width": width, "height": height})
+    """A new page of ``browser`` (or of a browser context) at ``url``, watched for errors."""
+    page = browser.new_page()
+    page.set_viewport_size({"width": width, "height": height})
     watched = WatchedPage(page)
     page.on(
         "console",

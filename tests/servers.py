@@ -64,8 +64,9 @@ def serving(app: Any) -> Iterator[str]:
 
 class FakeOpenAI(ThreadingHTTPServer):
     """Answers /v1/chat/completions (plain or streamed) like the real API, per model:
-    "ok-*" replies, "down" fails with 503, "broken" with 500, "slow" sleeps 1.5 s first.
-    ``behave_as`` makes every model behave as the one named. Counts the requests per model."""
+    "ok-*" replies, "down" fails with 503, "broken" with 500, "slow" sleeps 1.5 s first,
+    "trickle" streams a word every 0.2 s for a minute. ``behave_as`` makes every model behave
+    as the one named. Counts the requests per model, and the streams their client dropped."""
 
     daemon_threads = True
 
@@ -73,6 +74,7 @@ class FakeOpenAI(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), _Handler)
         self.requests: dict[str, int] = {}
         self.behave_as: str | None = None
+        self.dropped_streams = 0
 
     @property
     def base_url(self) -> str:
@@ -100,7 +102,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         text = f"answer from {model}"
         if body.get("stream"):
-            self._stream(model, text)
+            self._stream(model, text, pause=0.2 if behaviour == "trickle" else 0.0)
             return
         reply = {
             "id": "chatcmpl-1",
@@ -118,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
         }
         self._send(200, reply)
 
-    def _stream(self, model: str, text: str) -> None:
+    def _stream(self, model: str, text: str, pause: float = 0.0) -> None:
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
             frame = {
                 "id": "chatcmpl-1",
@@ -129,13 +131,19 @@ class _Handler(BaseHTTPRequestHandler):
             }
             return f"data: {json.dumps(frame)}\n\n".encode()
 
+        words = text.split(" ") * (300 if pause else 1)
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
-        self.wfile.write(chunk({"role": "assistant", "content": ""}))
-        for word in text.split(" "):
-            self.wfile.write(chunk({"content": word + " "}))
-        self.wfile.write(chunk({}, "stop") + b"data: [DONE]\n\n")
+        try:
+            self.wfile.write(chunk({"role": "assistant", "content": ""}))
+            for word in words:
+                self.wfile.write(chunk({"content": word + " "}))
+                self.wfile.flush()
+                time.sleep(pause)
+            self.wfile.write(chunk({}, "stop") + b"data: [DONE]\n\n")
+        except (BrokenPipeError, ConnectionResetError):
+            self.server.dropped_streams += 1
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()

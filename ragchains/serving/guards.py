@@ -9,8 +9,10 @@ from ragchains.serving.errors import Message, Scope, error_body, send_json
 
 # Probes must work without the key: load balancers and orchestrators call them. The chat
 # page and its files hold no data; the page asks for the key and sends it on each call.
+# Only reads are open (GET, HEAD): nothing that runs a model or stores anything.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
 OPEN_PREFIXES = ("/ui/",)
+OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 
 class ApiKeyMiddleware:
@@ -22,7 +24,7 @@ class ApiKeyMiddleware:
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or _is_open(scope["path"]):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or _is_open(scope):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -41,8 +43,11 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _is_open(path: str) -> bool:
-    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+def _is_open(scope: Scope) -> bool:
+    path = scope["path"]
+    return scope["method"] in OPEN_METHODS and (
+        path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
+    )
 
 
 class BodyLimitMiddleware:

@@ -5,17 +5,20 @@
 const CONVERSATION = "ragchains.conversation.v1";
 const PREFERENCES = "ragchains.preferences.v1";
 const API_KEY = "ragchains.api-key";
-// The newest turns sent as chat history; the server trims it to its token budget anyway.
+// The newest turns sent as chat history, within the server's limits (from /readyz); the
+// server then keeps what fits the model's token budget.
 const HISTORY_MESSAGES = 20;
 // Turns kept in the browser; older ones are dropped first when storage runs out.
 const KEPT_TURNS = 100;
 const CITATION = /\[([^[\]\n]{1,300})\]/g;
+const CITATION_SPLIT = /\s*[;,]\s*/;
+const STATUSES = new Set(["streaming", "answered", "abstained", "error", "stopped"]);
 
 const $ = (id) => document.getElementById(id);
 
 const state = {
   turns: restoreTurns(),
-  prefs: { mode: "chat", domain: "default", ...read(PREFERENCES, {}) },
+  prefs: restorePrefs(),
   running: null, // { turn, controller } while an answer streams
   server: null, // /readyz
 };
@@ -30,10 +33,25 @@ function read(key, fallback) {
   }
 }
 
+// Turns as saved by this page; anything else (an older format, a hand edit) is dropped.
 function restoreTurns() {
-  const turns = read(CONVERSATION, []);
-  if (!Array.isArray(turns)) return [];
+  const saved = read(CONVERSATION, []);
+  if (!Array.isArray(saved)) return [];
+  const turns = saved.filter(
+    (turn) =>
+      turn !== null &&
+      typeof turn === "object" &&
+      typeof turn.id === "string" &&
+      typeof turn.question === "string" &&
+      STATUSES.has(turn.status) &&
+      turn.out !== null &&
+      typeof turn.out === "object" &&
+      typeof (turn.out.answer ?? "") === "string",
+  );
   for (const turn of turns) {
+    turn.out.answer ??= "";
+    turn.feedback = turn.feedback !== null && typeof turn.feedback === "object" ? turn.feedback : {};
+    delete turn.feedback.pending;
     // A reload cut this one off; its request is gone with the old page.
     if (turn.status === "streaming") {
       turn.status = "stopped";
@@ -41,6 +59,14 @@ function restoreTurns() {
     }
   }
   return turns;
+}
+
+function restorePrefs() {
+  const saved = read(PREFERENCES, {});
+  return {
+    mode: saved?.mode === "ask" ? "ask" : "chat",
+    domain: typeof saved?.domain === "string" ? saved.domain : "default",
+  };
 }
 
 function saveTurns() {
@@ -118,39 +144,58 @@ async function failure(response) {
   return new ServerError(response.status, message);
 }
 
-// Server-sent events from a fetch body (EventSource cannot POST).
-async function* events(response) {
+// Server-sent events from a fetch body (EventSource cannot POST). Stops at once when
+// ``signal`` aborts, even with events left in the buffer.
+async function* events(response, signal) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
-  for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += value;
-    let end;
-    while ((end = /\r?\n\r?\n/.exec(buffer))) {
-      const block = buffer.slice(0, end.index);
-      buffer = buffer.slice(end.index + end[0].length);
-      let event = "message";
-      const data = [];
-      for (const line of block.split(/\r?\n/)) {
-        if (line.startsWith("event:")) event = line.slice(6).trim();
-        else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+  try {
+    for (;;) {
+      const { value, done } = await reader.read();
+      if (done) return;
+      buffer += value;
+      let end;
+      while (!signal.aborted && (end = /\r?\n\r?\n/.exec(buffer))) {
+        const block = buffer.slice(0, end.index);
+        buffer = buffer.slice(end.index + end[0].length);
+        const event = parseEvent(block);
+        if (event) yield event;
       }
-      // "end" comes without data; a block of comments only (a keep-alive ping) is skipped.
-      if (data.length || event !== "message") yield { event, data: data.join("\n") };
+      if (signal.aborted) return;
     }
+  } finally {
+    reader.cancel().catch(() => {});
   }
+}
+
+function parseEvent(block) {
+  let event = "message";
+  const data = [];
+  for (const line of block.split(/\r?\n/)) {
+    if (line.startsWith("event:")) event = line.slice(6).trim();
+    else if (line.startsWith("data:")) data.push(line.slice(5).replace(/^ /, ""));
+  }
+  // "end" comes without data; a block of comments only (a keep-alive ping) is skipped.
+  return data.length || event !== "message" ? { event, data: data.join("\n") } : null;
 }
 
 // ------------------------------------------------------------------------- a turn
 function history() {
-  const messages = [];
-  for (const turn of state.turns) {
+  const limits = state.server?.limits ?? {};
+  const most = Math.min(HISTORY_MESSAGES, limits.history_messages ?? Infinity);
+  let room = limits.history_chars ?? Infinity;
+  const pairs = [];
+  for (const turn of state.turns.slice().reverse()) {
     if (turn.status !== "answered" && turn.status !== "abstained") continue;
-    messages.push({ role: "user", content: turn.question });
-    messages.push({ role: "assistant", content: turn.out.answer });
+    const size = turn.question.length + turn.out.answer.length;
+    if (pairs.length * 2 + 2 > most || size > room) break;
+    room -= size;
+    pairs.unshift(
+      { role: "user", content: turn.question },
+      { role: "assistant", content: turn.out.answer },
+    );
   }
-  return messages.slice(-HISTORY_MESSAGES);
+  return pairs;
 }
 
 async function ask(question) {
@@ -180,7 +225,7 @@ async function ask(question) {
     });
     if (!response.ok) throw await failure(response);
     let ended = false;
-    for await (const { event, data } of events(response)) {
+    for await (const { event, data } of events(response, controller.signal)) {
       if (event === "metadata") {
         turn.runId = JSON.parse(data).run_id;
       } else if (event === "data") {
@@ -199,10 +244,11 @@ async function ask(question) {
         break;
       }
     }
+    if (controller.signal.aborted) throw new DOMException("stopped", "AbortError");
     if (!ended) throw new ServerError(0, "the answer was cut off: the connection closed early");
     turn.status = turn.out.abstained ? "abstained" : "answered";
   } catch (error) {
-    if (error.name === "AbortError") {
+    if (controller.signal.aborted || error.name === "AbortError") {
       turn.status = "stopped";
       turn.stopNote = "Stopped.";
     } else {
@@ -213,10 +259,22 @@ async function ask(question) {
     }
   } finally {
     state.running = null;
+    showRunning();
     saveTurns();
     showTurn(turn);
-    showRunning();
+    announce(turn);
   }
+}
+
+// For screen readers: how the turn ended (the tokens themselves are not announced).
+function announce(turn) {
+  const said = {
+    answered: "Answer complete.",
+    abstained: "Not in the documents.",
+    stopped: "Stopped.",
+    error: `Error: ${turn.error}`,
+  };
+  $("status").textContent = said[turn.status] ?? "";
 }
 
 function stop() {
@@ -232,28 +290,45 @@ function citedIds(turn) {
   return new Set((turn.out.citations ?? []).map((c) => c.id));
 }
 
-// The answer with each [label] of a retrieved source as a link to it.
-function answerNodes(turn) {
-  const text = turn.out.answer ?? "";
+// Label (or chunk id) -> the chunk it cites: the chunk the server resolved the citation to,
+// else the best-ranked chunk of that label (several chunks of one section share a label).
+function citable(turn) {
+  const byId = new Map(sources(turn).map((source) => [source.id, source]));
   const known = new Map();
+  for (const citation of turn.out.citations ?? []) {
+    const source = byId.get(citation.id);
+    if (source && !known.has(citation.label)) known.set(citation.label, source);
+  }
   for (const source of sources(turn)) {
-    known.set(source.label, source);
+    if (!known.has(source.label)) known.set(source.label, source);
     known.set(source.id, source);
   }
+  return known;
+}
+
+// The answer with each [label] of a retrieved source as a link to it; "[a; b]" gives two.
+function answerNodes(turn) {
+  const text = turn.out.answer ?? "";
+  const known = citable(turn);
   const nodes = [];
   let last = 0;
   for (const match of text.matchAll(CITATION)) {
-    const source = known.get(match[1].trim());
-    if (!source) continue;
-    nodes.push(text.slice(last, match.index));
-    nodes.push(citeLink(turn, source, match[0]));
+    const labels = match[1].split(CITATION_SPLIT).map((label) => label.trim());
+    if (!labels.some((label) => known.has(label))) continue;
+    nodes.push(text.slice(last, match.index), "[");
+    labels.forEach((label, n) => {
+      if (n) nodes.push("; ");
+      const source = known.get(label);
+      nodes.push(source ? citeLink(source, label) : label);
+    });
+    nodes.push("]");
     last = match.index + match[0].length;
   }
   nodes.push(text.slice(last));
   return nodes;
 }
 
-function citeLink(turn, source, text) {
+function citeLink(source, text) {
   return el(
     "a",
     {
@@ -262,22 +337,28 @@ function citeLink(turn, source, text) {
       title: `Open ${source.label}`,
       onclick: (event) => {
         event.preventDefault();
-        openSource(source);
+        openSource(source, event.currentTarget);
       },
     },
     text,
   );
 }
 
+function turnElement(turn) {
+  return document.querySelector(`[data-turn="${CSS.escape(turn.id)}"]`);
+}
+
 function showAnswerText(turn) {
-  const node = document.querySelector(`[data-turn="${turn.id}"] .answer-text`);
+  if (!state.turns.includes(turn)) return; // "New chat" removed it while it streamed
+  const node = turnElement(turn)?.querySelector(".answer-text");
   if (!node) return showTurn(turn);
   node.replaceChildren(...answerNodes(turn));
   keepScrolled();
 }
 
 function showTurn(turn) {
-  const existing = document.querySelector(`[data-turn="${turn.id}"]`);
+  if (!state.turns.includes(turn)) return;
+  const existing = turnElement(turn);
   const open = existing?.querySelector("details.thoughts")?.open ?? false;
   const node = turnNode(turn, open);
   if (existing) existing.replaceWith(node);
@@ -336,7 +417,7 @@ function sourcesNode(turn) {
         el(
           "li",
           {},
-          citeLink(turn, source, source.label),
+          citeLink(source, source.label),
           el("span", { class: "score" }, ` score ${score(source.score)}`),
         ),
       ),
@@ -408,8 +489,8 @@ function thoughtsNode(turn, open) {
         [
           compressor.kind ?? "none",
           compressor.model ? ` (${compressor.model})` : "",
-          compressor.threshold !== undefined ? `, threshold ${compressor.threshold}` : "",
-          compressor.top_n !== undefined ? `, keeps up to ${compressor.top_n}` : "",
+          compressor.threshold != null ? `, threshold ${compressor.threshold}` : "",
+          compressor.top_n != null ? `, keeps up to ${compressor.top_n}` : "",
         ].join(""),
       ),
       compressor.fallback
@@ -474,10 +555,12 @@ function feedbackNode(turn) {
     return el("p", { class: "feedback sent", role: "status" }, "Thanks, your feedback was sent.");
   }
   const pick = (value) => () => {
+    const typed = turnElement(turn)?.querySelector(".feedback textarea");
+    if (typed) feedback.comment = typed.value;
     feedback.score = value;
     saveTurns();
     showTurn(turn);
-    document.querySelector(`[data-turn="${turn.id}"] .feedback textarea`)?.focus();
+    turnElement(turn)?.querySelector(".feedback textarea")?.focus();
   };
   const buttons = [
     el(
@@ -509,8 +592,8 @@ function feedbackNode(turn) {
             maxlength: "2000",
             "aria-label": "Feedback comment",
             placeholder: feedback.score === 1 ? "What was good? (optional)" : "What was wrong? (optional)",
-          }),
-          el("button", { type: "submit" }, "Send feedback"),
+          }, feedback.comment ?? ""),
+          el("button", { type: "submit", disabled: feedback.pending }, "Send feedback"),
         );
   return el(
     "div",
@@ -522,6 +605,10 @@ function feedbackNode(turn) {
 }
 
 async function sendFeedback(turn, comment) {
+  if (turn.feedback.pending) return;
+  turn.feedback.pending = true;
+  turn.feedback.comment = comment;
+  showTurn(turn);
   const out = turn.out;
   const body = {
     run_id: turn.runId,
@@ -545,13 +632,18 @@ async function sendFeedback(turn, comment) {
   } catch (error) {
     turn.feedback.error = `Feedback not sent: ${error.message}`;
     if (error.status === 401) askForKey("The key was refused; enter it again.");
+  } finally {
+    delete turn.feedback.pending;
   }
   saveTurns();
   showTurn(turn);
 }
 
 // ------------------------------------------------------------------------- source panel
-function openSource(source) {
+let sourceOpener = null; // the link that opened the panel gets the focus back
+
+function openSource(source, opener) {
+  sourceOpener = opener ?? null;
   $("source-title").textContent = source.label;
   const facts = [...fact("File", source.source ?? "unknown")];
   if (source.page !== null && source.page !== undefined) facts.push(...fact("Page", String(source.page)));
@@ -561,13 +653,14 @@ function openSource(source) {
   $("source-facts").replaceChildren(...facts);
   $("source-text").textContent = source.text ?? "(the text of this chunk was not sent)";
   $("source-panel").hidden = false;
-  document.body.classList.add("source-open");
   $("close-source").focus();
 }
 
 function closeSource() {
+  if ($("source-panel").hidden) return;
   $("source-panel").hidden = true;
-  document.body.classList.remove("source-open");
+  if (sourceOpener?.isConnected) sourceOpener.focus();
+  sourceOpener = null;
 }
 
 // ------------------------------------------------------------------------- page state
@@ -599,6 +692,7 @@ function showServer(server) {
 }
 
 function fillDomains(domains) {
+  if (!domains.length) domains = ["default"];
   const select = $("domain");
   select.replaceChildren(...domains.map((d) => el("option", { value: d }, d)));
   if (!domains.includes(state.prefs.domain)) {
@@ -621,6 +715,12 @@ async function saveKey(event) {
   event.preventDefault();
   const key = $("api-key").value.trim();
   if (!key) return;
+  // Header values are Latin-1: anything else could never be sent.
+  if (!/^[\x21-\x7e]+$/.test(key)) {
+    $("key-error").textContent = "An API key is printable ASCII without spaces.";
+    $("key-error").hidden = false;
+    return;
+  }
   localStorage.setItem(API_KEY, key);
   $("api-key").value = "";
   $("key-dialog").close();
@@ -635,8 +735,12 @@ async function connect() {
     $("server").replaceChildren(...fact("Server", `not ready: ${error.message}`));
     return;
   }
-  fillDomains(state.server.domains ?? ["default"]);
+  fillDomains(Array.isArray(state.server.domains) ? state.server.domains : []);
   showServer(state.server);
+  const limit = state.server.limits?.question_chars;
+  if (limit) $("question").maxLength = limit;
+  // The playground and API docs need the key too, which a browser link cannot send.
+  $("developer-links").hidden = Boolean(state.server.api_key_required);
   if (state.server.api_key_required && !localStorage.getItem(API_KEY)) askForKey();
 }
 
@@ -686,10 +790,20 @@ function init() {
     }
   });
   document.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && !$("source-panel").hidden) closeSource();
+    if (event.key !== "Escape") return;
+    closeSource();
+    if (document.body.classList.contains("settings-open")) $("menu").click();
   });
   showWhere();
-  for (const turn of state.turns) showTurn(turn);
+  try {
+    for (const turn of state.turns) showTurn(turn);
+  } catch (error) {
+    // A saved conversation this page cannot show must not take the page down with it.
+    console.warn("the saved conversation could not be shown; starting a new one", error);
+    state.turns = [];
+    saveTurns();
+    $("turns").replaceChildren();
+  }
   $("intro").hidden = state.turns.length > 0;
   showRunning();
   connect();
