@@ -87,6 +87,9 @@ class Options(BaseModel):
         default_factory=dict, description="abbreviations expanded in search queries"
     )
     multi_query: int = 1
+    range_fields: dict[str, list[str]] = Field(
+        default_factory=dict, description="numeric fields read from the question's ranges"
+    )
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt refs by name")
     k: int | None = None
     threshold: float | None = None
@@ -105,6 +108,7 @@ class Options(BaseModel):
             domain=domain.name,
             glossary=domain.query_glossary,
             multi_query=domain.multi_query,
+            range_fields=domain.range_fields,
             prompts={name: prompt.ref for name, prompt in prompts.items()},
             k=k,
             threshold=threshold,

@@ -6,7 +6,8 @@ the index's own metadata fields. A model without tool calling answers in plain t
 same call syntax the few-shots show (``search_sources(search_query='...')``), or with a bare
 query; a model that takes a GBNF grammar (llama.cpp) is held to that syntax while it decodes.
 Whatever comes back is sanitised: no usable query means the raw question is searched; an
-invalid filter is dropped with a note, never run.
+invalid filter, or one whose value the user never wrote, is dropped with a note, never run;
+ranges the question states on the domain's range fields are read by rule (chains.grounding).
 
 A domain may ask for multi-query: the model writes N-1 more phrasings, and retrieval fuses
 the N result lists by reciprocal rank fusion.
@@ -28,6 +29,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from pydantic import BaseModel, Field
 
+from ragchains.chains.grounding import ground_filters
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.state import inline, read_input
@@ -309,7 +311,16 @@ class _Rewriter:
 
     def _read(self, state: Mapping[str, Any], reply: Any, notes: list[str]) -> RewriteOutput:
         out = interpret(reply, state["question"], self.fields)
+        grounded = ground_filters(
+            out.filters,
+            question=state["question"],
+            history=state.get("chat_history") or [],
+            range_fields=state["options"].range_fields,
+            fields=self.fields,
+        )
+        out.filters = grounded.filters
         out.notes[:0] = notes
+        out.notes.extend(grounded.notes)
         out.prompts["rewrite"] = state["options"].prompt("rewrite").ref
         return out
 

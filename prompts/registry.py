@@ -87,6 +87,11 @@ class DomainFile(BaseModel):
     glossary: dict[str, str] = Field(default_factory=dict)
     expand_glossary: bool = True
     multi_query: int = Field(1, ge=1, le=5, description="rewrites fused by RRF; 1 = off")
+    range_fields: dict[str, list[str]] = Field(
+        default_factory=dict,
+        description="numeric fields whose ranges are read from the question (under / over / "
+        "between N), each with the words that point at it, e.g. price: [cost, dollars, $]",
+    )
 
 
 @dataclass(frozen=True)
@@ -115,6 +120,7 @@ class Domain:
     glossary: dict[str, str]
     expand_glossary: bool
     multi_query: int
+    range_fields: dict[str, list[str]] = field(default_factory=dict)
     prompts: dict[str, dict[int, Prompt]] = field(default_factory=dict)
 
     @property
@@ -236,6 +242,7 @@ class PromptRegistry:
             glossary=meta.glossary,
             expand_glossary=meta.expand_glossary,
             multi_query=meta.multi_query,
+            range_fields=meta.range_fields,
         )
         for prompt_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
             if prompt_dir.name.startswith(("_", ".")):

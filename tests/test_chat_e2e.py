@@ -73,3 +73,16 @@ def test_chat_turns_answer_with_citations_from_the_index(service: Service) -> No
 def test_question_outside_the_documents_abstains(service: Service) -> None:
     out = service.chains.ask.invoke({"question": "Who won the 1998 football world cup?"})
     assert out["abstained"] is True and out["citations"] == []
+
+
+def test_a_price_filter_is_only_ever_the_one_the_question_states(service: Service) -> None:
+    """SmolLM2 used to add ``price <= 1`` here, a value nowhere in the question, and every
+    source was filtered away."""
+    out = service.chains.chat.invoke(
+        {"question": "which sensors cost less than 50 dollars?"},
+        {"configurable": {"domain": "catalog"}},
+    )
+    prices = [f for f in out["filters"] if f["field"] == "price"]
+    assert prices in ([], [{"field": "price", "op": "<", "value": 50}]), out["filters"]
+    assert out["sources"], out["notes"]
+    assert all(s["score"] is not None for s in out["sources"])

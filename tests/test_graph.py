@@ -128,7 +128,7 @@ def test_numeric_and_filename_filters_reach_the_retriever(
         ]
     )
     graphs, retriever = build(index, embedder, model)
-    out = graphs.chat.invoke({"question": "soil sensors under 50?"})
+    out = graphs.chat.invoke({"question": "soil sensors in products.csv under 50?"})
     wanted = [
         {"field": "price", "op": "<", "value": 50},
         {"field": "filename", "op": "=", "value": "products.csv"},

@@ -58,9 +58,9 @@ def prompts() -> PromptRegistry:
     return PromptRegistry(required=REQUIRED_PROMPTS)
 
 
-def run(prompts: PromptRegistry, reply: AIMessage, **config: Any) -> Any:
+def run(prompts: PromptRegistry, reply: AIMessage, question: str = QUESTION, **config: Any) -> Any:
     chain = create_rewrite_chain(llm=tool_llm(reply), prompts=prompts, fields=FIELDS)
-    return chain.invoke({"question": QUESTION}, {"configurable": config})
+    return chain.invoke({"question": question}, {"configurable": config})
 
 
 # ----------------------------------------------------------------------------- fallbacks
@@ -169,7 +169,7 @@ def test_numeric_and_filename_filters_are_checked(prompts: PromptRegistry) -> No
             call("add_filter", field="price; DROP TABLE", op="=", value=1),
         ],
     )
-    out = run(prompts, reply)
+    out = run(prompts, reply, "which soil sensors in products.csv cost less than 100?")
     assert out.search_query == "soil sensor"
     assert [f.model_dump() for f in out.filters] == [
         {"field": "price", "op": "<", "value": 100},
