@@ -4,5 +4,6 @@ from pathlib import Path
 
 # Prompt files of the judge and of question generation (never served).
 EVAL_PROMPTS = Path(__file__).resolve().parent / "prompts"
-# The retriever settings `ragchains eval retrieval` can measure.
-RETRIEVERS = ("bm25", "dense", "hybrid", "hybrid+compress")
+# The retriever settings `ragchains eval retrieval` can measure. "rewrite+hybrid" is the chat
+# graph's search for a first turn: the model's rewrite (filters, phrasings) then hybrid.
+RETRIEVERS = ("bm25", "dense", "hybrid", "hybrid+compress", "rewrite+hybrid")

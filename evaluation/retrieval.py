@@ -15,8 +15,11 @@ from typing import Any
 
 import numpy as np
 from langchain_core.documents import Document
+from langchain_core.runnables import Runnable
 from tqdm import tqdm
 
+from ragchains.chains.retrieve import Searcher
+from ragchains.chains.rewrite import RewriteOutput
 from ragchains.evaluation import RETRIEVERS
 from ragchains.evaluation.datasets import BeirDataset
 from ragchains.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
@@ -130,6 +133,8 @@ class RetrieverSetup:
     name: str
     params: dict[str, Any]
     rank: Callable[[str], list[str]]  # query -> document ids, best first
+    # What the setting searched for the last query, when it is not the query (a rewrite).
+    searched: Callable[[], dict[str, Any]] | None = None
 
 
 def build_setup(
@@ -137,12 +142,15 @@ def build_setup(
     hybrid: HybridRetriever,
     *,
     compressor: RerankCompressor | None = None,
+    rewrite: Runnable[dict[str, Any], RewriteOutput] | None = None,
     depth: int = DEPTH,
 ) -> RetrieverSetup:
     """The product's retriever for ``name`` (one of ``RETRIEVERS``), returning ``depth`` ids.
 
     ``hybrid`` is the configured retriever (``factory.build_retriever``); the BM25 and dense
-    settings search its index on their own.
+    settings search its index on their own. ``rewrite`` is the chat graph's rewrite chain,
+    for "rewrite+hybrid": each query is one first turn of a chat, searched as the chat graph
+    searches it (the rewrite's query, filters and phrasings, fused by RRF).
     """
     if name not in RETRIEVERS:
         raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
@@ -165,6 +173,10 @@ def build_setup(
     params.update(embedder=embedder.name, bm25=BM25_PARAMS, **hybrid_params(deep))
     if name == "hybrid":
         return RetrieverSetup(name, params, lambda q: ids(deep.invoke(q)))
+    if name == "rewrite+hybrid":
+        if rewrite is None:
+            raise ValueError("rewrite+hybrid needs the rewrite chain")
+        return _rewritten(name, params, deep, rewrite, depth)
     if compressor is None:
         raise ValueError("hybrid+compress needs a compressor")
     params["compressor"] = compressor.status()
@@ -178,6 +190,33 @@ def build_setup(
         return ids(compressor.rerank(found, query, top_n=depth, threshold=-np.inf).documents)
 
     return RetrieverSetup(name, params, reranked)
+
+
+def _rewritten(
+    name: str,
+    params: dict[str, Any],
+    retriever: HybridRetriever,
+    rewrite: Runnable[dict[str, Any], RewriteOutput],
+    depth: int,
+) -> RetrieverSetup:
+    searcher = Searcher(retriever)
+    last: dict[str, Any] = {}
+
+    def rank(query: str) -> list[str]:
+        out = rewrite.invoke({"question": query})
+        last.clear()
+        last.update(
+            search_query=out.search_query,
+            filters=[str(f) for f in out.filters],
+            alternatives=out.alternatives,
+            rewrite_notes=out.notes,
+        )
+        found = searcher.search(
+            out.search_query, filters=out.filters, alternatives=out.alternatives, k=depth
+        )
+        return [str(d.id) for d in found.documents]
+
+    return RetrieverSetup(name, params, rank, searched=lambda: dict(last))
 
 
 def hybrid_params(retriever: HybridRetriever) -> dict[str, Any]:
@@ -221,6 +260,7 @@ def evaluate_setup(
             {
                 "id": qid,
                 "query": query,
+                **(setup.searched() if setup.searched else {}),
                 **scores,
                 "first_relevant_rank": first,
                 "relevant": sorted(d for d, g in relevant.items() if g > 0),

@@ -66,6 +66,24 @@ def test_retrieval_writes_a_run_per_retriever_and_reuses_the_index(work: Path) -
     assert taken.returncode == 2 and taken.stderr.strip().endswith("choose another --out folder")
 
 
+def test_retrieval_through_the_chat_rewrite_records_what_was_searched(work: Path) -> None:
+    """rewrite+hybrid: each query is a chat's first turn, rewritten by the embedded model."""
+    out = work / "rewrite"
+    result = run(
+        "eval", "retrieval", "--dataset", BEIR, "--index", work / "beir-index", "--out", out,
+        "--retriever", "rewrite+hybrid", "--limit", "2", "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    found = load_run(out / "rewrite-hybrid")
+    items = found.items()
+    assert [i["id"] for i in items] == ["q1", "q2"]
+    for item in items:
+        assert item["search_query"].strip()
+        assert isinstance(item["filters"], list) and isinstance(item["alternatives"], list)
+        assert len(item["top10"]) > 0
+    assert found.config["retriever"] == "rewrite+hybrid"
+
+
 def test_summary_plot_and_diff_read_the_runs(work: Path) -> None:
     plot = work / "runs.png"
     result = run("eval", "summary", work / "retrieval", "--plot", plot)

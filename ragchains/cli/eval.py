@@ -123,6 +123,8 @@ def retrieval_command(
 
     The corpus is indexed once (one chunk per document, title + text) and reused while it and
     the embedder stay the same. Writes one run folder per retriever under --out.
+    rewrite+hybrid asks each query as the first turn of a chat: the configured chat model
+    rewrites it (default domain), and the rewrite is searched as the chat graph searches it.
     """
     from ragchains.evaluation.retrieval import build_setup, evaluate_setup
     from ragchains.evaluation.runs import RunWriter
@@ -141,7 +143,12 @@ def retrieval_command(
                 if name == "hybrid+compress"
                 else None
             )
-            setup = build_setup(name, hybrid, compressor=compressor)
+            rewrite = None
+            if name == "rewrite+hybrid":
+                configurable = build_configurable(None, (), None, "rewrite")
+                prompts, llm = _prompts_and_llm(settings, configurable, "rewrite")
+                rewrite = rewrite_chain(settings, llm, prompts, dict(search_index.fields))
+            setup = build_setup(name, hybrid, compressor=compressor, rewrite=rewrite)
             config = {
                 "kind": "retrieval",
                 "label": f"{data.name}/{name}",
