@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -73,16 +74,25 @@ def smollm() -> Any:
 
 
 @pytest.fixture(scope="session")
-def sample_server(
+def serve_samples(
     settings: Settings, sample_index: Path, smollm: Any, embedder: SentenceTransformerEmbedder
-) -> Iterator[str]:
-    """The real app under uvicorn on a free port, over the sample index with the embedded
-    SmolLM2; yields its base URL."""
+) -> Callable[..., AbstractContextManager[str]]:
+    """Starts the real app under uvicorn on a free port over the sample index, with the
+    default settings changed by its keyword arguments; the context yields the base URL. The
+    chat model is the embedded SmolLM2 unless the changes choose another provider."""
     from ragchains.server import create_app
     from tests.servers import serving
 
-    app = create_app(
-        settings.model_copy(update={"index": sample_index}), llm=smollm, embedder=embedder
-    )
-    with serving(app) as base:
+    def start(**changes: Any) -> AbstractContextManager[str]:
+        configured = settings.model_copy(update={"index": sample_index, **changes})
+        llm = smollm if configured.llm_provider == "embedded" else None
+        return serving(create_app(configured, llm=llm, embedder=embedder))
+
+    return start
+
+
+@pytest.fixture(scope="session")
+def sample_server(serve_samples: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
+    """The real app over the sample index with the embedded SmolLM2; yields its base URL."""
+    with serve_samples() as base:
         yield base

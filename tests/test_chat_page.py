@@ -18,6 +18,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +26,8 @@ import pytest
 from PIL import Image
 from pydantic import SecretStr
 
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.server import create_app
-from ragchains.settings import Settings
 from tests.browser import WatchedPage, chromium, open_page
-from tests.servers import FakeOpenAI, fake_openai_server, serving
+from tests.servers import FakeOpenAI, fake_openai_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -56,16 +54,12 @@ def browser() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def page_server(
-    settings: Settings,
-    sample_index: Path,
-    embedder: SentenceTransformerEmbedder,
-    smollm: Any,
+    serve_samples: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, Path]]:
     """The embedded SmolLM2 over the samples, with a feedback store of its own."""
     store = tmp_path_factory.mktemp("page") / "feedback.sqlite"
-    configured = settings.model_copy(update={"index": sample_index, "feedback_db": store})
-    with serving(create_app(configured, llm=smollm, embedder=embedder)) as base:
+    with serve_samples(feedback_db=store) as base:
         yield base, store
 
 
@@ -100,43 +94,28 @@ def upstream() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture(scope="module")
 def openai_server(
-    settings: Settings,
-    sample_index: Path,
-    embedder: SentenceTransformerEmbedder,
+    serve_samples: Callable[..., AbstractContextManager[str]],
     upstream: FakeOpenAI,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     """The OpenAI-compatible provider against a local upstream the tests can break or slow."""
-    configured = settings.model_copy(
-        update={
-            "index": sample_index,
-            "llm_provider": "openai",
-            "openai_base_url": upstream.base_url,
-            "openai_api_key": SecretStr("upstream-key"),
-            "llm_max_retries": 0,
-            "feedback_db": tmp_path_factory.mktemp("failing") / "feedback.sqlite",
-        }
-    )
-    with serving(create_app(configured, embedder=embedder)) as base:
+    with serve_samples(
+        llm_provider="openai",
+        openai_base_url=upstream.base_url,
+        openai_api_key=SecretStr("upstream-key"),
+        llm_max_retries=0,
+        feedback_db=tmp_path_factory.mktemp("failing") / "feedback.sqlite",
+    ) as base:
         yield base
 
 
 @pytest.fixture(scope="module")
 def keyed_server(
-    settings: Settings,
-    sample_index: Path,
-    embedder: SentenceTransformerEmbedder,
-    smollm: Any,
+    serve_samples: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
-    configured = settings.model_copy(
-        update={
-            "index": sample_index,
-            "api_key": SecretStr(KEY),
-            "feedback_db": tmp_path_factory.mktemp("keyed") / "feedback.sqlite",
-        }
-    )
-    with serving(create_app(configured, llm=smollm, embedder=embedder)) as base:
+    store = tmp_path_factory.mktemp("keyed") / "feedback.sqlite"
+    with serve_samples(api_key=SecretStr(KEY), feedback_db=store) as base:
         yield base
 
 

@@ -141,19 +141,7 @@ def test_round_trip_keeps_every_field(tmp_path: Path) -> None:
     records = store.records()
     assert [r["id"] for r in records] == [first.id, second.id]
     assert list(records[0]) == list(RECORD_FIELDS)
-    assert records[0] == {
-        "id": first.id,
-        "created_at": first.created_at,
-        "run_id": RUN_ID,
-        "score": 1,
-        "comment": "cites the right table",
-        "mode": "ask",
-        "domain": "hr",
-        "prompts": {"answer": "hr/answer@v2", "rewrite": "hr/rewrite@v1"},
-        "question": "What does the standard plan cost?",
-        "answer": "$45.00 a month [1].",
-        "cited_ids": ["employee-handbook.md#benefit-plans:0"],
-    }
+    assert records[0] == {"id": first.id, "created_at": first.created_at, **payload()}
     assert (records[1]["score"], records[1]["prompts"], records[1]["cited_ids"]) == (0, {}, [])
 
 

@@ -14,10 +14,6 @@ import pytest
 from pydantic import SecretStr
 
 from ragchains.feedback import FeedbackStore
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.server import create_app
-from ragchains.settings import Settings
-from tests.servers import serving
 
 pytestmark = pytest.mark.slow
 
@@ -42,15 +38,10 @@ def vote(**changes: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def server(
-    settings: Settings, sample_index: Path, embedder: SentenceTransformerEmbedder, smollm: Any
+    serve_samples: Callable[..., AbstractContextManager[str]],
 ) -> Callable[..., AbstractContextManager[str]]:
     """Starts a server over the sample index with the given settings changed."""
-
-    def start(**changes: Any) -> AbstractContextManager[str]:
-        configured = settings.model_copy(update={"index": sample_index, **changes})
-        return serving(create_app(configured, llm=smollm, embedder=embedder))
-
-    return start
+    return serve_samples
 
 
 @pytest.fixture
@@ -60,16 +51,12 @@ def store_path(tmp_path: Path) -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def validating(
-    settings: Settings,
-    sample_index: Path,
-    embedder: SentenceTransformerEmbedder,
-    smollm: Any,
+    serve_samples: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, Path]]:
     """One server for the validation cases, and its store."""
     path = tmp_path_factory.mktemp("validating") / "feedback.sqlite"
-    configured = settings.model_copy(update={"index": sample_index, "feedback_db": path})
-    with serving(create_app(configured, llm=smollm, embedder=embedder)) as url:
+    with serve_samples(feedback_db=path) as url:
         yield url, path
 
 

@@ -7,8 +7,8 @@ upstream (tests/servers.py) that can be told to fail or stall; an API key and CO
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 
 import httpx
 import openai
@@ -16,10 +16,7 @@ import pytest
 from langserve import RemoteRunnable
 from pydantic import SecretStr
 
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.server import create_app
-from ragchains.settings import Settings
-from tests.servers import FakeOpenAI, fake_openai_server, serving
+from tests.servers import FakeOpenAI, fake_openai_server
 
 pytestmark = pytest.mark.slow
 
@@ -35,25 +32,18 @@ def upstream() -> Iterator[FakeOpenAI]:
 
 @pytest.fixture(scope="module")
 def guarded_url(
-    settings: Settings,
-    sample_index: Path,
-    embedder: SentenceTransformerEmbedder,
-    upstream: FakeOpenAI,
+    serve_samples: Callable[..., AbstractContextManager[str]], upstream: FakeOpenAI
 ) -> Iterator[str]:
     """The openai provider against the stand-in upstream, with a key and CORS."""
-    configured = settings.model_copy(
-        update={
-            "index": sample_index,
-            "llm_provider": "openai",
-            "openai_model": "ok-main",
-            "openai_base_url": upstream.base_url,
-            "llm_timeout": 0.5,
-            "llm_max_retries": 0,
-            "api_key": SecretStr(KEY),
-            "cors_origins": ["http://app.example"],
-        }
-    )
-    with serving(create_app(configured, embedder=embedder)) as base:
+    with serve_samples(
+        llm_provider="openai",
+        openai_model="ok-main",
+        openai_base_url=upstream.base_url,
+        llm_timeout=0.5,
+        llm_max_retries=0,
+        api_key=SecretStr(KEY),
+        cors_origins=["http://app.example"],
+    ) as base:
         yield base
 
 
