@@ -19,12 +19,12 @@ import ast
 import json
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from functools import partial
 from typing import Any
 
 from langchain_core.language_models import BaseChatModel
-from langchain_core.messages import AIMessage
+from langchain_core.messages import AIMessage, BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from pydantic import BaseModel, Field
@@ -34,6 +34,7 @@ from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
+from ragchains.retrievers.bm25 import tokenize
 from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
 
 SEARCH_TOOL = "search_sources"
@@ -44,6 +45,17 @@ _EMPTY_REPLIES = frozenset({"", "0", "empty string", "none", "null", "n/a", "no 
 _QUOTES = "\"'`“”‘’"
 _CALL = re.compile(r"(search_sources|search_by_filename|add_filter)\s*\((.*?)\)\s*(?:;|$)", re.S)
 MAX_QUERY_CHARS = 400
+# A rewrite that keeps less of the question's content words than this is not searched.
+REWRITE_KEEPS = 0.5
+# Words a rewrite may leave out: how a question is asked, not what it asks (BM25's stop words
+# are only the shortest function words).
+_ASKING = frozenset(
+    tokenize(
+        "what which who whom whose when where why how do does did done can could would should "
+        "may might must shall will am i me my we our you your please tell know want need find "
+        "show give list any some all more less than most least much many get got about there"
+    )
+)
 # A reply longer than this, or one with citation markers, is an answer, not a query.
 MAX_PROSE_QUERY_WORDS = 16
 _CITATION_LIKE = re.compile(r"\[[^\]\s]+[#.][^\]]*\]")
@@ -265,6 +277,61 @@ def _prose_query(text: str) -> str | None:
     return sanitize_query(first)
 
 
+def own_words(question: str, history: Sequence[BaseMessage] = ()) -> str:
+    """What the user asked, in their words: the question, after their previous message when
+    it is a follow-up (the context a follow-up leaves out is most often there)."""
+    said = [str(m.content) for m in history if m.type == "human"]
+    return " ".join(" ".join([*said[-1:], question]).split())
+
+
+def keep_the_users_words(
+    out: RewriteOutput, question: str, history: Sequence[BaseMessage] = ()
+) -> None:
+    """Make the search at least as good as the user's own words.
+
+    The model's query is searched only when it keeps at least ``REWRITE_KEEPS`` of the
+    question's content words (BM25's stemmed tokens; numbers, words a filter carries and the
+    words of asking aside) and brings in words of the conversation that the question left out
+    (what a follow-up refers to); it is then searched together with the user's words, fused
+    by RRF. Otherwise the user's words are searched: a rewrite that drops words loses what was
+    asked, and one that adds words the conversation never held adds a guess (measured on
+    SciFact with SmolLM2: 0.417 nDCG@10 through its rewrites, 0.715 for the claims as written,
+    0.708 when rewrites adding any word were fused in). Filters and multi-query phrasings are
+    kept either way.
+    """
+    own = own_words(question, history)
+    if out.fallback:
+        out.search_query = own
+        return
+    carried = {t for f in out.filters for t in tokenize(" ".join(map(str, _values(f))))}
+    asked = set(tokenize(question))
+    wanted = {t for t in asked if not t.isdigit()} - carried - _ASKING
+    written = set(tokenize(out.search_query))
+    share = len(wanted & written) / len(wanted) if wanted else 1.0
+    context = {t for m in history for t in tokenize(str(m.content))}
+    rewrite = out.search_query
+    if share < REWRITE_KEEPS:
+        out.notes.append(
+            f"the rewrite {rewrite!r} left out words of the question ({share:.0%} kept); "
+            "searching your words"
+        )
+        out.search_query, out.fallback = own, True
+    elif not (written - asked) & context:
+        if rewrite.casefold() != own.casefold():
+            out.notes.append(
+                f"the rewrite {rewrite!r} brings in nothing from the conversation; "
+                "searching your words"
+            )
+        out.search_query = own
+    elif rewrite.casefold() != own.casefold():
+        seen = {rewrite.casefold(), own.casefold()}
+        out.alternatives = [own, *(a for a in out.alternatives if a.casefold() not in seen)]
+
+
+def _values(flt: MetadataFilter) -> list[Any]:
+    return flt.value if isinstance(flt.value, list) else [flt.value]
+
+
 def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
     """Up to ``count`` distinct phrasings, one per line, list marks removed."""
     seen = {main.casefold()}
@@ -344,6 +411,7 @@ class _Rewriter:
         if text:
             wanted = options.multi_query - 1
             out.alternatives = parse_alternatives(text, main=out.search_query, count=wanted)
+        keep_the_users_words(out, state["question"], state.get("chat_history") or [])
         out.search_query = expand_glossary(out.search_query, options.glossary)
         out.alternatives = [expand_glossary(q, options.glossary) for q in out.alternatives]
         out.seconds = round(time.perf_counter() - since, 4)

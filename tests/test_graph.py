@@ -128,12 +128,14 @@ def test_numeric_and_filename_filters_reach_the_retriever(
         ]
     )
     graphs, retriever = build(index, embedder, model)
-    out = graphs.chat.invoke({"question": "soil sensors in products.csv under 50?"})
+    question = "soil sensors in products.csv under 50?"
+    out = graphs.chat.invoke({"question": question})
     wanted = [
         {"field": "price", "op": "<", "value": 50},
         {"field": "filename", "op": "=", "value": "products.csv"},
     ]
-    assert retriever.calls == [("soil sensor", 10, wanted)]
+    # "soil sensor" adds nothing to the question: the user's words are searched, filtered.
+    assert retriever.calls == [(question, 10, wanted)]
     assert out["filters"] == wanted
     assert out["sources"], "the filtered search found nothing"
     for source in out["sources"]:
@@ -172,7 +174,8 @@ def test_requery_kept_when_clearly_better(
         index, embedder, model, scores={"bad query": 0.1, "better query": 0.5}
     )
     out = graphs.chat.invoke({"question": "q?"})
-    assert [c[0] for c in retriever.calls] == ["bad query", "better query"]
+    # The rewrite adds words, so it is searched with the user's own words fused in.
+    assert [c[0] for c in retriever.calls] == ["bad query", "q?", "better query"]
     assert out["requeried"] is True
     assert out["requery"] == {
         "first_query": "bad query",
@@ -206,7 +209,7 @@ def test_requery_repeating_the_first_query_searches_nothing_more(
     model = plain_model("search_sources(search_query='bad query')", "Bad Query", "Fine.")
     graphs, retriever = build(index, embedder, model, scores={"bad query": 0.1})
     out = graphs.chat.invoke({"question": "q?"})
-    assert [c[0] for c in retriever.calls] == ["bad query"]
+    assert [c[0] for c in retriever.calls] == ["bad query", "q?"]
     assert out["requery"] == {
         "first_query": "bad query",
         "first_best_score": 0.1,
@@ -229,7 +232,7 @@ def test_no_requery_when_the_first_results_are_good(
     model = plain_model("search_sources(search_query='good query')", "Fine.")
     graphs, retriever = build(index, embedder, model, default=0.6)
     out = graphs.chat.invoke({"question": "q?"})
-    assert len(retriever.calls) == 1 and len(model.seen) == 2
+    assert len(retriever.calls) == 2 and len(model.seen) == 2  # the rewrite and "q?"
     assert out["requeried"] is False and out["requery"] is None
     assert "requery" not in out["prompts"]
 
@@ -318,7 +321,8 @@ def test_multi_query_searches_each_phrasing(
     model = plain_model("search_sources(search_query='soil sensor')", "moisture probe", "Fine.")
     graphs, retriever = build(index, embedder, model)
     out = graphs.chat.invoke({"question": "soil sensors?"}, {"configurable": {"domain": "catalog"}})
-    assert [c[0] for c in retriever.calls] == ["soil sensor", "moisture probe"]
+    # "soil sensor" adds nothing to "soil sensors?": the question itself is searched.
+    assert [c[0] for c in retriever.calls] == ["soil sensors?", "moisture probe"]
     assert out["alternatives"] == ["moisture probe"]
     assert out["prompts"]["multi_query"] == "default/multi_query@v1"
 

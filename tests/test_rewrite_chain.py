@@ -14,10 +14,12 @@ from pydantic import Field
 
 from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
 from ragchains.chains.rewrite import (
+    RewriteOutput,
     call_grammar,
     create_rewrite_chain,
     expand_glossary,
     interpret,
+    keep_the_users_words,
     lines_grammar,
     parse_alternatives,
     sanitize_query,
@@ -134,7 +136,17 @@ def test_quoted_query_is_unquoted(prompts: PromptRegistry) -> None:
         prompts,
         AIMessage(content="", tool_calls=[call("search_sources", search_query='"soil sensor"')]),
     )
-    assert out.search_query == "soil sensor" and not out.fallback
+    assert not out.fallback and not any("unquot" in n for n in out.notes)
+    assert (
+        interpret(
+            AIMessage(
+                content="", tool_calls=[call("search_sources", search_query='"soil sensor"')]
+            ),
+            QUESTION,
+            FIELDS,
+        ).search_query
+        == "soil sensor"
+    )
 
 
 @pytest.mark.parametrize(
@@ -170,7 +182,8 @@ def test_numeric_and_filename_filters_are_checked(prompts: PromptRegistry) -> No
         ],
     )
     out = run(prompts, reply, "which soil sensors in products.csv cost less than 100?")
-    assert out.search_query == "soil sensor"
+    # "soil sensor" adds nothing to the question: the user's own words are searched.
+    assert out.search_query == "which soil sensors in products.csv cost less than 100?"
     assert [f.model_dump() for f in out.filters] == [
         {"field": "price", "op": "<", "value": 100},
         {"field": "filename", "op": "=", "value": "products.csv"},
@@ -215,10 +228,11 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
     )
     llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
     out = create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke(
-        {"question": "q"}, {"configurable": {"domain": "catalog"}}
+        {"question": "sensors"}, {"configurable": {"domain": "catalog"}}
     )
     assert out.search_query == "soil sensor"
-    assert out.alternatives == ["SKU (product code) moisture probe"]  # glossary applies too
+    # The user's own words come first among the phrasings; the glossary applies too.
+    assert out.alternatives == ["sensors", "SKU (product code) moisture probe"]
     assert out.prompts == {
         "rewrite": "catalog/rewrite@v1",
         "multi_query": "default/multi_query@v1",
@@ -226,6 +240,44 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
     assert model.grammars[1] == lines_grammar(1) == "root ::= line\nline ::= [^\\n] [^\\n]{0,149}\n"
     assert lines_grammar(3).startswith('root ::= line ("\\n" line){2}\n')
     assert parse_alternatives("- a\n* b\nx\n\n0", main="x", count=5) == ["a", "b"]
+
+
+# ----------------------------------------------------------------------------- the user's words
+@pytest.mark.parametrize(
+    ("question", "history", "rewrite", "searched", "also"),
+    [
+        # Drops the claim's words: the claim is searched.
+        ("1,000 genomes project maps rare variants", [], "genomes project", "", []),
+        # Keeps them but adds nothing: the question is searched.
+        ("Inductive properties of biomaterials?", [], "biomaterials inductive", "", []),
+        # Adds a word the conversation never held: a guess; the question is searched.
+        ("soil sensors?", [], "soil moisture sensors", "", []),
+        # A follow-up: the rewrite brings the conversation's words; the user's words are the
+        # previous question and this one.
+        (
+            "Do unused ones carry over?",
+            ["How many vacation days do employees get?"],
+            "unused vacation days carry over",
+            "unused vacation days carry over",
+            ["How many vacation days do employees get? Do unused ones carry over?"],
+        ),
+        (
+            "and the sick days?",
+            ["How many vacation days do employees get?"],
+            "sick",
+            "How many vacation days do employees get? and the sick days?",
+            [],
+        ),
+    ],
+)
+def test_the_search_keeps_the_users_words(
+    question: str, history: list[str], rewrite: str, searched: str, also: list[str]
+) -> None:
+    out = RewriteOutput(search_query=rewrite)
+    messages = [m for q in history for m in (HumanMessage(q), AIMessage("an answer"))]
+    keep_the_users_words(out, question, messages)
+    assert out.search_query == (searched or question)
+    assert out.alternatives == also
 
 
 def test_plain_text_with_bad_arguments_falls_back() -> None:
@@ -246,8 +298,10 @@ def test_glossary_expansion_per_domain(prompts: PromptRegistry) -> None:
     reply = AIMessage(
         content="", tool_calls=[call("search_sources", search_query="PTO carry over")]
     )
-    assert run(prompts, reply, domain="hr").search_query == "PTO (paid time off) carry over"
-    assert run(prompts, reply).search_query == "PTO carry over"  # default: expansion off
+    question = "does unused PTO carry over?"
+    expanded = run(prompts, reply, question, domain="hr")
+    assert expanded.search_query == "does unused PTO (paid time off) carry over?"
+    assert run(prompts, reply, question).search_query == question  # default: expansion off
     assert expand_glossary("PTO (paid time off)", {"PTO": "paid time off"}) == "PTO (paid time off)"
     assert expand_glossary("OPTOUT", {"PTO": "paid time off"}) == "OPTOUT"
 
