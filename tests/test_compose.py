@@ -16,6 +16,7 @@ from types import ModuleType
 import pytest
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.messages import AIMessage, HumanMessage
 from langchain_core.runnables import RunnableLambda
 
 from ragchains import create_ask_chain, create_chat_chain, create_retrieve_chain
@@ -79,11 +80,16 @@ def test_chat_chain_from_stock_langchain_parts_cites_its_sources() -> None:
     )
     chain = compose.build_chat_chain(model, reranker=CONFIG_ONLY_CROSS_ENCODER)
     out = chain.invoke({"question": "What does the standard plan cost?"})
-    assert out["search_query"] == "standard plan monthly cost"
+    # A first turn's rewrite brings in nothing the user did not say: their words are searched.
+    assert out["search_query"] == "What does the standard plan cost?"
     assert len(out["sources"]) == 3  # the reranker's top_n
     assert {s["label"] for s in out["sources"]} <= {"employee-handbook.md", "perks-policy.md"}
     assert [c["label"] for c in out["citations"]] == ["employee-handbook.md"]
-    assert not out["abstained"] and out["notes"] == []
+    assert not out["abstained"]
+    assert out["notes"] == [
+        "the rewrite 'standard plan monthly cost' brings in nothing from the conversation; "
+        "searching your words"
+    ]
     assert out["compressor"]["kind"] == "CrossEncoderReranker"
 
 
@@ -131,17 +137,22 @@ def test_multi_query_fuses_the_phrasings_with_any_retriever(
     llm = fake_llm("search_sources(search_query='health plans')", "medical insurance", "Fine.")
     # A retriever-like runnable (query in, documents out) is a retriever too.
     chain = create_chat_chain(llm=llm, retriever=RunnableLambda(spy))
-    out = chain.invoke({"question": "plans?"}, {"configurable": {"domain": "catalog"}})
-    # The rewrite adds a word, so the user's own words are searched with it.
-    assert searched == ["health plans", "plans?", "medical insurance"]
-    assert out["alternatives"] == ["plans?", "medical insurance"] and out["sources"]
+    history = [HumanMessage("which health benefits are there?"), AIMessage("Several.")]
+    out = chain.invoke(
+        {"question": "and plans?", "chat_history": history}, {"configurable": {"domain": "catalog"}}
+    )
+    # The rewrite brings in "health" from the conversation: it is searched, and the user's
+    # own words (their previous message and the question) are fused with it.
+    own = "which health benefits are there? and plans?"
+    assert searched == ["health plans", own, "medical insurance"]
+    assert out["alternatives"] == [own, "medical insurance"] and out["sources"]
 
 
 def test_requery_with_any_retriever(stock_retriever: BM25Retriever) -> None:
     llm = fake_llm("search_sources(search_query='bad query')", "better query", "Fine.")
     compressor = RerankCompressor(primary=ScriptedScorer({"bad query": 0.1, "better query": 0.6}))
     chain = create_chat_chain(llm=llm, retriever=stock_retriever, compressor=compressor)
-    out = chain.invoke({"question": "q?"})
+    out = chain.invoke({"question": "bad query"})
     assert out["requery"]["kept"] and out["search_query"] == "better query"
 
 

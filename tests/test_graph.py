@@ -173,9 +173,8 @@ def test_requery_kept_when_clearly_better(
     graphs, retriever = build(
         index, embedder, model, scores={"bad query": 0.1, "better query": 0.5}
     )
-    out = graphs.chat.invoke({"question": "q?"})
-    # The rewrite adds words, so it is searched with the user's own words fused in.
-    assert [c[0] for c in retriever.calls] == ["bad query", "q?", "better query"]
+    out = graphs.chat.invoke({"question": "bad query"})
+    assert [c[0] for c in retriever.calls] == ["bad query", "better query"]
     assert out["requeried"] is True
     assert out["requery"] == {
         "first_query": "bad query",
@@ -196,7 +195,7 @@ def test_requery_discarded_when_not_better_by_the_margin(
     # 0.32 beats 0.30, but not by max(1.1 x 0.30, 0.30 + 0.05) = 0.35.
     model = plain_model("search_sources(search_query='bad query')", "other query", "Fine.")
     graphs, _ = build(index, embedder, model, scores={"bad query": 0.30, "other query": 0.32})
-    out = graphs.chat.invoke({"question": "q?"})
+    out = graphs.chat.invoke({"question": "bad query"})
     assert out["requeried"] is True and out["requery"]["kept"] is False
     assert out["requery"]["best_score"] == 0.32
     assert out["search_query"] == "bad query"
@@ -208,8 +207,8 @@ def test_requery_repeating_the_first_query_searches_nothing_more(
 ) -> None:
     model = plain_model("search_sources(search_query='bad query')", "Bad Query", "Fine.")
     graphs, retriever = build(index, embedder, model, scores={"bad query": 0.1})
-    out = graphs.chat.invoke({"question": "q?"})
-    assert [c[0] for c in retriever.calls] == ["bad query", "q?"]
+    out = graphs.chat.invoke({"question": "bad query"})
+    assert [c[0] for c in retriever.calls] == ["bad query"]
     assert out["requery"] == {
         "first_query": "bad query",
         "first_best_score": 0.1,
@@ -231,8 +230,8 @@ def test_no_requery_when_the_first_results_are_good(
 ) -> None:
     model = plain_model("search_sources(search_query='good query')", "Fine.")
     graphs, retriever = build(index, embedder, model, default=0.6)
-    out = graphs.chat.invoke({"question": "q?"})
-    assert len(retriever.calls) == 2 and len(model.seen) == 2  # the rewrite and "q?"
+    out = graphs.chat.invoke({"question": "good query"})
+    assert len(retriever.calls) == 1 and len(model.seen) == 2  # the rewrite and the answer
     assert out["requeried"] is False and out["requery"] is None
     assert "requery" not in out["prompts"]
 
@@ -279,11 +278,18 @@ REPLIES = (
 )
 
 
+# A follow-up whose rewrite brings in the conversation's "benefit": the rewrite is searched.
+FOLLOW_UP = {
+    "question": "what do the plans cost?",
+    "chat_history": [HumanMessage("which benefit plans are there?"), AIMessage("Two.")],
+}
+
+
 def test_stream_sends_sources_first_then_tokens_then_citations(
     index: SearchIndex, embedder: SentenceTransformerEmbedder
 ) -> None:
     graphs, _ = build(index, embedder, plain_model(*REPLIES))
-    check_stream(list(graphs.chat.stream({"question": "what do plans cost?"})))
+    check_stream(list(graphs.chat.stream(FOLLOW_UP)))
 
 
 def test_async_stream_has_the_same_order(
@@ -292,7 +298,7 @@ def test_async_stream_has_the_same_order(
     graphs, _ = build(index, embedder, plain_model(*REPLIES))
 
     async def collect() -> list[dict[str, Any]]:
-        return [e async for e in graphs.chat.astream({"question": "what do plans cost?"})]
+        return [e async for e in graphs.chat.astream(FOLLOW_UP)]
 
     check_stream(asyncio.run(collect()))
 
@@ -426,7 +432,7 @@ def test_every_stage_stands_alone_with_types_and_names(
         assert set(runnable.get_input_jsonschema()["properties"]) == inputs, name
         assert runnable.get_output_jsonschema()["title"] == output, name
         assert runnable.config["run_name"] == name  # type: ignore[attr-defined]
-    assert graphs.rewrite.invoke({"question": "q"}).search_query == "plans"
+    assert graphs.rewrite.invoke({"question": "plans?"}).search_query == "plans?"
 
 
 def test_retrieve_is_retriever_like(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -9,7 +10,7 @@ from langchain_core.language_models.fake_chat_models import (
     FakeListChatModel,
     FakeMessagesListChatModel,
 )
-from langchain_core.messages import AIMessage, HumanMessage, SystemMessage
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import Field
 
 from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
@@ -60,9 +61,20 @@ def prompts() -> PromptRegistry:
     return PromptRegistry(required=REQUIRED_PROMPTS)
 
 
-def run(prompts: PromptRegistry, reply: AIMessage, question: str = QUESTION, **config: Any) -> Any:
+def run(
+    prompts: PromptRegistry,
+    reply: AIMessage,
+    question: str = QUESTION,
+    history: Sequence[BaseMessage] = (),
+    **config: Any,
+) -> Any:
     chain = create_rewrite_chain(llm=tool_llm(reply), prompts=prompts, fields=FIELDS)
-    return chain.invoke({"question": question}, {"configurable": config})
+    turn = {"question": question, "chat_history": list(history)}
+    return chain.invoke(turn, {"configurable": config})
+
+
+# A conversation about soil moisture: a rewrite that brings in "moisture" is searched.
+MOISTURE = [HumanMessage("we water by soil moisture"), AIMessage("Then measure it.")]
 
 
 # ----------------------------------------------------------------------------- fallbacks
@@ -112,7 +124,8 @@ def test_junk_falls_back_to_the_question(prompts: PromptRegistry, reply: AIMessa
 
 
 def test_plain_reply_without_call_syntax_is_the_query(prompts: PromptRegistry) -> None:
-    out = run(prompts, AIMessage(content="soil moisture sensors\nunder 100 dollars"))
+    reply = AIMessage(content="soil moisture sensors\nunder 100 dollars")
+    out = run(prompts, reply, history=MOISTURE)
     assert out.search_query == "soil moisture sensors" and not out.fallback
 
 
@@ -202,7 +215,7 @@ def test_plain_text_model_uses_the_call_syntax_of_the_few_shots(prompts: PromptR
     )
     assert not supports_tool_calling(llm)
     chain = create_rewrite_chain(llm=LLM.of(llm, count_tokens=len), prompts=prompts, fields=FIELDS)
-    out = chain.invoke({"question": QUESTION})
+    out = chain.invoke({"question": QUESTION, "chat_history": MOISTURE})
     assert out.search_query == "soil moisture sensor"
     assert [f.model_dump() for f in out.filters] == [{"field": "price", "op": "<", "value": 100}]
     assert out.prompts == {"rewrite": "default/rewrite@v1"}
@@ -228,11 +241,12 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
     )
     llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
     out = create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke(
-        {"question": "sensors"}, {"configurable": {"domain": "catalog"}}
+        {"question": "sensors", "chat_history": MOISTURE}, {"configurable": {"domain": "catalog"}}
     )
     assert out.search_query == "soil sensor"
     # The user's own words come first among the phrasings; the glossary applies too.
-    assert out.alternatives == ["sensors", "SKU (product code) moisture probe"]
+    own = "we water by soil moisture sensors"
+    assert out.alternatives == [own, "SKU (product code) moisture probe"]
     assert out.prompts == {
         "rewrite": "catalog/rewrite@v1",
         "multi_query": "default/multi_query@v1",
