@@ -125,3 +125,14 @@ def recommend(points: Sequence[SweepPoint], max_false_abstain: float) -> SweepPo
     if not allowed:  # cannot happen with a grid starting below every score; be safe
         return min(points, key=lambda p: p.false_abstain_rate)
     return max(allowed, key=lambda p: (p.abstain_rate, -p.threshold))
+
+
+def requery_threshold(answerable: Sequence[float], share: float, step: float = 0.01) -> float:
+    """The score below which ``share`` of the answerable questions' best scores fall, on the
+    sweep's grid: a chat turn scoring lower asks once for a better query, so about that share
+    of answerable turns pay for one more LLM call."""
+    finite = np.asarray([s for s in answerable if np.isfinite(s)], dtype=np.float64)
+    if not finite.size:
+        return 0.0
+    # The epsilon keeps a quantile that lies on the grid (0.35 / 0.01 = 34.999…) on it.
+    return round(float(np.floor(np.quantile(finite, share) / step + 1e-9) * step), 6)

@@ -10,7 +10,13 @@ import pytest
 from langchain_core.language_models import FakeListChatModel
 
 from ragchains.chains.llm import LLM
-from ragchains.evaluation.abstention import SweepPoint, default_thresholds, recommend, sweep
+from ragchains.evaluation.abstention import (
+    SweepPoint,
+    default_thresholds,
+    recommend,
+    requery_threshold,
+    sweep,
+)
 from ragchains.evaluation.answers import (
     Judge,
     TargetError,
@@ -205,6 +211,14 @@ def test_abstention_sweep_and_recommendation_hand_computed() -> None:
     (point,) = sweep([float("-inf")], [], [0.0])
     assert point.false_abstain_rate == 1.0
     assert default_thresholds([0.123, 0.2, float("-inf")], 0.05) == [0.1, 0.15, 0.2, 0.25]
+
+
+def test_requery_threshold_is_a_quantile_of_the_answerable_scores_on_the_grid() -> None:
+    scores = [0.2, 0.4, 0.6, 0.8, float("-inf")]
+    assert requery_threshold(scores, 0.25) == 0.35  # quantile 0.35 of the finite four
+    assert requery_threshold(scores, 0.0) == 0.2 and requery_threshold(scores, 1.0) == 0.8
+    assert requery_threshold([0.456], 0.5, step=0.05) == 0.45  # rounded down to the grid
+    assert requery_threshold([float("-inf")], 0.25) == 0.0
 
 
 def test_generation_replies_parsed_and_checked() -> None:

@@ -109,12 +109,14 @@ def test_abstention_sweeps_and_recommends_without_an_llm(work: Path) -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert "recommended: RAGCHAINS_RERANK_THRESHOLD=" in result.stdout
+    assert "recommended: RAGCHAINS_REQUERY_THRESHOLD=" in result.stdout
     found = load_run(out)
     assert (out / "sweep.png").read_bytes().startswith(PNG)
     items = found.items()
     assert len(items) == 4 and all(i["removed_documents"] >= 1 for i in items)
     m = found.metrics
     assert m["recommended_false_abstain_rate"] <= 0.25
+    assert m["recommended_requery_threshold"] >= m["recommended_threshold"]
     sweep = found.summary["sweep"]
     thresholds = [p["threshold"] for p in sweep]
     assert thresholds == sorted(thresholds)

@@ -397,6 +397,14 @@ def _beir_search_index(
     help="Recommend the threshold that abstains most while wrongly abstaining on at most "
     "this share of answerable questions.",
 )
+@click.option(
+    "--requery-share",
+    type=click.FloatRange(0, 1),
+    default=0.25,
+    show_default=True,
+    help="Recommend re-querying below the score that this share of answerable questions' "
+    "best scores fall under (each such chat turn makes one more LLM call).",
+)
 @click.option("--step", type=click.FloatRange(min=1e-4), default=0.01, show_default=True)
 @_OUT
 @_LIMIT
@@ -406,6 +414,7 @@ def abstention_command(
     split: str,
     index: Path | None,
     max_false_abstain: float,
+    requery_share: float,
     step: float,
     out: Path | None,
     limit: int | None,
@@ -417,7 +426,13 @@ def abstention_command(
     documents removed from the search (unanswerable). A turn abstains when no chunk scores
     at least the threshold, so the best compressor score decides. Writes sweep.png too.
     """
-    from ragchains.evaluation.abstention import best_scores, default_thresholds, recommend, sweep
+    from ragchains.evaluation.abstention import (
+        best_scores,
+        default_thresholds,
+        recommend,
+        requery_threshold,
+        sweep,
+    )
     from ragchains.evaluation.plots import plot_sweep
     from ragchains.evaluation.retrieval import hybrid_params
     from ragchains.evaluation.runs import RunWriter
@@ -442,6 +457,7 @@ def abstention_command(
             "retriever": {"kind": "hybrid", **hybrid_params(retriever)},
             "compressor": status,
             "max_false_abstain": max_false_abstain,
+            "requery_share": requery_share,
         }
         with RunWriter(out, config) as writer:
             answerable, unanswerable = best_scores(
@@ -451,6 +467,9 @@ def abstention_command(
                 answerable, unanswerable, default_thresholds([*answerable, *unanswerable], step)
             )
             chosen = recommend(points, max_false_abstain)
+            requery_below = max(
+                requery_threshold(answerable, requery_share, step), chosen.threshold
+            )
             (now,) = sweep(answerable, unanswerable, [current])
             plot_sweep(
                 points,
@@ -466,6 +485,7 @@ def abstention_command(
                 "recommended_threshold": chosen.threshold,
                 "recommended_abstain_rate": chosen.abstain_rate,
                 "recommended_false_abstain_rate": chosen.false_abstain_rate,
+                "recommended_requery_threshold": requery_below,
             }
             path = writer.finish(
                 {
@@ -482,6 +502,11 @@ def abstention_command(
         f"scorer: abstains on {chosen.abstain_rate:.0%} of unanswerable questions, wrongly on "
         f"{chosen.false_abstain_rate:.0%} of answerable ones (now {current:g}: "
         f"{now.abstain_rate:.0%} and {now.false_abstain_rate:.0%}). Plot: {path / 'sweep.png'}"
+    )
+    click.echo(
+        f"recommended: RAGCHAINS_REQUERY_THRESHOLD={requery_below:g}: a chat turn whose best "
+        f"score is lower asks once for a better query ({requery_share:.0%} of answerable "
+        "questions score lower)"
     )
 
 
