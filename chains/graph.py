@@ -60,6 +60,7 @@ from ragchains.chains.retrieve import (
     create_retrieve_chain,
     retrieve_stage,
     retriever_fields,
+    threshold_for,
     to_source,
 )
 from ragchains.chains.rewrite import PROMPTS as REWRITE_PROMPTS
@@ -257,7 +258,7 @@ class _Requery:
                 self.compressor,
                 retrieved.documents,
                 new_query,
-                threshold=options.threshold,
+                threshold=threshold_for(options, self.compressor),
                 config=config,
             )
             found = (retrieved, new)
@@ -277,7 +278,7 @@ class _Requery:
                 self.compressor,
                 retrieved.documents,
                 new_query,
-                threshold=options.threshold,
+                threshold=threshold_for(options, self.compressor),
                 config=config,
             )
             found = (retrieved, new)

@@ -90,9 +90,12 @@ class Options(BaseModel):
     range_fields: dict[str, list[str]] = Field(
         default_factory=dict, description="numeric fields read from the question's ranges"
     )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict, description="the domain's compressor cut per scorer kind"
+    )
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt refs by name")
     k: int | None = None
-    threshold: float | None = None
+    threshold: float | None = Field(None, description="the request's own; None: not set")
     _prompts: dict[str, Prompt] = PrivateAttr(default_factory=dict)
 
     @classmethod
@@ -109,6 +112,7 @@ class Options(BaseModel):
             glossary=domain.query_glossary,
             multi_query=domain.multi_query,
             range_fields=domain.range_fields,
+            thresholds=domain.thresholds,
             prompts={name: prompt.ref for name, prompt in prompts.items()},
             k=k,
             threshold=threshold,
@@ -254,7 +258,13 @@ class Choices:
             prompts[name] = self.registry.get(
                 domain.name, name, None if version == LATEST else version
             )
-        return Options.of(domain, prompts, k=values.get(K_KEY), threshold=values.get(THRESHOLD_KEY))
+        # A threshold the request does not set stays None, so that the domain's (or else the
+        # compressor's own) applies. LangServe fills every declared key with its default, so
+        # the compressor's default counts as not set too.
+        threshold = values.get(THRESHOLD_KEY)
+        if self._threshold is None or threshold == float(self._threshold()):
+            threshold = None
+        return Options.of(domain, prompts, k=values.get(K_KEY), threshold=threshold)
 
     def step(self) -> RunnableLambda[Any, Options]:
         """The ``configure`` runnable: declares the specs, resolves a request's choices."""

@@ -28,7 +28,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, Field
 
-from ragchains.chains.options import Choices
+from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import RewriteOutput, expand_glossary
 from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
@@ -299,6 +299,14 @@ def compressor_status(compressor: BaseDocumentCompressor | None) -> dict[str, An
     return {"kind": type(compressor).__name__, "top_n": getattr(compressor, "top_n", None)}
 
 
+def threshold_for(options: Options, compressor: BaseDocumentCompressor | None) -> float | None:
+    """The cut for this turn: the request's threshold, else the domain's for the compressor's
+    scorer kind, else None (the compressor's own default)."""
+    if options.threshold is not None or not options.thresholds:
+        return options.threshold
+    return options.thresholds.get(str(compressor_status(compressor).get("kind")))
+
+
 def threshold_default(compressor: BaseDocumentCompressor | None) -> Any:
     """A callable giving the compressor's threshold when it takes one per request, else None."""
     if isinstance(compressor, ScoringCompressor):
@@ -364,7 +372,7 @@ def compress_stage(
             compressor,
             state["retrieved"].documents,
             state["search"].search_query,
-            threshold=state["options"].threshold,
+            threshold=threshold_for(state["options"], compressor),
             config=config,
         )
 
@@ -373,7 +381,7 @@ def compress_stage(
             compressor,
             state["retrieved"].documents,
             state["search"].search_query,
-            threshold=state["options"].threshold,
+            threshold=threshold_for(state["options"], compressor),
             config=config,
         )
 

@@ -92,6 +92,11 @@ class DomainFile(BaseModel):
         description="numeric fields whose ranges are read from the question (under / over / "
         "between N), each with the words that point at it, e.g. price: [cost, dollars, $]",
     )
+    thresholds: dict[str, float] = Field(
+        default_factory=dict,
+        description="the compressor's cut for this domain's documents, per scorer kind "
+        "(embedding-similarity, cross-encoder), when a request sets no threshold",
+    )
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class Domain:
     expand_glossary: bool
     multi_query: int
     range_fields: dict[str, list[str]] = field(default_factory=dict)
+    thresholds: dict[str, float] = field(default_factory=dict)
     prompts: dict[str, dict[int, Prompt]] = field(default_factory=dict)
 
     @property
@@ -243,6 +249,7 @@ class PromptRegistry:
             expand_glossary=meta.expand_glossary,
             multi_query=meta.multi_query,
             range_fields=meta.range_fields,
+            thresholds=meta.thresholds,
         )
         for prompt_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
             if prompt_dir.name.startswith(("_", ".")):

@@ -26,8 +26,8 @@ from ragchains.chains.graph import (
     create_chains,
 )
 from ragchains.chains.llm import LLM
-from ragchains.chains.options import Choices
-from ragchains.chains.retrieve import citation_label
+from ragchains.chains.options import Choices, Options
+from ragchains.chains.retrieve import citation_label, threshold_for
 from ragchains.factory import open_index
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, PromptSelectionError
 from ragchains.retrievers.compressors import RerankCompressor
@@ -368,7 +368,11 @@ def test_bad_configurable_values_fail_before_any_work(
 
 def test_good_configurable_values_resolve_once_into_options() -> None:
     options = chat_choices().resolve({"domain": "hr", "rewrite_version": "v1", "k": 5})
-    assert options.domain == "hr" and options.k == 5 and options.threshold == 0.25
+    # A threshold the request does not set is None: the domain's or the compressor's applies.
+    assert options.domain == "hr" and options.k == 5 and options.threshold is None
+    assert chat_choices().resolve({"threshold": 0.3}).threshold == 0.3
+    # LangServe sends every declared key, with its default when the caller set none.
+    assert chat_choices().resolve({"threshold": 0.25}).threshold is None
     assert options.prompts == {
         "rewrite": "hr/rewrite@v1",
         "multi_query": "default/multi_query@v1",
@@ -433,6 +437,17 @@ def test_every_stage_stands_alone_with_types_and_names(
         assert runnable.get_output_jsonschema()["title"] == output, name
         assert runnable.config["run_name"] == name  # type: ignore[attr-defined]
     assert graphs.rewrite.invoke({"question": "plans?"}).search_query == "plans?"
+
+
+def test_a_domain_sets_the_cut_for_its_scorer_and_a_request_overrides_it() -> None:
+    compressor = RerankCompressor(primary=ScriptedScorer())
+    own = Options(domain="catalog", thresholds={"scripted": 0.3})
+    assert threshold_for(own, compressor) == 0.3
+    assert threshold_for(own.model_copy(update={"threshold": 0.5}), compressor) == 0.5
+    other = Options(domain="catalog", thresholds={"cross-encoder": 0.2})
+    assert threshold_for(other, compressor) is None  # the compressor's own default
+    # The shipped catalog cuts lower for the similarity fallback: product rows are short.
+    assert PROMPTS.domain("catalog").thresholds == {"embedding-similarity": 0.3}
 
 
 def test_retrieve_is_retriever_like(

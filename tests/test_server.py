@@ -114,16 +114,20 @@ def test_domain_and_version_chosen_by_config(
 def test_retrieve_route_takes_k_and_filters(url: str) -> None:
     body = {
         "input": {
-            "query": "temperature sensor",
+            "query": "sensors",
             "filters": [{"field": "price", "op": "<", "value": 50}],
         },
-        "config": {"configurable": {"k": 5}},
+        # Product rows score under the similarity fallback's default cut (0.45, from
+        # SciFact's abstracts); the catalog domain has its own (0.3).
+        "config": {"configurable": {"k": 5, "domain": "catalog"}},
     }
     docs = httpx.post(f"{url}/retrieve/invoke", json=body).json()["output"]
     assert docs and all(d["metadata"]["source"].endswith("products.csv") for d in docs)
     assert all(d["metadata"]["price"] < 50 and "rerank_score" in d["metadata"] for d in docs)
     # RemoteRunnable gives back LangChain Documents, as a retriever would.
-    remote = RemoteRunnable(f"{url}/retrieve/").invoke({"query": "temperature sensor"})
+    remote = RemoteRunnable(f"{url}/retrieve/").invoke(
+        {"query": "temperature sensor"}, {"configurable": {"domain": "catalog"}}
+    )
     assert remote and all(isinstance(d, Document) for d in remote)
 
 
