@@ -105,32 +105,44 @@ class Candidates:
     ) -> Candidates:
         """From each retriever's (rows, scores), best first; a repeated row counts once, at
         its best rank."""
-        position: dict[int, int] = {}
-        for row in [*np.asarray(bm25_rows).tolist(), *np.asarray(dense_rows).tolist()]:
-            position.setdefault(int(row), len(position))
-        n = len(position)
+        b_rows, b_scores, b_ranks = _ranked(bm25_rows, bm25_scores)
+        d_rows, d_scores, d_ranks = _ranked(dense_rows, dense_scores)
+        # A dict, not numpy set operations: the lists are short, where numpy's per-call cost
+        # would dominate a query's fusion time.
+        place = {row: i for i, row in enumerate(b_rows.tolist())}
+        d_at = [place.setdefault(row, len(place)) for row in d_rows.tolist()]
+        n = len(place)
         out = cls(
-            rows=np.fromiter(position, dtype=np.int64, count=n),
+            rows=np.fromiter(place, dtype=np.int64, count=n),
             bm25_rank=np.zeros(n, dtype=np.int64),
             bm25_score=np.full(n, np.nan),
             dense_rank=np.zeros(n, dtype=np.int64),
             dense_score=np.full(n, np.nan),
         )
-        for rows, scores, ranks, values in (
-            (bm25_rows, bm25_scores, out.bm25_rank, out.bm25_score),
-            (dense_rows, dense_scores, out.dense_rank, out.dense_score),
-        ):
-            for rank, (row, score) in enumerate(
-                zip(np.asarray(rows).tolist(), np.asarray(scores).tolist(), strict=True), start=1
-            ):
-                i = position[int(row)]
-                if ranks[i] == 0:
-                    ranks[i] = rank
-                    values[i] = float(score)
+        out.bm25_rank[: b_rows.size] = b_ranks
+        out.bm25_score[: b_rows.size] = b_scores
+        out.dense_rank[d_at] = d_ranks
+        out.dense_score[d_at] = d_scores
         return out
 
     def __len__(self) -> int:
         return int(self.rows.size)
+
+
+def _ranked(
+    rows: Sequence[int] | np.ndarray, scores: Sequence[float] | np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(rows, scores, 1-based ranks) of a ranked list, a repeated row at its first place only."""
+    row_array = np.asarray(rows, dtype=np.int64)
+    score_array = np.asarray(scores, dtype=np.float64)
+    if row_array.shape != score_array.shape:
+        raise ValueError(f"{row_array.size} rows but {score_array.size} scores")
+    ranks = np.arange(1, row_array.size + 1)
+    row_list = row_array.tolist()
+    if len(set(row_list)) != len(row_list):  # never from our searches; kept for callers
+        first = sorted({row: i for i, row in reversed(list(enumerate(row_list)))}.values())
+        return row_array[first], score_array[first], ranks[first]
+    return row_array, score_array, ranks
 
 
 def normalize(scores: np.ndarray, method: Normalization, lower_bound: float) -> np.ndarray:
@@ -157,18 +169,18 @@ def normalize(scores: np.ndarray, method: Normalization, lower_bound: float) -> 
 
 def fuse(candidates: Candidates, config: FusionConfig) -> np.ndarray:
     """Each candidate's fused score (aligned with ``candidates.rows``); higher is better."""
+    c = candidates
     if config.fusion == "rrf":
         # w / (k + rank) where a retriever returned the row, nothing where it did not.
-        fused = np.zeros(len(candidates), dtype=np.float64)
+        fused = np.zeros(len(c), dtype=np.float64)
         for ranks, weight in (
-            (candidates.bm25_rank, config.bm25_weight),
-            (candidates.dense_rank, config.dense_weight),
+            (c.bm25_rank, config.bm25_weight),
+            (c.dense_rank, config.dense_weight),
         ):
-            present = ranks > 0
-            fused[present] += weight / (config.rrf_k + ranks[present])
+            fused += np.where(ranks > 0, weight / (config.rrf_k + ranks), 0.0)
         return fused
-    lexical = normalize(candidates.bm25_score, config.normalization, BM25_LOWER_BOUND)
-    semantic = normalize(candidates.dense_score, config.normalization, COSINE_LOWER_BOUND)
+    lexical = normalize(c.bm25_score, config.normalization, BM25_LOWER_BOUND)
+    semantic = normalize(c.dense_score, config.normalization, COSINE_LOWER_BOUND)
     result: np.ndarray = (1.0 - config.alpha) * lexical + config.alpha * semantic
     return result
 

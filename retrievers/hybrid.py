@@ -69,16 +69,25 @@ def fused_hits(candidates: Candidates, fusion: FusionConfig, k: int) -> list[Hyb
     """The fused top ``k`` of one query's candidates, with each side's rank and score."""
     order, scores = fused_order(candidates, fusion, k)
     c = candidates
+    columns = zip(
+        c.rows[order].tolist(),
+        scores.tolist(),
+        c.bm25_rank[order].tolist(),
+        c.bm25_score[order].tolist(),
+        c.dense_rank[order].tolist(),
+        c.dense_score[order].tolist(),
+        strict=True,
+    )
     return [
         HybridHit(
-            int(c.rows[i]),
-            float(score),
-            int(c.bm25_rank[i]) or None,
-            None if np.isnan(c.bm25_score[i]) else float(c.bm25_score[i]),
-            int(c.dense_rank[i]) or None,
-            None if np.isnan(c.dense_score[i]) else float(c.dense_score[i]),
+            row,
+            score,
+            b_rank or None,
+            None if b_rank == 0 else b_score,
+            d_rank or None,
+            None if d_rank == 0 else d_score,
         )
-        for i, score in zip(order.tolist(), scores.tolist(), strict=True)
+        for row, score, b_rank, b_score, d_rank, d_score in columns
     ]
 
 

@@ -151,7 +151,9 @@ def retrieval_command(
             setup = build_setup(name, hybrid, compressor=compressor, rewrite=rewrite)
             config = {
                 "kind": "retrieval",
-                "label": f"{data.name}/{name}",
+                # Hybrid settings name their fusion: runs of two fusions read apart in tables.
+                "label": f"{data.name}/{name}"
+                + (f" ({setup.params['fusion_label']})" if "fusion_label" in setup.params else ""),
                 "dataset": str(dataset),
                 "split": split,
                 "queries": len(data.queries),
