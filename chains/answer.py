@@ -81,7 +81,7 @@ def _score(doc: Document) -> float | None:
     score = compressor_score(doc)
     if score is not None:
         return score
-    for key in ("rrf_score", "dense_score", "bm25_score"):
+    for key in ("convex_score", "rrf_score", "dense_score", "bm25_score"):
         value = doc.metadata.get(key)
         if value is not None:
             return float(value)

@@ -70,9 +70,7 @@ def best_scores(
                 vector,
                 k=retriever.k,
                 candidates=retriever.candidates,
-                bm25_weight=retriever.bm25_weight,
-                dense_weight=retriever.dense_weight,
-                rrf_k=retriever.rrf_k,
+                fusion=retriever.fusion_config,
                 mask=allowed,
             )
             docs = index.store.documents([h.row for h in hits])

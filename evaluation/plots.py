@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ragchains.evaluation.abstention import SweepPoint
     from ragchains.evaluation.runs import Run
+    from ragchains.evaluation.tuning import TuneResult
 
 
 def _pyplot() -> Any:
@@ -41,6 +42,67 @@ def plot_sweep(
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(loc="center right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def plot_fusion_sweep(result: TuneResult, path: Path, title: str) -> None:
+    """nDCG@10 against the dense side's share: convex (per normalisation) over alpha, RRF
+    (per k) over dense_weight / (bm25_weight + dense_weight); solid on the tuning split,
+    dashed on the report split; each retriever alone as a dotted line."""
+    from ragchains.evaluation.tuning import HEADLINE
+
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), dpi=120, sharey=True)
+    panels = {"convex": axes[0], "rrf": axes[1]}
+    curves: dict[tuple[str, str], list[tuple[float, Any]]] = {}
+    for point in result.points:
+        c = point.config
+        key: tuple[str, str]
+        if c.fusion == "convex":
+            key, x = ("convex", c.normalization), c.alpha
+        else:
+            key, x = ("rrf", f"k={c.rrf_k}"), c.dense_weight / (c.bm25_weight + c.dense_weight)
+        curves.setdefault(key, []).append((x, point))
+    for n, ((method, name), found) in enumerate(sorted(curves.items())):
+        found.sort(key=lambda xp: xp[0])
+        xs = [x for x, _ in found]
+        color = f"C{n % 10}"
+        ax = panels[method]
+        for split, style in ((result.tune, "-"), (result.report, "--")):
+            ys = [p.metrics[split][HEADLINE] for _, p in found]
+            ax.plot(xs, ys, style, color=color, label=f"{name} ({split})", linewidth=1.2)
+    for ax, method in ((axes[0], "convex"), (axes[1], "rrf")):
+        for side, color in (("bm25", "grey"), ("dense", "black")):
+            ax.axhline(
+                result.sides[side][result.report][HEADLINE],
+                color=color,
+                linestyle=":",
+                linewidth=1,
+                label=f"{side} alone ({result.report})",
+            )
+        for point, marker, label in ((result.current, "o", "in use"), (result.best, "*", "tuned")):
+            c = point.config
+            if c.fusion != method:
+                continue
+            x = c.alpha if method == "convex" else c.dense_weight / (c.bm25_weight + c.dense_weight)
+            ax.plot(
+                x,
+                point.metrics[result.tune][HEADLINE],
+                marker,
+                color="red",
+                markersize=9 if marker == "*" else 6,
+                label=f"{label}: {c.describe()}",
+            )
+        ax.set_xlabel(
+            "alpha (dense weight)" if method == "convex" else "dense_weight / (sum of weights)"
+        )
+        ax.set_title(f"{method}", fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=6, loc="lower center", ncol=2)
+    axes[0].set_ylabel(HEADLINE)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)

@@ -220,12 +220,18 @@ def _rewritten(
 
 
 def hybrid_params(retriever: HybridRetriever) -> dict[str, Any]:
-    """What defines a hybrid retriever's ranking, for a run's config."""
+    """What defines a hybrid retriever's ranking, for a run's config: the fusion in use and
+    where it came from (fields set by settings, the index's fusion.json, the defaults)."""
+    fusion = retriever.fusion_config
     return {
         "k": retriever.k,
         "candidates_per_retriever": retriever.candidates,
-        "weights": {"bm25": retriever.bm25_weight, "dense": retriever.dense_weight},
-        "rrf_k": retriever.rrf_k,
+        "fusion": fusion.model_dump(),
+        "fusion_label": fusion.describe(),
+        "fusion_from": {
+            "settings": sorted(retriever.fusion_set),
+            "index_fusion_json": retriever.index.fusion is not None,
+        },
     }
 
 

@@ -67,6 +67,10 @@ def build_retriever(
         embedder=embedder,
         k=settings.k,
         candidates=settings.candidates_per_retriever,
+        # Unset (None) fields come from the index's fusion.json, else the built-in default.
+        fusion=settings.fusion,
+        normalization=settings.fusion_normalization,
+        alpha=settings.fusion_alpha,
         bm25_weight=settings.bm25_weight,
         dense_weight=settings.dense_weight,
         rrf_k=settings.rrf_k,

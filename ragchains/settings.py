@@ -41,9 +41,20 @@ class Settings(BaseSettings):
     candidates_per_retriever: int = Field(
         50, ge=1, description="how many each of BM25 and dense fetch before fusion"
     )
-    rrf_k: int = Field(60, ge=1)
-    bm25_weight: float = Field(1.0, ge=0)
-    dense_weight: float = Field(1.0, ge=0)
+    # Fusion of the BM25 and dense lists. Unset = the index's fusion.json (written by
+    # `ragchains eval tune --apply`), else the built-in default (convex, tmm, alpha 0.8).
+    fusion: Literal["rrf", "convex"] | None = Field(
+        None, description="rrf (reciprocal rank fusion) or convex (normalised scores)"
+    )
+    fusion_normalization: Literal["tmm", "minmax"] | None = Field(
+        None, description="convex: tmm (theoretical min-max) or minmax"
+    )
+    fusion_alpha: float | None = Field(
+        None, ge=0, le=1, description="convex: the dense side's weight (BM25 gets 1 - alpha)"
+    )
+    rrf_k: int | None = Field(None, ge=1, description="rrf: the rank constant (default 60)")
+    bm25_weight: float | None = Field(None, ge=0, description="rrf: BM25's weight (default 1)")
+    dense_weight: float | None = Field(None, ge=0, description="rrf: dense's weight (default 1)")
     hnsw_min_chunks: int = Field(
         50_000, ge=1, description="indexes with at least this many chunks use HNSW, else exact"
     )

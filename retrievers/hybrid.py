@@ -1,4 +1,5 @@
-"""Hybrid retrieval: BM25 and dense results fused by weighted reciprocal rank fusion.
+"""Hybrid retrieval: BM25 and dense results fused by a convex combination of normalised
+scores or by weighted reciprocal rank fusion (see ``retrievers.fusion``).
 
 langchain_classic's EnsembleRetriever does RRF too, but discards the fused score and each
 retriever's rank; callers (the compressor, the CLI, evaluation) need both, and fusing row
@@ -7,8 +8,8 @@ numbers before fetching text means each chunk is read from the store once.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from langchain_core.documents import Document
@@ -19,32 +20,25 @@ from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.fusion import (
+    DEFAULT_FUSION,
+    FUSION_FIELDS,
+    Candidates,
+    FusionConfig,
+    FusionMethod,
+    Normalization,
+    fused_order,
+    reciprocal_rank_fusion,
+)
 from ragchains.retrievers.index import SearchIndex
 
-
-def reciprocal_rank_fusion(
-    rankings: Sequence[Sequence[Hashable]],
-    *,
-    weights: Sequence[float] | None = None,
-    k: int = 60,
-) -> list[tuple[Hashable, float]]:
-    """Fuse ranked lists: score(d) = sum_i w_i / (k + rank_i(d)), rank from 1.
-
-    An id repeated within one list counts at its best rank only. Ties keep first-seen order.
-    """
-    if weights is None:
-        weights = [1.0] * len(rankings)
-    if len(weights) != len(rankings):
-        raise ValueError(f"{len(weights)} weights for {len(rankings)} rankings")
-    fused: dict[Hashable, float] = {}
-    for ranking, weight in zip(rankings, weights, strict=True):
-        seen: set[Hashable] = set()
-        for rank, item in enumerate(ranking, start=1):
-            if item in seen:
-                continue
-            seen.add(item)
-            fused[item] = fused.get(item, 0.0) + weight / (k + rank)
-    return sorted(fused.items(), key=lambda kv: kv[1], reverse=True)
+__all__ = [
+    "HybridHit",
+    "HybridRetriever",
+    "hybrid_search",
+    "reciprocal_rank_fusion",
+    "search_candidates",
+]
 
 
 @dataclass
@@ -57,6 +51,46 @@ class HybridHit:
     dense_score: float | None
 
 
+def search_candidates(
+    index: SearchIndex,
+    query: str,
+    query_vector: np.ndarray,
+    *,
+    fetch: int,
+    mask: np.ndarray | None = None,
+) -> Candidates:
+    """Both retrievers' top ``fetch`` rows among those ``mask`` allows, ready to fuse."""
+    b_rows, b_scores = bm25_search(index.bm25, query, fetch, mask)
+    d_rows, d_scores = dense_search(index.dense, query_vector, fetch, mask)
+    return Candidates.from_lists(b_rows, b_scores, d_rows, d_scores)
+
+
+def fused_hits(candidates: Candidates, fusion: FusionConfig, k: int) -> list[HybridHit]:
+    """The fused top ``k`` of one query's candidates, with each side's rank and score."""
+    order, scores = fused_order(candidates, fusion, k)
+    c = candidates
+    columns = zip(
+        c.rows[order].tolist(),
+        scores.tolist(),
+        c.bm25_rank[order].tolist(),
+        c.bm25_score[order].tolist(),
+        c.dense_rank[order].tolist(),
+        c.dense_score[order].tolist(),
+        strict=True,
+    )
+    return [
+        HybridHit(
+            row,
+            score,
+            b_rank or None,
+            None if b_rank == 0 else b_score,
+            d_rank or None,
+            None if d_rank == 0 else d_score,
+        )
+        for row, score, b_rank, b_score, d_rank, d_score in columns
+    ]
+
+
 def hybrid_search(
     index: SearchIndex,
     query: str,
@@ -64,71 +98,79 @@ def hybrid_search(
     *,
     k: int,
     candidates: int,
-    bm25_weight: float = 1.0,
-    dense_weight: float = 1.0,
-    rrf_k: int = 60,
+    fusion: FusionConfig = DEFAULT_FUSION,
     mask: np.ndarray | None = None,
 ) -> list[HybridHit]:
     """Fused top-k rows; each retriever fetches ``candidates`` rows among those ``mask`` allows."""
-    fetch = max(candidates, k)
-    b_rows, b_scores = bm25_search(index.bm25, query, fetch, mask)
-    d_rows, d_scores = dense_search(index.dense, query_vector, fetch, mask)
-    fused = reciprocal_rank_fusion(
-        [b_rows.tolist(), d_rows.tolist()], weights=[bm25_weight, dense_weight], k=rrf_k
-    )[:k]
-    b_info = {
-        int(r): (i + 1, float(s)) for i, (r, s) in enumerate(zip(b_rows, b_scores, strict=True))
-    }
-    d_info = {
-        int(r): (i + 1, float(s)) for i, (r, s) in enumerate(zip(d_rows, d_scores, strict=True))
-    }
-    hits = []
-    for row, score in fused:
-        row = int(row)  # type: ignore[call-overload]
-        b = b_info.get(row, (None, None))
-        d = d_info.get(row, (None, None))
-        hits.append(HybridHit(row, score, b[0], b[1], d[0], d[1]))
-    return hits
+    found = search_candidates(index, query, query_vector, fetch=max(candidates, k), mask=mask)
+    return fused_hits(found, fusion, k)
 
 
 class HybridRetriever(IndexRetriever):
-    """BM25 + FAISS fused by RRF; filters are validated once and applied inside both.
+    """BM25 + FAISS, fused; filters are validated once and applied inside both.
 
-    Each document's metadata carries ``rrf_score`` and the rank and score it had in each
-    retriever (None where that retriever did not return it).
+    The fusion fields left unset (None) take their value from the index folder's
+    ``fusion.json`` (written by ``ragchains eval tune --apply``) if it has one, else from
+    ``DEFAULT_FUSION``: a convex combination of theoretically min-max normalised scores.
+    ``fusion_config`` is the result.
+
+    Each document's metadata carries the fused score (``convex_score`` or ``rrf_score``, after
+    the method) and the rank and score it had in each retriever (None where that retriever
+    did not return it).
     """
 
     embedder: SentenceTransformerEmbedder
     candidates: int = Field(50, ge=1)
-    bm25_weight: float = Field(1.0, ge=0)
-    dense_weight: float = Field(1.0, ge=0)
-    rrf_k: int = Field(60, ge=1)
+    fusion: FusionMethod | None = Field(None, description="rrf or convex")
+    normalization: Normalization | None = Field(
+        None, description="convex: tmm (theoretical min-max) or minmax"
+    )
+    alpha: float | None = Field(None, ge=0, le=1, description="convex: the dense side's weight")
+    bm25_weight: float | None = Field(None, ge=0, description="rrf: BM25's weight")
+    dense_weight: float | None = Field(None, ge=0, description="rrf: dense's weight")
+    rrf_k: int | None = Field(None, ge=1, description="rrf: the rank constant")
 
     @model_validator(mode="after")
-    def _some_weight(self) -> HybridRetriever:
-        if self.bm25_weight == 0 and self.dense_weight == 0:
-            raise ValueError("at least one of bm25_weight and dense_weight must be above 0")
+    def _valid_fusion(self) -> HybridRetriever:
+        _ = self.fusion_config  # a bad combination (both RRF weights 0) fails here, not later
         return self
 
+    @property
+    def fusion_set(self) -> dict[str, Any]:
+        """The fusion fields set on this retriever (they override the index's fusion.json)."""
+        return {
+            name: getattr(self, name) for name in FUSION_FIELDS if getattr(self, name) is not None
+        }
+
+    @property
+    def fusion_config(self) -> FusionConfig:
+        """The fusion in use: this retriever's fields over the index's, over the defaults."""
+        base = self.index.fusion or DEFAULT_FUSION
+        overrides = self.fusion_set
+        if not overrides:
+            return base
+        return FusionConfig(**{**base.model_dump(), **overrides})
+
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
+        fusion = self.fusion_config
         hits = hybrid_search(
             self.index,
             query,
             self.embedder.encode_query(query),
             k=k,
             candidates=self.candidates,
-            bm25_weight=self.bm25_weight,
-            dense_weight=self.dense_weight,
-            rrf_k=self.rrf_k,
+            fusion=fusion,
             mask=self.index.columns.mask(filters),
         )
         docs = self.index.store.documents([h.row for h in hits])
         for doc, hit in zip(docs, hits, strict=True):
             doc.metadata.update(
-                rrf_score=hit.score,
-                bm25_rank=hit.bm25_rank,
-                bm25_score=hit.bm25_score,
-                dense_rank=hit.dense_rank,
-                dense_score=hit.dense_score,
+                {
+                    f"{fusion.fusion}_score": hit.score,
+                    "bm25_rank": hit.bm25_rank,
+                    "bm25_score": hit.bm25_score,
+                    "dense_rank": hit.dense_rank,
+                    "dense_score": hit.dense_score,
+                }
             )
         return docs

@@ -9,6 +9,8 @@ Layout of an index directory::
         chunks.sqlite      chunk text + metadata (JSON) by row, and the per-file records
         bm25/              bm25s arrays (.npy, loaded with allow_pickle=False) + JSON vocab
         dense.faiss        FAISS index over the normalised embeddings, rows = chunk rows
+      fusion.json          optional: how the hybrid retriever fuses BM25 and dense here, as
+                           ``ragchains eval tune --apply`` recommends (kept across ingests)
 
 A writer builds a new generation in a hidden temporary folder, renames it into place, then
 swaps CURRENT with ``os.replace``. A crash at any point leaves CURRENT naming the previous,
@@ -36,8 +38,10 @@ import bm25s
 import faiss
 import numpy as np
 from langchain_core.documents import Document
+from pydantic import ValidationError
 
 from ragchains.retrievers.filters import MetadataColumns
+from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
 
 FORMAT_NAME = "ragchains-index"
 FORMAT_VERSION = 1
@@ -47,6 +51,9 @@ CHUNKS_FILE = "chunks.sqlite"
 BM25_DIR = "bm25"
 DENSE_FILE = "dense.faiss"
 LOCK_FILE = ".lock"
+FUSION_FILE = "fusion.json"
+FUSION_FORMAT = "ragchains-fusion"
+FUSION_FORMAT_VERSION = 1
 _GEN_PREFIX = "gen-"
 _TMP_PREFIX = ".tmp-gen-"
 
@@ -250,6 +257,69 @@ def _remove_stale(root: Path, *, keep: str) -> None:
                 entry.unlink(missing_ok=True)
 
 
+# ----------------------------------------------------------------------------- fusion.json
+class FusionFileError(IndexLoadError):
+    pass
+
+
+def write_fusion(
+    index_dir: str | Path, config: FusionConfig, provenance: dict[str, Any] | None = None
+) -> Path:
+    """Write ``fusion.json`` into an existing index folder (atomically); return its path.
+
+    It sits beside the generations, so re-ingesting keeps it; ``provenance`` (what it was
+    tuned on, and how well it did) is stored with it for people, never read back.
+    """
+    root = Path(index_dir)
+    current_generation(root)  # an index folder, not any folder
+    path = root / FUSION_FILE
+    tmp = root / f".{FUSION_FILE}.{uuid.uuid4().hex[:8]}"
+    tmp.write_text(fusion_json(config, provenance), encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def fusion_json(config: FusionConfig, provenance: dict[str, Any] | None = None) -> str:
+    """The text of a fusion.json file."""
+    body: dict[str, Any] = {
+        "format": FUSION_FORMAT,
+        "format_version": FUSION_FORMAT_VERSION,
+        **config.model_dump(),
+    }
+    if provenance:
+        body["tuned"] = provenance
+    return json.dumps(body, indent=2, default=str) + "\n"
+
+
+def read_fusion(index_dir: str | Path) -> FusionConfig | None:
+    """The fusion ``fusion.json`` in the index folder sets, or None when there is none.
+
+    Fields it leaves out take the built-in defaults.
+    """
+    path = Path(index_dir) / FUSION_FILE
+    try:
+        body = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise FusionFileError(f"{path} is not valid JSON ({exc}); fix or delete it") from exc
+    if not isinstance(body, dict) or body.get("format") != FUSION_FORMAT:
+        raise FusionFileError(f"{path} is not a {FUSION_FORMAT} file; fix or delete it")
+    if body.get("format_version") != FUSION_FORMAT_VERSION:
+        raise FusionFileError(
+            f"{path} has format version {body.get('format_version')!r}; this ragchains reads "
+            f"version {FUSION_FORMAT_VERSION} only. Delete it or run `ragchains eval tune` again."
+        )
+    try:
+        return FusionConfig(**{k: v for k, v in body.items() if k in FUSION_FIELDS})
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" if e["loc"] else e["msg"]
+            for e in exc.errors()
+        )
+        raise FusionFileError(f"{path}: {problems}; fix or delete it") from None
+
+
 # ----------------------------------------------------------------------------- reading
 def current_generation(index_dir: str | Path) -> Path:
     root = Path(index_dir)
@@ -339,6 +409,11 @@ class ChunkStore:
                 self._con.execute(f"SELECT id, row FROM chunks WHERE id IN ({marks})", list(ids))
             )
 
+    def ids(self) -> list[str]:
+        """Every chunk id, in row order."""
+        with self._lock:
+            return [cid for (cid,) in self._con.execute("SELECT id FROM chunks ORDER BY row")]
+
     def iter_chunks(self) -> Iterator[Chunk]:
         with self._lock:
             rows = self._con.execute(
@@ -370,6 +445,8 @@ class SearchIndex:
     store: ChunkStore
     bm25: bm25s.BM25
     dense: faiss.Index
+    # The index folder's fusion.json (see ``read_fusion``), if it has one.
+    fusion: FusionConfig | None = None
 
     @property
     def fields(self) -> dict[str, str]:
@@ -420,6 +497,7 @@ def load_index(
             f"index {index_dir} holds {embedder.get('dimension')}-dimensional vectors, but the "
             f"embedder gives {embedder_dimension}. Rebuild with `ragchains ingest --rebuild`."
         )
+    fusion = read_fusion(index_dir)
     for name in (CHUNKS_FILE, DENSE_FILE, BM25_DIR):
         if not (gen / name).exists():
             raise IndexDamagedError(f"index {index_dir} is damaged: {name} is missing")
@@ -428,10 +506,12 @@ def load_index(
     except sqlite3.DatabaseError as exc:
         raise IndexDamagedError(f"index {index_dir} is damaged: {CHUNKS_FILE}: {exc}") from exc
     try:
-        return _check_and_open(index_dir, gen, manifest, store)
+        index = _check_and_open(index_dir, gen, manifest, store)
     except BaseException:
         store.close()
         raise
+    index.fusion = fusion
+    return index
 
 
 def _check_and_open(

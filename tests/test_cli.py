@@ -57,7 +57,7 @@ def test_retrieve_finds_the_benefits_chunk_with_its_citation(index: Path) -> Non
     assert result.returncode == 0, result.stderr
     first = result.stdout.splitlines()[0]
     assert first.startswith(" 1. [employee-handbook.md#benefit-plans]")
-    assert "rrf=" in first and "bm25=" in first and "dense=" in first
+    assert "convex=" in first and "bm25=" in first and "dense=" in first
 
     data = json.loads(
         run("retrieve", "--index", index, "what does the standard plan cost", "--json").stdout
@@ -65,7 +65,7 @@ def test_retrieve_finds_the_benefits_chunk_with_its_citation(index: Path) -> Non
     top = data["results"][0]
     assert top["citation"] == "employee-handbook.md#benefit-plans"
     assert "| Standard | $45.00 |" in top["text"]
-    assert set(top["scores"]) == {"rrf_score", "bm25_score", "dense_score"}
+    assert set(top["scores"]) == {"convex_score", "bm25_score", "dense_score"}
 
 
 def test_second_ingest_reports_no_changes(index: Path, samples_copy: Path) -> None:

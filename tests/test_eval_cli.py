@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,8 @@ import pytest
 from ragchains.evaluation.datasets import load_beir, load_qa
 from ragchains.evaluation.metrics import ndcg_at_k
 from ragchains.evaluation.runs import load_run
+from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
+from ragchains.retrievers.index import read_fusion
 from tests.conftest import FIXTURES
 from tests.test_cli import run
 
@@ -51,7 +54,8 @@ def test_retrieval_writes_a_run_per_retriever_and_reuses_the_index(work: Path) -
     assert [bm25[q]["ndcg@10"] for q in ("q2", "q3", "q4")] == [1.0, 1.0, 1.0]
     assert bm25["q1"]["top10"][:2] == ["d1", "d2"] and bm25["q1"]["ndcg@10"] == pytest.approx(1.0)
     config = load_run(out / "hybrid-compress").config
-    assert config["weights"] == {"bm25": 1.0, "dense": 1.0} and config["rrf_k"] == 60
+    assert config["fusion_label"] == "convex tmm alpha=0.8"
+    assert config["fusion_from"] == {"settings": [], "index_fusion_json": False}
     assert config["compressor"]["kind"] in ("cross-encoder", "embedding-similarity")
 
     again = run(
@@ -207,6 +211,79 @@ def test_generate_writes_ground_truth_that_answers_reads(work: Path, sample_inde
 
     again = run("eval", "generate", "--index", sample_index, "--out", out)
     assert again.returncode == 2 and "already exists" in again.stderr
+
+
+def test_tune_sweeps_on_train_reports_on_test_and_writes_fusion_json(work: Path) -> None:
+    index, out = work / "tune-index", work / "tune"
+    result = run("eval", "tune", "--dataset", BEIR, "--index", index, "--out", out, "-q")
+    assert result.returncode == 0, result.stderr
+    assert "recommended (best nDCG@10 on train): " in result.stdout
+    assert "as settings:  RAGCHAINS_FUSION=" in result.stdout
+    found = load_run(out)
+    assert found.config["queries"] == {"train": 4, "test": 4}
+    items = {i["id"]: i for i in found.items()}
+    assert len(items) == found.summary["count"] > 80
+    assert {"convex tmm alpha=0.8", "convex minmax alpha=0.5", "rrf k=60 bm25:dense=1:1"} <= set(
+        items
+    )
+    best = max(items.values(), key=lambda i: i["ndcg@10_train"])
+    assert found.metrics["tuned@train"] == best["ndcg@10_train"]
+    assert found.summary["recommended_label"] == best["id"]
+    assert (out / "sweep.png").read_bytes().startswith(PNG)
+    recommended = json.loads((out / "fusion.json").read_text(encoding="utf-8"))
+    assert (
+        recommended["format"] == "ragchains-fusion" and recommended["tuned"]["tuned_on"] == "train"
+    )
+    assert FusionConfig(**{k: recommended[k] for k in FUSION_FIELDS}).describe() == best["id"]
+
+    # The sweep fuses in memory exactly as the retriever does: its figures on test are the
+    # ones `eval retrieval` gives the same settings.
+    for env, name in (
+        ({}, "convex tmm alpha=0.8"),
+        ({"RAGCHAINS_FUSION": "rrf"}, "rrf k=60 bm25:dense=1:1"),
+    ):
+        check = work / f"tune-check-{name.split()[0]}"
+        result = run(
+            "eval", "retrieval", "--dataset", BEIR, "--index", index, "--out", check,
+            "--retriever", "hybrid", "-q", env=env,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr
+        hybrid = load_run(check / "hybrid")
+        assert hybrid.config["fusion_label"] == name
+        assert hybrid.metrics == {m: items[name][f"{m}_test"] for m in hybrid.metrics}
+
+    # --apply writes it into an index folder, whose retriever then defaults to it; settings
+    # still win, field by field.
+    result = run(
+        "eval", "tune", "--dataset", BEIR, "--index", index, "--out", work / "tune-apply",
+        "--apply", index, "-q",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert f"written to {index / 'fusion.json'}" in result.stdout
+    assert read_fusion(index) == FusionConfig(**{k: recommended[k] for k in FUSION_FIELDS})
+    after = work / "after-apply"
+    result = run(
+        "eval", "retrieval", "--dataset", BEIR, "--index", index, "--out", after,
+        "--retriever", "hybrid", "-q", env={"RAGCHAINS_RRF_K": "7"},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    config = load_run(after / "hybrid").config
+    assert config["fusion_from"] == {"settings": ["rrf_k"], "index_fusion_json": True}
+    assert config["fusion"] == {**{k: recommended[k] for k in FUSION_FIELDS}, "rrf_k": 7}
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--tune-split", "test"], "error: --tune-split and --split are both 'test': "),
+        (["--tune-split", "dev"], "qrels/dev.tsv is missing"),
+        (["--apply", "nowhere"], "error: --apply: no index at nowhere"),
+    ],
+)
+def test_tune_refuses_bad_input_in_one_line(work: Path, args: list[str], message: str) -> None:
+    result = run("eval", "tune", "--dataset", BEIR, "--out", work / "tune-bad", *args)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 def test_bad_dataset_is_one_line(work: Path) -> None:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
+from ragchains.evaluation.metrics import ndcg_at_k
 from ragchains.factory import build_retriever, open_index
 from ragchains.retrievers.bm25 import BM25Retriever, bm25_search, build_bm25, tokenize
 from ragchains.retrievers.dense import FaissRetriever, build_faiss, dense_search
@@ -20,8 +23,21 @@ from ragchains.retrievers.filters import (
     parse_cli_value,
     validate_filters,
 )
-from ragchains.retrievers.hybrid import reciprocal_rank_fusion
-from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.fusion import (
+    Candidates,
+    FusionConfig,
+    fuse,
+    fused_order,
+    normalize,
+)
+from ragchains.retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
+from ragchains.retrievers.index import (
+    FUSION_FILE,
+    FusionFileError,
+    SearchIndex,
+    load_index,
+    write_fusion,
+)
 from ragchains.settings import Settings
 
 CORPUS = (Path(__file__).resolve().parent / "fixtures" / "bm25_corpus.txt").read_text().splitlines()
@@ -125,6 +141,117 @@ def test_rrf_weights_and_duplicates() -> None:
         reciprocal_rank_fusion([["a"]], weights=[1, 2])
 
 
+def test_normalisations_and_their_bounds() -> None:
+    nan = float("nan")
+    bm25 = np.array([10.0, 5.0, nan, 2.5])
+    # tmm: BM25's lower bound is 0, the observed max maps to 1; absent counts as the bound.
+    assert normalize(bm25, "tmm", 0.0).tolist() == [1.0, 0.5, 0.0, 0.25]
+    # Cosine's lower bound is -1: 0.5 -> 1, -0.25 -> 0.5, -1 -> 0.
+    cosine = np.array([0.5, -0.25, -1.0, nan])
+    assert normalize(cosine, "tmm", -1.0).tolist() == [1.0, 0.5, 0.0, 0.0]
+    # minmax: the list's own min and max.
+    assert normalize(bm25, "minmax", 0.0).tolist() == [1.0, 0.3333333333333333, 0.0, 0.0]
+    # One score (or all equal): it is the list's best, 1; tmm still measures it from the bound.
+    assert normalize(np.array([3.0, nan]), "minmax", 0.0).tolist() == [1.0, 0.0]
+    assert normalize(np.array([0.2, 0.2]), "tmm", -1.0).tolist() == [1.0, 1.0]
+    # Nothing returned, or a maximum at the bound: no signal.
+    assert normalize(np.array([nan, nan]), "tmm", 0.0).tolist() == [0.0, 0.0]
+    assert normalize(np.array([-1.0]), "tmm", -1.0).tolist() == [0.0]
+    # Float noise below a theoretical bound does not go negative.
+    assert normalize(np.array([0.5, -1.0000001]), "tmm", -1.0).min() == 0.0
+
+
+def _candidates() -> Candidates:
+    # BM25 returned a (12.0), b (6.0); dense returned b (0.6), c (0.2).
+    return Candidates.from_lists([0, 1], [12.0, 6.0], [1, 2], [0.6, 0.2])
+
+
+def test_candidates_align_both_lists_and_mark_what_is_missing() -> None:
+    c = Candidates.from_lists([7, 3, 7], [9.0, 4.0, 1.0], [3, 5], [0.5, 0.4])
+    assert c.rows.tolist() == [7, 3, 5]  # BM25's order, then dense-only rows
+    assert c.bm25_rank.tolist() == [1, 2, 0]  # the repeat of 7 counts at its best rank
+    assert c.dense_rank.tolist() == [0, 1, 2]
+    assert np.isnan(c.bm25_score[2]) and np.isnan(c.dense_score[0])
+
+
+def test_convex_counts_a_missing_score_as_the_lower_bound() -> None:
+    c = _candidates()
+    fused = fuse(c, FusionConfig(fusion="convex", normalization="tmm", alpha=0.5))
+    # a: BM25 1.0, dense missing -> 0. b: BM25 0.5, dense 1. c: BM25 missing, dense 1.2/1.6.
+    assert fused.tolist() == pytest.approx([0.5, 0.75, 0.375])
+    minmax = fuse(c, FusionConfig(fusion="convex", normalization="minmax", alpha=0.25))
+    # minmax: a 1, b 0 on BM25; b 1, c 0 on dense.
+    assert minmax.tolist() == pytest.approx([0.75, 0.25, 0.0])
+
+
+def test_array_rrf_matches_the_list_rrf() -> None:
+    c = _candidates()
+    config = FusionConfig(fusion="rrf", rrf_k=10, bm25_weight=2.0, dense_weight=0.5)
+    by_list = dict(reciprocal_rank_fusion([[0, 1], [1, 2]], weights=[2.0, 0.5], k=10))
+    assert fuse(c, config).tolist() == [by_list[0], by_list[1], by_list[2]]
+
+
+@pytest.mark.parametrize(
+    ("config", "expected"),
+    [
+        (FusionConfig(fusion="convex", alpha=0.0), [0, 1, 2]),  # BM25's order, dense-only last
+        (FusionConfig(fusion="convex", alpha=1.0), [1, 2, 0]),  # dense's order
+        (FusionConfig(fusion="convex", normalization="minmax", alpha=1.0), [1, 0, 2]),
+        (FusionConfig(fusion="rrf", dense_weight=0.0), [0, 1, 2]),
+        (FusionConfig(fusion="rrf", bm25_weight=0.0), [1, 2, 0]),
+    ],
+)
+def test_a_zero_weight_leaves_one_side(config: FusionConfig, expected: list[int]) -> None:
+    c = _candidates()
+    order, _ = fused_order(c, config, 3)
+    assert c.rows[order].tolist() == expected
+
+
+def test_ties_keep_the_candidates_order() -> None:
+    # Mirror images: each row is first on one side and second on the other.
+    c = Candidates.from_lists([4, 9], [2.0, 1.0], [9, 4], [0.5, 0.0])
+    for config in (
+        FusionConfig(fusion="rrf"),
+        FusionConfig(fusion="convex", normalization="minmax", alpha=0.5),
+    ):
+        order, scores = fused_order(c, config, 2)
+        assert scores[0] == scores[1] and c.rows[order].tolist() == [4, 9]
+
+
+def test_convex_keeps_a_confident_side_where_rrf_loses_to_it() -> None:
+    """Dense is sure of the relevant row r (cosine 0.85, the rest about 0.3); BM25 ranks
+    four keyword matches first and r fifth. RRF sees only ranks: the keyword match that
+    dense ranks second overtakes r. The convex combination sees dense's margin and keeps r
+    first, as dense alone does."""
+    r, junk = 100, [1, 2, 3, 4]
+    c = Candidates.from_lists(
+        [*junk, r], [9.0, 8.5, 8.0, 7.5, 7.0], [r, *junk], [0.85, 0.31, 0.30, 0.29, 0.28]
+    )
+    qrels = {str(r): 1.0}
+
+    def ndcg(config: FusionConfig) -> float:
+        order, _ = fused_order(c, config, 10)
+        return ndcg_at_k([str(x) for x in c.rows[order].tolist()], qrels, 10)
+
+    dense_alone = ndcg(FusionConfig(fusion="convex", alpha=1.0))
+    bm25_alone = ndcg(FusionConfig(fusion="convex", alpha=0.0))
+    better_half = max(dense_alone, bm25_alone)
+    assert dense_alone == 1.0 and bm25_alone < 1.0
+    assert ndcg(FusionConfig(fusion="rrf")) < better_half
+    assert ndcg(FusionConfig()) == better_half  # the default: convex, tmm
+
+
+def test_fusion_settings_are_checked() -> None:
+    with pytest.raises(ValueError, match="at least one of bm25_weight and dense_weight"):
+        FusionConfig(fusion="rrf", bm25_weight=0, dense_weight=0)
+    with pytest.raises(ValueError, match="less than or equal to 1"):
+        FusionConfig(alpha=1.5)
+    with pytest.raises(ValueError, match="Input should be 'rrf' or 'convex'"):
+        FusionConfig(fusion="borda")  # type: ignore[arg-type]
+    assert FusionConfig().describe() == "convex tmm alpha=0.8"
+    assert FusionConfig(fusion="rrf").describe() == "rrf k=60 bm25:dense=1:1"
+
+
 # ----------------------------------------------------------------------------- filters
 SCHEMA = {"price": "number", "brand": "string", "in_stock": "boolean", "filename": "string"}
 
@@ -220,7 +347,7 @@ def test_hybrid_finds_the_benefits_table(
     assert top.metadata["citation"] == "employee-handbook.md#benefit-plans"
     assert "| Standard | $45.00 |" in top.page_content
     assert top.metadata["bm25_rank"] and top.metadata["dense_rank"]
-    scores = [d.metadata["rrf_score"] for d in docs]
+    scores = [d.metadata["convex_score"] for d in docs]
     assert scores == sorted(scores, reverse=True)
     assert len({d.id for d in docs}) == len(docs)  # deduplicated by chunk id
 
@@ -259,3 +386,106 @@ def test_retrievers_work_async(
     )
     assert docs[0].metadata["citation"] == "employee-handbook.md#parental-leave"
     assert all(d.metadata["format"] == "markdown" for d in docs)
+
+
+@pytest.mark.parametrize("side", ["bm25", "dense"])
+def test_hybrid_with_one_side_weighted_out_ranks_as_that_retriever(
+    side: str, samples: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    query = "which sensor measures soil moisture"
+    alone = (
+        BM25Retriever(index=samples, k=5)
+        if side == "bm25"
+        else FaissRetriever(index=samples, embedder=embedder, k=5)
+    )
+    expected = [d.id for d in alone.invoke(query)]
+    assert len(expected) == 5
+    for fusion in (
+        {"fusion": "convex", "alpha": 0.0 if side == "bm25" else 1.0},
+        {"fusion": "rrf", "dense_weight" if side == "bm25" else "bm25_weight": 0.0},
+    ):
+        hybrid = HybridRetriever(index=samples, embedder=embedder, k=5, **fusion)
+        assert [d.id for d in hybrid.invoke(query)] == expected, fusion
+
+
+def test_fusion_json_is_the_index_default_and_settings_override_it(
+    sample_index: Path,
+    tmp_path: Path,
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    index_dir = tmp_path / "idx"
+    shutil.copytree(sample_index, index_dir)
+    query = "what does the standard plan cost"
+
+    plain = build_retriever(settings, open_index(index_dir, embedder), embedder)
+    assert plain.fusion_config == FusionConfig()  # no fusion.json: the built-in default
+    assert "convex_score" in plain.invoke(query)[0].metadata
+
+    written = write_fusion(index_dir, FusionConfig(fusion="rrf", rrf_k=10), {"by": "a test"})
+    assert written == index_dir / FUSION_FILE
+    tuned = open_index(index_dir, embedder)
+    assert tuned.fusion == FusionConfig(fusion="rrf", rrf_k=10)
+    retriever = build_retriever(settings, tuned, embedder)
+    assert retriever.fusion_config.describe() == "rrf k=10 bm25:dense=1:1"
+    top = retriever.invoke(query)[0]
+    assert top.metadata["rrf_score"] == pytest.approx(
+        1 / (10 + top.metadata["bm25_rank"]) + 1 / (10 + top.metadata["dense_rank"])
+    )
+    # A LangChain user's retriever over the same index takes the file as its default too.
+    assert HybridRetriever(index=tuned, embedder=embedder).fusion_config.rrf_k == 10
+
+    # Settings (here from the environment) win over the file, field by field.
+    monkeypatch.setenv("RAGCHAINS_FUSION", "convex")
+    monkeypatch.setenv("RAGCHAINS_FUSION_ALPHA", "0.6")
+    overridden = build_retriever(Settings(_env_file=None), tuned, embedder)  # type: ignore[call-arg]
+    assert overridden.fusion_config.describe() == "convex tmm alpha=0.6"
+    assert overridden.fusion_config.rrf_k == 10  # unset in settings: still the file's
+    assert "convex_score" in overridden.invoke(query)[0].metadata
+
+    # A re-ingest keeps it: it sits beside the generations.
+    assert (index_dir / FUSION_FILE).is_file() and FUSION_FILE not in {
+        p.name for p in tuned.path.iterdir()
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ("{not json", "is not valid JSON"),
+        ('{"fusion": "rrf"}', "is not a ragchains-fusion file"),
+        (
+            '{"format": "ragchains-fusion", "format_version": 9, "fusion": "rrf"}',
+            "has format version 9; this ragchains reads version 1 only",
+        ),
+        (
+            '{"format": "ragchains-fusion", "format_version": 1, "alpha": 2}',
+            "alpha: Input should be less than or equal to 1; fix or delete it",
+        ),
+        (
+            '{"format": "ragchains-fusion", "format_version": 1, "fusion": "rrf", '
+            '"bm25_weight": 0, "dense_weight": 0}',
+            "at least one of bm25_weight and dense_weight must be above 0; fix or delete it",
+        ),
+    ],
+)
+def test_a_bad_fusion_json_fails_loading_with_the_reason(
+    body: str, message: str, sample_index: Path, tmp_path: Path
+) -> None:
+    index_dir = tmp_path / "idx"
+    shutil.copytree(sample_index, index_dir)
+    (index_dir / FUSION_FILE).write_text(body, encoding="utf-8")
+    with pytest.raises(FusionFileError, match=re.escape(message)):
+        load_index(index_dir)
+
+
+def test_a_bad_fusion_setting_fails_building_the_retriever(
+    samples: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    with pytest.raises(ValueError, match="at least one of bm25_weight and dense_weight"):
+        HybridRetriever(
+            index=samples, embedder=embedder, fusion="rrf", bm25_weight=0, dense_weight=0
+        )
+    with pytest.raises(ValueError, match="Input should be 'tmm' or 'minmax'"):
+        HybridRetriever(index=samples, embedder=embedder, normalization="zscore")  # type: ignore[arg-type]

@@ -151,7 +151,9 @@ def retrieval_command(
             setup = build_setup(name, hybrid, compressor=compressor, rewrite=rewrite)
             config = {
                 "kind": "retrieval",
-                "label": f"{data.name}/{name}",
+                # Hybrid settings name their fusion: runs of two fusions read apart in tables.
+                "label": f"{data.name}/{name}"
+                + (f" ({setup.params['fusion_label']})" if "fusion_label" in setup.params else ""),
                 "dataset": str(dataset),
                 "split": split,
                 "queries": len(data.queries),
@@ -170,6 +172,148 @@ def retrieval_command(
                 }
                 runs.append(writer.finish(summary))
         _print_summary(runs)
+
+
+@eval_group.command("tune")
+@_beir_options
+@click.option(
+    "--tune-split",
+    default="train",
+    show_default=True,
+    help="Which qrels file to tune on; --split is the one the results are reported on.",
+)
+@click.option(
+    "--apply",
+    "apply_to",
+    type=click.Path(path_type=Path),
+    help="Also write the recommendation as fusion.json into this index folder (e.g. the one "
+    "`ragchains serve` answers from), where the hybrid retriever takes it as its default.",
+)
+@_OUT
+@_LIMIT
+@_QUIET
+def tune_command(
+    dataset: Path,
+    split: str,
+    index: Path | None,
+    tune_split: str,
+    apply_to: Path | None,
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> None:
+    """Sweep the hybrid retriever's fusion on one split; report the best on another.
+
+    \b
+    Swept: convex combination of normalised scores (tmm and minmax, alpha 0 to 1 by 0.05)
+    and reciprocal rank fusion (k 5 to 100, BM25:dense weights from 1:0 to 0:1).
+    Each query's BM25 and dense lists are fetched once and fused in memory, exactly as the
+    retriever fuses them. The best nDCG@10 on --tune-split is recommended, and its figures
+    on --split are reported beside the setting in use and each retriever alone.
+
+    \b
+    Writes a run folder (config.json, items.jsonl: one line per setting, summary.json,
+    sweep.png) holding fusion.json, the recommendation in the form an index folder takes;
+    --apply puts it into an index. RAGCHAINS_FUSION* settings still override it. Prints
+    the recommendation as RAGCHAINS_... lines too.
+    """
+    from ragchains.evaluation.datasets import load_beir
+    from ragchains.evaluation.plots import plot_fusion_sweep
+    from ragchains.evaluation.retrieval import hybrid_params
+    from ragchains.evaluation.runs import RunWriter
+    from ragchains.evaluation.tuning import collect_split, default_grid, env_lines, sweep
+    from ragchains.factory import build_retriever
+    from ragchains.retrievers.index import IndexLoadError, current_generation, fusion_json
+
+    if tune_split == split:
+        fail(f"--tune-split and --split are both {split!r}: tune on one split, report on another")
+    settings = load_settings()
+    if apply_to is not None:
+        try:
+            current_generation(apply_to)
+        except IndexLoadError as exc:
+            fail(f"--apply: {exc}")
+    with _user_errors():
+        tune_data = load_beir(dataset, tune_split)
+        if limit:
+            tune_data.queries = dict(list(tune_data.queries.items())[:limit])
+        data, embedder, search_index, index_dir, out = _beir_search_index(
+            settings, dataset, split, index, "tune", out, limit, quiet
+        )
+        retriever = build_retriever(settings, search_index, embedder)
+        current = retriever.fusion_config
+        ids = search_index.store.ids()
+        tune = collect_split(tune_data, retriever, ids=ids, progress=not quiet)
+        report = collect_split(data, retriever, ids=ids, progress=not quiet)
+        config = {
+            "kind": "tune",
+            "label": f"{data.name}/fusion",
+            "dataset": str(dataset),
+            "tune_split": tune_split,
+            "split": split,
+            "queries": {tune_split: len(tune_data.queries), split: len(data.queries)},
+            "documents": len(data.doc_ids),
+            "index": str(index_dir),
+            "embedder": embedder.name,
+            "retriever": {"kind": "hybrid", **hybrid_params(retriever)},
+            "metric": "ndcg@10 (the others are in items.jsonl)",
+        }
+        with RunWriter(out, config) as writer:
+            result = sweep(tune, report, default_grid(current), current=current, progress=not quiet)
+            for point in result.points:
+                writer.add(point.item())
+            best = result.best.config
+            provenance = {
+                "dataset": str(dataset),
+                "tuned_on": tune_split,
+                "reported_on": split,
+                "ndcg@10": result.best.metrics,
+                "replaces": current.describe(),
+            }
+            writer.extra_file("fusion.json").write_text(fusion_json(best, provenance), "utf-8")
+            plot_fusion_sweep(
+                result,
+                writer.extra_file("sweep.png"),
+                f"{data.name}: nDCG@10 by fusion setting ({tune_split} solid, {split} dashed)",
+            )
+            path = writer.finish(
+                {
+                    "count": writer.count,
+                    "metrics": result.headline(),
+                    "recommended": best.model_dump(),
+                    "recommended_label": best.describe(),
+                    "current": current.describe(),
+                    "plateau": result.plateau,
+                    "item_metrics": [f"ndcg@10_{tune_split}", f"ndcg@10_{split}"],
+                    "item_outputs": [],
+                }
+            )
+    _print_summary([path])
+    m = result.headline()
+    click.echo(
+        f"recommended (best nDCG@10 on {tune_split}): {best.describe()}: "
+        f"{m[f'tuned@{tune_split}']:.3f} on {tune_split}, {m[f'tuned@{split}']:.3f} on {split}"
+        f"\n  in use now: {current.describe()}: {m[f'current@{tune_split}']:.3f} and "
+        f"{m[f'current@{split}']:.3f}; BM25 alone {m[f'bm25@{split}']:.3f}, dense alone "
+        f"{m[f'dense@{split}']:.3f} on {split}"
+    )
+    if result.plateau:
+        alphas = result.plateau["alphas"]
+        click.echo(
+            f"  within {result.plateau['within']} of the best on {tune_split}: "
+            f"{result.plateau['normalization']} alpha {alphas[0]:g} to {alphas[-1]:g}"
+        )
+    click.echo("as settings:  " + " ".join(env_lines(best)))
+    if apply_to is not None:
+        from ragchains.retrievers.index import write_fusion
+
+        written = write_fusion(apply_to, best, provenance)
+        click.echo(f"written to {written}: the index's hybrid retriever now defaults to it")
+    else:
+        click.echo(
+            f"as an index default: copy {path / 'fusion.json'} into the index folder "
+            "(or run again with --apply INDEX)"
+        )
 
 
 def _print_summary(paths: list[Path]) -> None:

@@ -84,7 +84,13 @@ def retrieve_command(
             "section": d.metadata.get("section"),
             "scores": {
                 key: d.metadata.get(key)
-                for key in ("rrf_score", "bm25_score", "dense_score", "rerank_score")
+                for key in (
+                    "convex_score",
+                    "rrf_score",
+                    "bm25_score",
+                    "dense_score",
+                    "rerank_score",
+                )
                 if d.metadata.get(key) is not None
             },
             "text": d.page_content,
