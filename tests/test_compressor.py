@@ -112,7 +112,7 @@ def test_missing_weights_fall_back_visibly(
     assert status["fallback"] is True
     assert status["kind"] == "embedding-similarity"
     assert "model.safetensors" in status["fallback_reason"]
-    assert status["threshold"] == 0.45  # the similarity scorer's own default
+    assert status["threshold"] == 0.46  # the similarity scorer's own default
     assert kept[0].id == "c0"  # real embeddings: the plan-cost sentence wins
     assert all(d.metadata["reranker_fallback"] is True for d in kept)
 
@@ -147,7 +147,7 @@ def test_compression_retriever_passes_filters_through(
     assert docs[0].metadata["citation"] == "employee-handbook.md#benefit-plans"
     assert all(d.metadata["format"] == "markdown" for d in docs)
     scores = [d.metadata["rerank_score"] for d in docs]
-    assert scores == sorted(scores, reverse=True) and min(scores) >= 0.45
+    assert scores == sorted(scores, reverse=True) and min(scores) >= 0.46
     assert compressor.status()["fallback"] is True
 
 

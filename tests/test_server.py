@@ -117,7 +117,7 @@ def test_retrieve_route_takes_k_and_filters(url: str) -> None:
             "query": "sensors",
             "filters": [{"field": "price", "op": "<", "value": 50}],
         },
-        # Product rows score under the similarity fallback's default cut (0.45, from
+        # Product rows score under the similarity fallback's default cut (0.46, from
         # SciFact's abstracts); the catalog domain has its own (0.3).
         "config": {"configurable": {"k": 5, "domain": "catalog"}},
     }
