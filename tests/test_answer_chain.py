@@ -85,7 +85,14 @@ def test_context_lists_each_chunk_with_its_label_best_last() -> None:
 def test_no_chunks_abstains_without_calling_the_llm(prompts: PromptRegistry) -> None:
     chain = answer_chain(NoCallModel(), prompts)
     out = chain.invoke({"question": "What is the moon made of?", "documents": []})
-    assert out == {"answer": DONT_KNOW, "citations": [], "abstained": True, "prompt": None}
+    assert out == {
+        "answer": DONT_KNOW,
+        "citations": [],
+        "abstained": True,
+        "answer_style": "free",  # a model without a grammar answers freely
+        "notes": [],
+        "prompt": None,
+    }
 
 
 def test_answer_with_citations_and_prompt_ref(prompts: PromptRegistry) -> None:
@@ -108,7 +115,7 @@ def test_answer_streams_tokens_then_citations(prompts: PromptRegistry) -> None:
     tokens = [e["answer"] for e in events[:-1]]
     assert all(set(e) == {"answer"} for e in events[:-1]) and len(tokens) > 5
     assert "".join(tokens) == "$45.00 [handbook.md#benefit-plans]."  # leading blanks dropped
-    assert set(events[-1]) == {"citations", "abstained", "prompt"}
+    assert set(events[-1]) == {"citations", "abstained", "answer_style", "notes", "prompt"}
     assert events[-1]["citations"][0]["label"] == "handbook.md#benefit-plans"
 
 
@@ -126,7 +133,9 @@ def test_answer_streams_the_same_asynchronously(prompts: PromptRegistry) -> None
 
 def test_grammar_model_must_cite_a_given_label(prompts: PromptRegistry) -> None:
     model = RecordingModel(responses=["$45.00 [handbook.md#benefit-plans]."])
-    answer_chain(model, prompts, grammar=True).invoke({"question": "q", "documents": DOCS})
+    answer_chain(model, prompts, grammar=True).invoke(
+        {"question": "q", "documents": DOCS}, {"configurable": {"answer_style": "free"}}
+    )
     (grammar,) = model.grammars
     assert grammar == citation_grammar(["handbook.md#benefit-plans", "travel.pdf#page=2"])
     assert 'label ::= "handbook.md#benefit-plans" | "travel.pdf#page=2"' in grammar

@@ -378,6 +378,7 @@ def test_good_configurable_values_resolve_once_into_options() -> None:
         "multi_query": "default/multi_query@v1",
         "requery": "default/requery@v1",
         "answer": "hr/answer@v2",
+        "quote": "default/quote@v1",
     }
     # Versions as numbers, and a None domain (the default), as callers write them.
     options = chat_choices().resolve({"domain": None, "answer_version": 1, "rewrite_version": "V1"})
@@ -411,9 +412,13 @@ def test_config_specs_are_enumerations_the_playground_can_render(
     assert set(graphs.ask.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
         "domain",
         "answer_version",
+        "quote_version",
+        "answer_style",
         "k",
         "threshold",
     }
+    assert schema["answer_style"]["enum"] == ["auto", "quote", "free"]
+    assert schema["answer_style"]["default"] == "auto"
     assert set(graphs.retrieve.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
         "domain",
         "k",

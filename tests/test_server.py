@@ -85,6 +85,8 @@ def test_playground_and_schemas(url: str) -> None:
         "multi_query_version",
         "requery_version",
         "answer_version",
+        "quote_version",
+        "answer_style",
         "k",
         "threshold",
     }
