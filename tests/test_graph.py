@@ -87,11 +87,12 @@ def build(
     scores: dict[str, float] | None = None,
     default: float = 0.6,
     policy: RequeryPolicy | None = None,
+    grammar: bool = False,
 ) -> tuple[Chains, SpyRetriever]:
     retriever = SpyRetriever(index=index, embedder=embedder, k=10)
     compressor = RerankCompressor(primary=ScriptedScorer(scores, default), top_n=4)
     graphs = create_chains(
-        llm=LLM.of(model, count_tokens=len),
+        llm=LLM.of(model, count_tokens=len, grammar=grammar),
         retriever=retriever,
         compressor=compressor,
         prompts=PROMPTS,
@@ -531,3 +532,29 @@ def test_every_step_output_serialises_as_langserve_streams_it(
         return count
 
     assert asyncio.run(patches()) > 10
+
+
+# ----------------------------------------------------------------------------- answer style
+def test_the_answer_style_comes_first_and_a_model_without_grammar_answers_freely(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = RecordingModel(responses=["Hotels cost up to $220 [travel-policy.pdf#page=1]."])
+    graphs, _ = build(index, embedder, model)
+    events = list(
+        graphs.ask.stream(
+            {"question": "hotel costs per night"}, {"configurable": {"answer_style": "quote"}}
+        )
+    )
+    head = events[0]
+    assert head["answer_style"] == "free"  # said before the answer streams
+    assert head["notes"][-1].startswith("answer_style quote needs a model that takes a grammar")
+    assert not any({"answer_style", "notes"} & set(e) for e in events[1:])  # said once
+    out = graphs.ask.invoke({"question": "hotel costs per night"})
+    assert ChatOutput.model_validate(out).answer_style == "free"
+    assert out["notes"] == [] and out["prompts"]["answer"] == "default/answer@v2"
+
+    quoting = RecordingModel(responses=["x"])
+    graphs, _ = build(index, embedder, quoting, grammar=True)
+    out = graphs.ask.invoke({"question": "hotel costs per night"})
+    assert out["answer_style"] == "quote" and out["prompts"]["answer"] == "default/quote@v1"
+    assert quoting.grammars[0].startswith("root ::= dontknow | quote")
