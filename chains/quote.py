@@ -266,11 +266,22 @@ def quotes(
     return rank(listed, question) if question else listed
 
 
+# Words that ask rather than say what is asked about (BM25's stop words keep some of them).
+_ASKING = frozenset(
+    tokenize(
+        "what which who whom whose when where why how does do did is are was were be been can "
+        "could should would will shall may might must have has had many much tell give show "
+        "list find please kind sort type"
+    )
+)
+
+
 def scores(found: Sequence[Quote], question: str) -> list[float]:
     """Each unit's relevance to ``question``: the IDF weights (over these units) of the
     question's terms it holds, those only in its context (heading, table header) at half
-    weight. Terms as BM25 sees them (stemmed, no stop words)."""
-    wanted = set(tokenize(question))
+    weight. Terms as BM25 sees them (stemmed, no stop words), without the asking words
+    ("what", "how many", "does")."""
+    wanted = set(tokenize(question)) - _ASKING
     own = [set(tokenize(q.text)) & wanted for q in found]
     around = [set(tokenize(q.context)) & wanted - o for q, o in zip(found, own, strict=True)]
     df = Counter(t for o, a in zip(own, around, strict=True) for t in o | a)

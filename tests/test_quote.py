@@ -180,6 +180,9 @@ def test_shortlist_offers_the_units_that_share_the_question_words() -> None:
     # A table row is found through its header: "monthly cost" is only in the header.
     plan = shortlist(found, "What is the monthly cost of the standard plan?", within=0.5)
     assert plan[0].text == "| Standard | $45.00 |"
+    # Asking words are not what is asked about: "what" matches nothing here.
+    asked = quotes([Document(page_content="That is what we do. Hotels cost $9.")], ["x"])
+    assert [q.text for q in shortlist(asked, "What do hotels cost?")] == ["Hotels cost $9."]
     # No shared word: the chunks' own order (the compressor's, best first), up to the limit.
     assert shortlist(found, "zebra?", limit=2) == found[:2]
     assert len(shortlist(found, "hotels night", limit=1)) == 1
