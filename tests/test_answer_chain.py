@@ -215,7 +215,7 @@ def test_quote_style_offers_the_shortlist_under_a_grammar(prompts: PromptRegistr
         "Question: How much are hotels per night?"
     )
     assert out["answer_style"] == "quote" and out["notes"] == []
-    assert out["prompt"] == "default/quote@v1"  # hr has no quote prompt of its own
+    assert out["prompt"] == "hr/quote@v1"  # the domain's own quote prompt
     # The answer chain's citations read quotes as they read free answers.
     assert [c["id"] for c in out["citations"]] == ["c2"] and not out["abstained"]
 

@@ -379,7 +379,7 @@ def test_good_configurable_values_resolve_once_into_options() -> None:
         "multi_query": "default/multi_query@v1",
         "requery": "default/requery@v1",
         "answer": "hr/answer@v2",
-        "quote": "default/quote@v1",
+        "quote": "hr/quote@v1",
     }
     # Versions as numbers, and a None domain (the default), as callers write them.
     options = chat_choices().resolve({"domain": None, "answer_version": 1, "rewrite_version": "V1"})
