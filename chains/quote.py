@@ -2,15 +2,19 @@
 
 ``quotes`` splits each chunk into the units a reader would quote: prose sentences (lines a
 PDF or Markdown file wraps are joined first), list items, table rows and the records of
-CSV/JSON rows (``field: value`` lines). Headings, table rules and questions are left out: they
-are never the answer. A unit longer than ``MAX_QUOTE_CHARS`` is cut at clause or word
-boundaries, so every unit stays a verbatim stretch of its chunk (whitespace collapsed).
+CSV/JSON rows (``field: value`` lines). Headings, a table's header row and rule, and
+questions are left out: they are never the answer (headings and headers are kept as the
+units' context). A unit longer than ``MAX_QUOTE_CHARS`` is cut at clause or word boundaries,
+so every unit stays a verbatim stretch of its chunk (whitespace collapsed).
+
+``shortlist`` keeps the few units that share most of the question's words: a 135M model
+offered every sentence copies whichever starts the way its own answer would ("The ..."),
+so the shortlist finds and the model chooses among the few, or declines.
 
 ``quote_grammar`` turns the units into GBNF for llama.cpp: the answer is one to ``sentences``
 units, each followed by `` [label]`` of a chunk it comes from, or exactly the don't-know
-sentence. Decoding under it cannot write a word the sources do not hold; which sentence it
-copies is the model's choice, helped by ``format_quotes``, which shows the sources as the
-answer will look: one ``sentence [label]`` per line.
+sentence. Decoding under it cannot write a word the sources do not hold. ``format_quotes``
+shows the model the units as the answer will look: one ``sentence [label]`` per line.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ _HEADING_WORDS = 8
 _MD_HEADING = re.compile(r"^\s{0,3}#{1,6}\s")
 _TABLE_RULE = re.compile(r"^\s*\|?(\s*:?-{2,}:?\s*\|)+\s*:?-*:?\s*$")
 _TABLE_ROW = re.compile(r"^\s*\|.*\|\s*$")
-_LIST_ITEM = re.compile(r"^\s*(?:[-*+•‣◦]|\(?\d{1,3}[.)]|\(?[a-zA-Z][.)])\s+(?=\S)")
+# Bullets, "3." / "3)" / "(3)", "a)" / "(a)"; not "J." (an initial starts a sentence).
+_LIST_ITEM = re.compile(r"^\s*(?:[-*+•‣◦]|\(?\d{1,3}[.)]|\(?[a-z]\)|\([A-Za-z]\))\s+(?=\S)")
 # "price: 34.0": a field of a CSV or JSON row as ingest writes it (a name of up to 3 words).
 _FIELD = re.compile(r"^([A-Za-z_][\w()/-]*(?: [\w()/-]+){0,2})\s*:\s+\S")
 _ENDS = re.compile(r"[.!?:;,…)\]\"'”’]$")
@@ -86,6 +91,13 @@ def _blocks(text: str) -> Iterator[tuple[str, str]]:
     (consecutive ``field: value`` lines; a repeated field starts a new record), ``title`` (a
     heading) and ``rule`` (a table's header rule); titles and rules are not quoted."""
     lines = [line.strip() for line in text.splitlines()]
+    # The next non-blank line after each line (None after the last).
+    after: list[str | None] = []
+    upcoming: str | None = None
+    for line in reversed(lines):
+        after.append(upcoming)
+        upcoming = line or upcoming
+    after.reverse()
     kind, parts, fields = "", list[str](), set[str]()
 
     def flush() -> Iterator[tuple[str, str]]:
@@ -96,8 +108,7 @@ def _blocks(text: str) -> Iterator[tuple[str, str]]:
         parts.clear()
         fields.clear()
 
-    for n, line in enumerate(lines):
-        following = next((x for x in lines[n + 1 :] if x), None)
+    for line, following in zip(lines, after, strict=True):
         if not line:
             yield from flush()
         elif _TABLE_RULE.match(line):

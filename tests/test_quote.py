@@ -66,6 +66,11 @@ def _flat(text: str) -> str:
                 "Support Specialist, remote.",
             ],
         ),
+        # Lettered items; a line starting with an initial is a sentence, not an item.
+        (
+            "(a) Book early.\nb) Keep receipts.\nJ. Smith approves trips.",
+            ["Book early.", "Keep receipts.", "J. Smith approves trips."],
+        ),
         # A CSV or JSON row as ingest writes it: one record, one unit.
         (
             "sku: BW-730\nname: Probe Auger\nprice: 34.0\ndescription: Drills a hole. Fast.",
