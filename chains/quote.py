@@ -359,10 +359,18 @@ def gbnf_literal(text: str) -> str:
 
 
 def quote_grammar(found: Sequence[Quote], dont_know: str, *, sentences: int = 1) -> str:
-    """GBNF: exactly ``dont_know``, or 1..``sentences`` quotes ``<unit> [<label>]`` joined by
-    a blank, each unit with a label of a chunk that holds it."""
+    """GBNF: exactly ``dont_know``, or 1..``sentences`` different quotes ``<unit> [<label>]``
+    joined by a blank, each unit with a label of a chunk that holds it.
+
+    No quote twice (a small model repeats itself): after each quote, a rule offering the
+    ones not used yet (``r`` offers all, ``r0`` all but q0, ``r0-2`` all but q0 and q2).
+    """
+    if sentences < 1:
+        raise ValueError("sentences must be at least 1")
+    if not found:
+        return f"root ::= {gbnf_literal(dont_know)}\n"
     label_rule: dict[str, str] = {}
-    rules = []
+    quote_rules = []
     for n, quote in enumerate(found):
         refs = []
         for label in quote.labels:
@@ -370,14 +378,23 @@ def quote_grammar(found: Sequence[Quote], dont_know: str, *, sentences: int = 1)
                 label_rule[label] = f"l{len(label_rule)}"
             refs.append(label_rule[label])
         cited = refs[0] if len(refs) == 1 else "(" + " | ".join(refs) + ")"
-        rules.append(f"q{n} ::= {gbnf_literal(quote.text)} {cited}")
-    if not found:
-        return f"root ::= {gbnf_literal(dont_know)}\n"
-    more = f' (" " quote){{0,{sentences - 1}}}' if sentences > 1 else ""
-    head = [
-        f"root ::= dontknow | quote{more}",
-        f"dontknow ::= {gbnf_literal(dont_know)}",
-        "quote ::= " + " | ".join(f"q{n}" for n in range(len(found))),
-    ]
+        quote_rules.append(f"q{n} ::= {gbnf_literal(quote.text)} {cited}")
+    choice_rules: dict[str, str] = {}
+
+    def choice(used: tuple[int, ...]) -> str:
+        name = "r" + "-".join(map(str, used))
+        if name not in choice_rules:
+            choice_rules[name] = ""  # reserved: the order rules are written in
+            options = []
+            for n in range(len(found)):
+                if n in used:
+                    continue
+                after = tuple(sorted((*used, n)))
+                more = len(after) < min(sentences, len(found))
+                options.append(f'q{n} (" " {choice(after)})?' if more else f"q{n}")
+            choice_rules[name] = f"{name} ::= " + " | ".join(options)
+        return name
+
+    head = [f"root ::= dontknow | {choice(())}", f"dontknow ::= {gbnf_literal(dont_know)}"]
     labels = [f"{rule} ::= {gbnf_literal(f' [{label}]')}" for label, rule in label_rule.items()]
-    return "\n".join([*head, *rules, *labels]) + "\n"
+    return "\n".join([*head, *choice_rules.values(), *quote_rules, *labels]) + "\n"

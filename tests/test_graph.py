@@ -557,4 +557,4 @@ def test_the_answer_style_comes_first_and_a_model_without_grammar_answers_freely
     graphs, _ = build(index, embedder, quoting, grammar=True)
     out = graphs.ask.invoke({"question": "hotel costs per night"})
     assert out["answer_style"] == "quote" and out["prompts"]["answer"] == "default/quote@v1"
-    assert quoting.grammars[0].startswith("root ::= dontknow | quote")
+    assert quoting.grammars[0].startswith("root ::= dontknow | r\n")

@@ -200,15 +200,19 @@ def test_grammar_offers_quotes_with_their_labels_or_the_dont_know_sentence() -> 
     ]
     grammar = quote_grammar(found, DONT_KNOW, sentences=2)
     assert grammar.splitlines() == [
-        'root ::= dontknow | quote (" " quote){0,1}',
+        "root ::= dontknow | r",
         f'dontknow ::= "{DONT_KNOW}"',
-        "quote ::= q0 | q1",
+        'r ::= q0 (" " r0)? | q1 (" " r1)?',  # a second quote may follow, never the same one
+        "r0 ::= q1",
+        "r1 ::= q0",
         'q0 ::= "Hotels are reimbursed up to $220 per night." (l0 | l1)',
         'q1 ::= "| Standard | $45.00 |" l1',
         'l0 ::= " [a.pdf#page=1]"',
         'l1 ::= " [b.md#x]"',
     ]
-    assert quote_grammar(found, DONT_KNOW).startswith("root ::= dontknow | quote\n")
+    assert "r ::= q0 | q1\n" in quote_grammar(found, DONT_KNOW)  # one quote
+    three = quote_grammar([*found, Quote("Book early.", ("c",))], DONT_KNOW, sentences=3)
+    assert 'r0 ::= q1 (" " r0-1)? | q2 (" " r0-2)?\nr0-1 ::= q2\n' in three
     assert quote_grammar([], DONT_KNOW) == f'root ::= "{DONT_KNOW}"\n'
 
 
