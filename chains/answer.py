@@ -4,10 +4,25 @@ Kept chunks are shown to the model as ``[label] text`` blocks. The model cites w
 in square brackets; ``parse_citations`` maps the markers back to chunks, in order of first use,
 and drops markers that name no chunk it was given.
 
-The stage streams: ``{"answer": token}`` events, then one event with the citations. For a model
-that takes a GBNF grammar (the embedded llama.cpp one) decoding is constrained so that every
-sentence ends with the label of a given chunk, or the reply is exactly the don't-know sentence:
-small models otherwise forget to cite.
+The stage streams: ``{"answer": token}`` events, then one event with the citations.
+
+Two answer styles:
+
+- ``free``: the model writes its own sentences from the domain's ``answer`` prompt. For a
+  model that takes a GBNF grammar (the embedded llama.cpp one) decoding is constrained so
+  that every sentence ends with the label of a given chunk, or the reply is exactly the
+  don't-know sentence: small models otherwise forget to cite.
+- ``quote``: the model may only copy. The kept chunks are cut into sentences, the ones that
+  share most of the question's words are shown to it (the ``quote`` prompt), and a grammar
+  built from them lets it write one or two of them verbatim, each followed by its chunk's
+  label, or exactly the don't-know sentence (``chains.quote``). Decoding is greedy.
+
+The style is chosen per request (``answer_style`` in ``configurable``), else by the domain
+(``answer_style`` in ``domain.yaml``), else by the chain's default (the server's setting);
+``auto`` at every level means quote for a model that takes a grammar and free otherwise. A
+model that takes no grammar asked to quote answers freely, and the turn says so in a note
+and in ``answer_style``: the style may come from a domain file or a server setting the
+caller does not control, and an answer with a note serves them better than an error.
 """
 
 from __future__ import annotations
@@ -15,9 +30,9 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
@@ -32,7 +47,14 @@ from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
-from ragchains.chains.options import Choices, Options
+from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
+from ragchains.chains.quote import (
+    QUOTE_SENTENCES,
+    format_quotes,
+    quote_grammar,
+    quotes,
+    shortlist,
+)
 from ragchains.chains.retrieve import citation_label, compressor_score, to_source
 from ragchains.chains.state import agather, gather, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
@@ -62,6 +84,8 @@ class AnswerOutput(BaseModel):
     answer: str
     citations: list[Citation]
     abstained: bool
+    answer_style: Literal["quote", "free"] = Field(description="the style that answered")
+    notes: list[str] = Field(default_factory=list)
     prompt: str | None = None  # "domain/answer@vN", None when no LLM was called
 
 
@@ -130,7 +154,28 @@ def citation_grammar(labels: Sequence[str], *, sentences: int = 3) -> str:
     )
 
 
-PROMPTS = ("answer",)
+PROMPTS = ("answer", "quote")
+QUOTE_FALLBACK_NOTE = (
+    "answer_style quote needs a model that takes a grammar ({model} does not); "
+    "this answer is freely generated"
+)
+
+
+def resolve_style(
+    chosen: str, default: str, *, grammar: bool, model: str = "this model"
+) -> tuple[Literal["quote", "free"], str | None]:
+    """The style that answers, and a note when it is not the one asked for.
+
+    ``chosen``: the request's style, else the domain's (``Options.answer_style``);
+    ``default``: the chain's own. The first that is not ``auto`` wins; ``auto`` throughout
+    means quote for a model that takes a grammar, free for any other.
+    """
+    wanted = chosen if chosen != AUTO else default
+    if wanted == AUTO:
+        return ("quote" if grammar else "free"), None
+    if wanted == "quote" and not grammar:
+        return "free", QUOTE_FALLBACK_NOTE.format(model=model)
+    return ("quote" if wanted == "quote" else "free"), None
 
 
 @dataclass
@@ -139,6 +184,8 @@ class _Plan:
     variables: dict[str, Any]
     documents: list[Document]
     prompt: str | None
+    style: Literal["quote", "free"] = "free"
+    notes: list[str] = field(default_factory=list)
 
 
 class _Written:
@@ -167,35 +214,68 @@ def _ending(text: str, plan: _Plan) -> AddableDict:
         not citations and DONT_KNOW.lower().rstrip(".") in text.lower()
     )
     return AddableDict(
-        citations=[c.model_dump() for c in citations], abstained=abstained, prompt=plan.prompt
+        citations=[c.model_dump() for c in citations],
+        abstained=abstained,
+        answer_style=plan.style,
+        notes=plan.notes,
+        prompt=plan.prompt,
     )
 
 
 class Answerer:
     """The answer step over a turn's state (``question``, ``chat_history``, ``documents``
     and the resolved ``options``): streams ``{"answer": token}`` events, then one event with
-    ``citations``, ``abstained`` and the ``prompt`` ref. With no documents it abstains without
-    calling the model."""
+    ``citations``, ``abstained``, ``answer_style``, ``notes`` and the ``prompt`` ref. With no
+    documents it abstains without calling the model.
 
-    def __init__(self, *, llm: LLM, history_tokens: int = 1024) -> None:
+    ``answer_style``: the chain's default style (``auto``, ``quote`` or ``free``), used when
+    neither the request nor the domain chooses one."""
+
+    def __init__(
+        self, *, llm: LLM, history_tokens: int = 1024, answer_style: AnswerStyle = "auto"
+    ) -> None:
+        if answer_style not in ANSWER_STYLES:
+            raise ValueError(f"answer_style must be auto, quote or free, not {answer_style!r}")
         self.llm = llm
         self.history_tokens = history_tokens
+        self.answer_style = answer_style
+
+    def style(self, state: Mapping[str, Any]) -> tuple[Literal["quote", "free"], str | None]:
+        """The style this turn answers in, and a note when it is not the one asked for."""
+        options: Options = state["options"]
+        return resolve_style(
+            options.answer_style, self.answer_style, grammar=self.llm.grammar, model=self.llm.name
+        )
 
     def plan(self, state: Mapping[str, Any]) -> _Plan:
+        style, note = self.style(state)
+        notes = [note] if note else []
         documents: list[Document] = list(state.get("documents") or [])
         if not documents:
-            return _Plan(None, {}, [], None)
+            return _Plan(None, {}, [], None, style, notes)
         options: Options = state["options"]
-        prompt = options.prompt("answer")
-        labels = [citation_label(d) for d in documents]
-        chain = self.llm.prompted(prompt, grammar=citation_grammar(labels)) | StrOutputParser()
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
-        variables = {
-            "question": state["question"],
-            "context": format_context(documents),
-            "chat_history": history,
-        }
-        return _Plan(chain, variables, documents, prompt.ref)
+        labels = [citation_label(d) for d in documents]
+        variables = {"question": state["question"], "chat_history": history}
+        if style == "quote":
+            prompt = options.prompt("quote")
+            offered = shortlist(quotes(documents, labels), state["question"])
+            if not offered:  # nothing quotable (headings only): nothing to answer from
+                return _Plan(None, {}, documents, None, style, notes)
+            # Greedy decoding whatever the prompt file says: a quote is copied, not sampled.
+            model = self.llm.bound(
+                temperature=0.0,
+                max_tokens=prompt.model_parameters.max_tokens,
+                grammar=quote_grammar(offered, DONT_KNOW, sentences=QUOTE_SENTENCES),
+            )
+            chain: Runnable[dict[str, Any], str] = prompt.template | model | StrOutputParser()
+            # Best last, next to the question, where small models look most.
+            variables["context"] = format_quotes(offered[::-1])
+        else:
+            prompt = options.prompt("answer")
+            chain = self.llm.prompted(prompt, grammar=citation_grammar(labels)) | StrOutputParser()
+            variables["context"] = format_context(documents)
+        return _Plan(chain, variables, documents, prompt.ref, style, notes)
 
     def stream(self, state: Mapping[str, Any], config: RunnableConfig) -> Iterator[AddableDict]:
         p = self.plan(state)
@@ -225,10 +305,14 @@ def create_answer_chain(
     llm: LLM | BaseChatModel,
     prompts: PromptRegistry | None = None,
     history_tokens: int = 1024,
+    answer_style: AnswerStyle = "auto",
 ) -> Runnable[AnswerInput | dict[str, Any], dict[str, Any]]:
     """Answer from the given chunks only, with citations; abstain without calling the LLM
-    when there are none. Streams ``answer`` tokens, then ``citations``."""
-    answerer = Answerer(llm=as_llm(llm), history_tokens=history_tokens)
+    when there are none. Streams ``answer`` tokens, then ``citations``.
+
+    ``answer_style``: the default style (``auto``: quote for a model that takes a grammar,
+    free for others); a request's or domain's ``answer_style`` wins over it."""
+    answerer = Answerer(llm=as_llm(llm), history_tokens=history_tokens, answer_style=answer_style)
     choices = Choices(prompts or default_registry(), PROMPTS)
 
     def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:

@@ -10,8 +10,8 @@ under its own key with ``RunnablePassthrough.assign``; nothing is mutated in pla
     compress    compressed documents kept by the compressor, best score, threshold
     requery     (a RunnableBranch) when the best score is low: a new query from the model,
                 searched and compressed; adopted only when clearly better
-    answer      streams the sources first, then the answer's tokens, then its citations,
-                prompt refs and timings
+    answer      streams the sources (and the answer style) first, then the answer's tokens,
+                then its citations, prompt refs and timings
 
 ``get_graph()`` draws these stages and ``astream_events`` reports each by name. ``invoke``
 returns the stream's events merged into one dict (``ChatOutput``).
@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.language_models import BaseChatModel
@@ -45,7 +45,7 @@ from pydantic import BaseModel, Field
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
 from ragchains.chains.answer import Answerer, Citation, create_answer_chain
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
-from ragchains.chains.options import Choices, Options
+from ragchains.chains.options import AnswerStyle, Choices, Options
 from ragchains.chains.retrieve import (
     Compressed,
     Retrieved,
@@ -118,6 +118,9 @@ class ChatOutput(BaseModel):
     requery: RequeryReport | None = None
     notes: list[str] = Field(default_factory=list)
     compressor: dict[str, Any] = Field(default_factory=dict)
+    answer_style: Literal["quote", "free"] = Field(
+        description="quote: sentences copied from the sources; free: free generation"
+    )
     answer: str
     citations: list[Citation]
     abstained: bool
@@ -285,6 +288,10 @@ class _Requery:
         return self._result(state, new_query, found, since)
 
 
+# The answerer's style and notes are known before it answers: the head event says them.
+_SAID_IN_HEAD = ("answer_style", "notes")
+
+
 class _Respond:
     """The answer step of a turn: the first event carries the sources and what found them,
     then the answer streams, then citations, prompt refs and timings."""
@@ -297,6 +304,7 @@ class _Respond:
         search: RewriteOutput = state["search"]
         retrieved: Retrieved = state["retrieved"]
         requery: RequeryReport | None = state.get("requery")
+        style, note = self.answerer.style(state)
         return AddableDict(
             sources=[to_source(d).model_dump() for d in state["compressed"].documents],
             search_query=search.search_query,
@@ -304,8 +312,9 @@ class _Respond:
             alternatives=search.alternatives,
             requeried=requery is not None,
             requery=requery.model_dump() if requery else None,
-            notes=[*search.notes, *retrieved.notes],
+            notes=[*search.notes, *retrieved.notes, *([note] if note else [])],
             compressor=self.status(state["compressed"]),
+            answer_style=style,
         )
 
     def status(self, compressed: Compressed) -> dict[str, Any]:
@@ -344,6 +353,8 @@ class _Respond:
         since, prompt = time.perf_counter(), None
         for event in self.answerer.stream(self.answer_state(state), config):
             prompt = event.pop("prompt", prompt)
+            for key in _SAID_IN_HEAD:
+                event.pop(key, None)
             if event:
                 yield event
         yield self.tail(state, since, prompt)
@@ -356,6 +367,8 @@ class _Respond:
         since, prompt = time.perf_counter(), None
         async for event in self.answerer.astream(self.answer_state(state), config):
             prompt = event.pop("prompt", prompt)
+            for key in _SAID_IN_HEAD:
+                event.pop(key, None)
             if event:
                 yield event
         yield self.tail(state, since, prompt)
@@ -404,6 +417,7 @@ def create_chat_chain(
     fields: Mapping[str, str] | None = None,
     history_tokens: int = 1024,
     requery: RequeryPolicy | None = None,
+    answer_style: AnswerStyle = "auto",
 ) -> Runnable[ChatInput | dict[str, Any], dict[str, Any]]:
     """A chat turn: history-aware rewrite (with filters), retrieval, compression, a re-query
     when the results are weak, and a cited answer that abstains without sources.
@@ -414,12 +428,15 @@ def create_chat_chain(
     ``BaseDocumentCompressor``, or None to keep what the retriever returns. ``prompts``: the
     prompt registry (default: the shipped prompts). ``fields``: the metadata fields the model
     may filter on (default: the retriever's own ``fields``, when it filters).
+    ``answer_style``: the default answer style, ``auto`` (quote for a model that takes a
+    grammar, free for others), ``quote`` or ``free``; a request's or domain's wins over it.
     """
     parts = _parts(llm, retriever, compressor, prompts)
     fields = dict(fields) if fields is not None else retriever_fields(parts.searcher.retriever)
     policy = requery or RequeryPolicy()
     requery_step = _Requery(parts.llm, parts.searcher, parts.compressor, policy)
-    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), parts.compressor)
+    answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
+    respond = _Respond(answerer, parts.compressor)
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
     requery_branch = RunnableBranch(
         (
@@ -450,12 +467,14 @@ def create_ask_chain(
     compressor: BaseDocumentCompressor | None = None,
     prompts: PromptRegistry | None = None,
     history_tokens: int = 1024,
+    answer_style: AnswerStyle = "auto",
 ) -> Runnable[AskInput | dict[str, Any], dict[str, Any]]:
     """One question, no rewrite: the question (and the filters given with it) is searched as
     asked, compressed, and answered with citations. Same parts and output as
     ``create_chat_chain``."""
     parts = _parts(llm, retriever, compressor, prompts)
-    respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), parts.compressor)
+    answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
+    respond = _Respond(answerer, parts.compressor)
     chain = (
         inline(read_ask_input, name="input")
         | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
@@ -492,6 +511,7 @@ def create_chains(
     fields: Mapping[str, str] | None = None,
     history_tokens: int = 1024,
     requery: RequeryPolicy | None = None,
+    answer_style: AnswerStyle = "auto",
 ) -> Chains:
     """The chat and ask chains and each stage on its own, over the same parts."""
     llm = as_llm(llm)
@@ -506,6 +526,7 @@ def create_chains(
             fields=fields,
             history_tokens=history_tokens,
             requery=requery,
+            answer_style=answer_style,
         ),
         ask=create_ask_chain(
             llm=llm,
@@ -513,10 +534,13 @@ def create_chains(
             compressor=compressor,
             prompts=prompts,
             history_tokens=history_tokens,
+            answer_style=answer_style,
         ),
         rewrite=create_rewrite_chain(
             llm=llm, prompts=prompts, fields=fields, history_tokens=history_tokens
         ),
         retrieve=create_retrieve_chain(retriever=retriever, compressor=compressor, prompts=prompts),
-        answer=create_answer_chain(llm=llm, prompts=prompts, history_tokens=history_tokens),
+        answer=create_answer_chain(
+            llm=llm, prompts=prompts, history_tokens=history_tokens, answer_style=answer_style
+        ),
     )

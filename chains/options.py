@@ -6,6 +6,10 @@ types: the domain and each prompt's version are enumerations built from the prom
 request against them and its playground renders them as lists and fields (an ``Optional``,
 ``anyOf`` with null, would leave the playground blank).
 
+A chain that answers also offers ``answer_style``: ``quote`` (sentences copied from the
+sources under a grammar), ``free`` (free generation) or ``auto`` (no choice here: the
+domain's ``answer_style``, then the chain's own default, then the model decides).
+
 The first step of every chain, ``configure``, turns the request's choices into one
 ``Options`` object that the later stages read; nothing downstream parses ``configurable``
 again. Keys the chain does not declare are left alone, so our chains compose with parts that
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.utils import ConfigurableFieldSpec
@@ -35,6 +39,11 @@ LATEST = "latest"
 DOMAIN_KEY = "domain"
 K_KEY = "k"
 THRESHOLD_KEY = "threshold"
+ANSWER_STYLE_KEY = "answer_style"
+AUTO: Final = "auto"
+# An enumeration with "auto" for "not chosen here", never an Optional (see above).
+AnswerStyle = Literal["auto", "quote", "free"]
+ANSWER_STYLES: tuple[str, ...] = ("auto", "quote", "free")
 
 # One annotation object per kind, shared by every chain: LangChain merges the config specs of
 # composed runnables and refuses two specs with one id that are not equal. (LangServe checks
@@ -96,6 +105,9 @@ class Options(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt refs by name")
     k: int | None = None
     threshold: float | None = Field(None, description="the request's own; None: not set")
+    answer_style: AnswerStyle = Field(
+        AUTO, description="the request's answer style, else the domain's; auto if neither"
+    )
     _prompts: dict[str, Prompt] = PrivateAttr(default_factory=dict)
 
     @classmethod
@@ -106,6 +118,7 @@ class Options(BaseModel):
         *,
         k: int | None = None,
         threshold: float | None = None,
+        answer_style: str = AUTO,
     ) -> Options:
         options = cls(
             domain=domain.name,
@@ -116,6 +129,7 @@ class Options(BaseModel):
             prompts={name: prompt.ref for name, prompt in prompts.items()},
             k=k,
             threshold=threshold,
+            answer_style=answer_style if answer_style != AUTO else domain.answer_style,
         )
         options._prompts.update(prompts)
         return options
@@ -162,6 +176,17 @@ def _specs(registry: PromptRegistry) -> _Specs:
     return _SPECS[registry]
 
 
+ANSWER_STYLE_SPEC = ConfigurableFieldSpec(
+    id=ANSWER_STYLE_KEY,
+    annotation=AnswerStyle,
+    default=AUTO,
+    name="Answer style",
+    description="quote: only sentences copied from the sources, each with its label (models "
+    "that take a grammar); free: free generation; auto: the domain's or the server's choice, "
+    "else quote for the embedded model and free for others",
+)
+
+
 def k_spec(default: int) -> ConfigurableFieldSpec:
     return ConfigurableFieldSpec(
         id=K_KEY,
@@ -188,7 +213,8 @@ class OptionsError(ValueError):
 
 class Choices:
     """The choices one chain offers: the domain, its prompts' versions, and optionally k and
-    threshold. ``resolve`` validates a request's ``configurable`` and returns ``Options``.
+    threshold; a chain with the ``answer`` prompt also the answer style. ``resolve``
+    validates a request's ``configurable`` and returns ``Options``.
 
     ``k`` and ``threshold`` are callables giving the default, asked for only when the specs
     are first needed: a compressor knows its threshold once its scorer has loaded.
@@ -215,6 +241,8 @@ class Choices:
         if self._built is None:
             shared = _specs(self.registry)
             specs = [shared.domain, *(shared.versions[name] for name in self.prompt_names)]
+            if "answer" in self.prompt_names:
+                specs.append(ANSWER_STYLE_SPEC)
             if self._k is not None:
                 specs.append(k_spec(int(self._k())))
             if self._threshold is not None:
@@ -264,7 +292,13 @@ class Choices:
         threshold = values.get(THRESHOLD_KEY)
         if self._threshold is None or threshold == float(self._threshold()):
             threshold = None
-        return Options.of(domain, prompts, k=values.get(K_KEY), threshold=threshold)
+        return Options.of(
+            domain,
+            prompts,
+            k=values.get(K_KEY),
+            threshold=threshold,
+            answer_style=values.get(ANSWER_STYLE_KEY, AUTO),
+        )
 
     def step(self) -> RunnableLambda[Any, Options]:
         """The ``configure`` runnable: declares the specs, resolves a request's choices."""

@@ -27,7 +27,7 @@ from tqdm import tqdm
 from ragchains.chains.llm import LLM
 from ragchains.evaluation import EVAL_PROMPTS
 from ragchains.evaluation.datasets import DatasetError, QAItem
-from ragchains.evaluation.metrics import citation_match, token_f1
+from ragchains.evaluation.metrics import citation_match, faithful_sentences, token_f1
 from ragchains.prompts.registry import PromptRegistry
 
 JUDGED = ("groundedness", "relevance", "dontknowness")
@@ -189,6 +189,12 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
     """The reference-based metrics of one reply (no judge needed)."""
     answer = str(turn.get("answer", ""))
     cited = [str(c.get("label")) for c in turn.get("citations") or []]
+    abstained = bool(turn.get("abstained"))
+    sources: dict[str, list[str]] = {}
+    for source in turn.get("sources") or []:
+        sources.setdefault(str(source.get("label")), []).append(str(source.get("text") or ""))
+    # An abstention states nothing from the sources: faithfulness does not apply.
+    found, sentences = (0, 0) if abstained else faithful_sentences(answer, sources)
     return {
         "latency": round(latency, 4),
         "answer_length": len(answer.split()),
@@ -197,9 +203,13 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
         "citation_match": (
             citation_match(cited, item.citations) if item.answerable and item.citations else None
         ),
-        "abstained": bool(turn.get("abstained")),
+        "abstained": abstained,
         "answer_f1": token_f1(answer, item.answer) if item.answerable and item.answer else None,
+        "answer_sentences": sentences,
+        "faithful_sentences": found,
+        "faithfulness": found / sentences if sentences else None,
         "cited": cited,
+        "answer_style": turn.get("answer_style"),
     }
 
 
@@ -256,9 +266,16 @@ def _mean(values: Sequence[Any]) -> float | None:
     return statistics.fmean(present) if present else None
 
 
+def _share(rows: Sequence[Mapping[str, Any]], part: str, whole: str) -> float | None:
+    """sum(part) / sum(whole) over ``rows`` (runs written before the metric lack both)."""
+    total = sum(int(r.get(whole) or 0) for r in rows)
+    return sum(int(r.get(part) or 0) for r in rows) / total if total else None
+
+
 def summarize_answers(rows: Sequence[Mapping[str, Any]], *, judged: bool) -> dict[str, Any]:
-    """Means over the questions; abstention split by answerability; judged metrics None
-    (shown as "skipped") without a judge."""
+    """Means over the questions; abstention split by answerability; faithfulness pooled over
+    the sentences of every answer that does not abstain (answerable or not); judged metrics
+    None (shown as "skipped") without a judge."""
     ok = [r for r in rows if "error" not in r]
     answerable = [r for r in ok if r["answerable"]]
     unanswerable = [r for r in ok if not r["answerable"]]
@@ -268,6 +285,7 @@ def summarize_answers(rows: Sequence[Mapping[str, Any]], *, judged: bool) -> dic
         "has_citation": _mean([r["has_citation"] for r in answerable]),
         "citation_match": _mean([r["citation_match"] for r in answerable]),
         "answer_f1": _mean([r["answer_f1"] for r in answerable]),
+        "faithfulness": _share(ok, "faithful_sentences", "answer_sentences"),
         "false_abstain_rate": _mean([r["abstained"] for r in answerable]),
         "abstain_rate_unanswerable": _mean([r["abstained"] for r in unanswerable]),
         "errors": len(rows) - len(ok),
@@ -293,6 +311,9 @@ class TargetConfig(BaseModel):
     domain: str | None = None
     prompt_version: int | str | dict[str, int | str] | None = None
     k: int | None = Field(None, ge=1)
+    answer_style: Literal["auto", "quote", "free"] | None = Field(
+        None, description="the turn's answer_style; unset = the target's own choice"
+    )
     api_key_env: str | None = Field(None, description="variable holding the server's API key")
     timeout: float = Field(300.0, gt=0, description="seconds per question over HTTP")
 
@@ -315,6 +336,7 @@ class TargetConfig(BaseModel):
         chosen = {
             "domain": self.domain,
             "k": self.k,
+            "answer_style": self.answer_style,
             **version_choices(self.prompt_version, PROMPTS_USED[self.mode]),
         }
         return {key: value for key, value in chosen.items() if value is not None}

@@ -69,3 +69,56 @@ def token_f1(prediction: str, reference: str, ignore: Collection[str] = ()) -> f
 def citation_match(cited: Iterable[str], gold: Iterable[str]) -> bool:
     """Every gold citation label is among the cited ones (extra citations are allowed)."""
     return set(gold) <= set(cited)
+
+
+# A citation marker as the answer chain writes and reads it: [label] or [label; label].
+_MARKER = re.compile(r"\[([^\[\]\n]{1,300})\]")
+_LABEL_SPLIT = re.compile(r"\s*[;,]\s*")
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_END_PUNCTUATION = ".!?;:, "
+
+
+def cited_sentences(answer: str) -> list[tuple[str, list[str]]]:
+    """The answer's sentences, each with the labels cited for it.
+
+    The text before a citation marker is cited by it (and by markers that follow with only
+    punctuation between: "A [x] [y]." or "A [x; y]"); text after the last marker is cited by
+    nothing. Each cited stretch is then cut into sentences at . ! ?. Pieces without a letter
+    or digit (the "." after a marker) are not sentences.
+    """
+    claims: list[tuple[str, list[str]]] = []
+    position = 0
+    for match in _MARKER.finditer(answer):
+        between = answer[position : match.start()]
+        labels = [label for label in _LABEL_SPLIT.split(match.group(1).strip()) if label]
+        if claims and not any(c.isalnum() for c in between):
+            claims[-1][1].extend(labels)
+        else:
+            claims.append((between, labels))
+        position = match.end()
+    claims.append((answer[position:], []))
+    out = []
+    for text, labels in claims:
+        for sentence in _SENTENCE_END.split(" ".join(text.split())):
+            sentence = sentence.strip().lstrip(_END_PUNCTUATION)
+            if any(c.isalnum() for c in sentence):
+                out.append((sentence, labels))
+    return out
+
+
+def faithful_sentences(answer: str, sources: Mapping[str, Sequence[str]]) -> tuple[int, int]:
+    """(sentences found verbatim in a source they cite, all sentences) of ``answer``.
+
+    ``sources``: label -> texts of the chunks shown under that label. Matching is exact
+    after whitespace is collapsed on both sides; a sentence's closing punctuation may differ
+    ("… per month [x]." quotes "… per month, …"). A sentence citing nothing, or only labels
+    not among ``sources``, is not found.
+    """
+    texts = {label: [" ".join(t.split()) for t in found] for label, found in sources.items()}
+    sentences = cited_sentences(answer)
+    found = 0
+    for sentence, labels in sentences:
+        wanted = sentence.rstrip(_END_PUNCTUATION)
+        if any(wanted in text for label in labels for text in texts.get(label, ())):
+            found += 1
+    return found, len(sentences)

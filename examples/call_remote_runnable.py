@@ -26,6 +26,7 @@ def main() -> None:
     choices = schema["$defs"]["Configurable"]["properties"]
     print("domains:", ", ".join(choices["domain"]["enum"]))
     print("answer prompt versions:", ", ".join(choices["answer_version"]["enum"]))
+    print("answer styles:", ", ".join(choices["answer_style"]["enum"]))
 
     chat = RemoteRunnable(f"{args.url}/chat/", headers=headers)
     for domain in ("default", "hr"):
@@ -35,8 +36,9 @@ def main() -> None:
         print(f"  prompts: {', '.join(out['prompts'].values())}; cited: {cited}")
 
     # Streamed: the sources arrive first, then the answer token by token, then citations.
-    print("\n[hr, streamed, answer prompt v1] ", end="", flush=True)
-    config = {"configurable": {"domain": "hr", "answer_version": "v1"}}
+    # Free generation (the embedded model quotes by default) with the answer prompt's v1.
+    print("\n[hr, streamed, free, answer prompt v1] ", end="", flush=True)
+    config = {"configurable": {"domain": "hr", "answer_style": "free", "answer_version": "v1"}}
     for chunk in chat.stream({"question": args.question}, config):
         if "sources" in chunk:
             print(f"({len(chunk['sources'])} sources) ", end="", flush=True)

@@ -2,7 +2,7 @@
 
 Layout::
 
-    prompts/<domain>/domain.yaml            description, glossary, rewrite options
+    prompts/<domain>/domain.yaml            description, glossary, rewrite options, answer style
     prompts/<domain>/<name>/v<N>.yaml       one prompt version
 
 Every file is checked when the registry loads (at start-up, not at the first request): required
@@ -30,7 +30,7 @@ PROMPTS_DIR = Path(__file__).resolve().parent
 DEFAULT_DOMAIN = "default"
 HISTORY_VARIABLE = "chat_history"
 # The prompts the chains use; every domain resolves each (its own or the default domain's).
-CHAIN_PROMPTS = ("rewrite", "multi_query", "requery", "answer")
+CHAIN_PROMPTS = ("rewrite", "multi_query", "requery", "answer", "quote")
 _VERSION_FILE = re.compile(r"^v(\d+)\.ya?ml$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -97,6 +97,11 @@ class DomainFile(BaseModel):
         description="the compressor's cut for this domain's documents, per scorer kind "
         "(embedding-similarity, cross-encoder), when a request sets no threshold",
     )
+    answer_style: Literal["auto", "quote", "free"] = Field(
+        "auto",
+        description="quote: answers copy sentences from the sources; free: free generation; "
+        "auto: the server's setting decides. A request's answer_style wins over it",
+    )
 
 
 @dataclass(frozen=True)
@@ -127,6 +132,7 @@ class Domain:
     multi_query: int
     range_fields: dict[str, list[str]] = field(default_factory=dict)
     thresholds: dict[str, float] = field(default_factory=dict)
+    answer_style: str = "auto"
     prompts: dict[str, dict[int, Prompt]] = field(default_factory=dict)
 
     @property
@@ -250,6 +256,7 @@ class PromptRegistry:
             multi_query=meta.multi_query,
             range_fields=meta.range_fields,
             thresholds=meta.thresholds,
+            answer_style=meta.answer_style,
         )
         for prompt_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
             if prompt_dir.name.startswith(("_", ".")):

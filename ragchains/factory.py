@@ -157,6 +157,7 @@ def build_service(
             min_ratio=settings.requery_min_ratio,
             min_gain=settings.requery_min_gain,
         ),
+        answer_style=settings.answer_style,
     )
     return Service(settings, embedder, index, compressor, llm, prompts, chains)
 

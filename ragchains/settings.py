@@ -80,6 +80,13 @@ class Settings(BaseSettings):
     openai_fallback_model: str | None = Field(
         None, description="tried with the same request when the main model fails"
     )
+    answer_style: Literal["auto", "quote", "free"] = Field(
+        "auto",
+        description="quote: answers only copy sentences from the sources, each with its label "
+        "(needs a model that takes a grammar: the embedded one); free: free generation; auto: "
+        "quote for the embedded model, free for OpenAI-compatible ones. A domain's "
+        "answer_style and a request's win over it",
+    )
     llm_timeout: float = Field(60.0, gt=0, description="seconds per LLM request")
     llm_max_retries: int = Field(2, ge=0, le=10, description="retries with backoff per request")
 

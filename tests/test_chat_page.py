@@ -237,7 +237,7 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
     assert grown[-1] <= len(final)
 
     thoughts = chat.thoughts(page.locator(".turn").last)
-    assert "answer: default/answer@v2" in fact(thoughts, "Prompts")
+    assert "answer: default/quote@v1" in fact(thoughts, "Prompts")
     citation = answer.locator(".answer-text a.cite").first
     label = citation.inner_text()
     citation.click()
@@ -319,13 +319,13 @@ def test_switching_domain_changes_the_prompt_versions(
     chat.use(mode="Ask", domain="default")
     first = chat.ask(ANSWERABLE)
     chat.wait_done(first)
-    assert "answer: default/answer@v2" in fact(chat.thoughts(first), "Prompts")
+    assert "answer: default/quote@v1" in fact(chat.thoughts(first), "Prompts")
     chat.use(domain="hr")
     assert "Ask · hr" in chat.page.locator("header").inner_text()
     second = chat.ask(ANSWERABLE)
     chat.wait_done(second)
     thoughts = chat.thoughts(second)
-    assert "answer: hr/answer@v2" in fact(thoughts, "Prompts")
+    assert "answer: hr/quote@v1" in fact(thoughts, "Prompts")
     assert "threshold" in fact(thoughts, "Compressor")
 
 
@@ -362,7 +362,7 @@ def test_thumbs_down_with_a_comment_reaches_the_feedback_store(
     assert record["question"] == ANSWERABLE
     assert record["answer"] == answer.locator(".answer-text").inner_text()
     assert record["domain"] == "default" and record["mode"] == "ask"
-    assert record["prompts"] == {"answer": "default/answer@v2"}
+    assert record["prompts"] == {"answer": "default/quote@v1"}
     assert record["cited_ids"]
 
 

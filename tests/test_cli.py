@@ -231,7 +231,8 @@ def test_ask_json_is_the_answer_object(index: Path) -> None:
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out["filters"] == [{"field": "price", "op": "<", "value": 50}]
-    assert out["prompts"]["answer"] == "catalog/answer@v2"
+    assert out["prompts"]["answer"] == "catalog/quote@v1"  # the embedded model quotes rows
+    assert out["answer_style"] == "quote"
     labels = {s["label"] for s in out["sources"]}
     assert out["citations"] and {c["label"] for c in out["citations"]} <= labels
     assert set(out["timings"]) >= {"retrieve", "answer", "total"}

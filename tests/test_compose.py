@@ -238,7 +238,9 @@ def test_served_example_is_called_with_remote_runnable_across_domains() -> None:
         out = result.stdout
         assert "domains: catalog, default, hr" in out
         assert "prompts: default/rewrite@v1" in out and "prompts: hr/rewrite@v2" in out
-        assert "hr/answer@v1" in out  # the streamed call chose the v1 answer prompt
+        assert "answer styles: auto, quote, free" in out
+        assert "default/quote@v1" in out  # the embedded model quotes unless told otherwise
+        assert "hr/answer@v1" in out  # the streamed call chose free and the v1 answer prompt
     finally:
         server.terminate()
         server.wait(timeout=30)

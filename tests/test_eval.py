@@ -97,6 +97,40 @@ def test_answer_metrics_hand_computed() -> None:
     row_u = measure(unanswerable, {"answer": "I don't know", "abstained": True}, 0.1)
     assert row_u["citation_match"] is None and row_u["answer_f1"] is None
     assert row_u["has_citation"] is False and row_u["abstained"] is True
+    assert row_u["faithfulness"] is None and row_u["answer_sentences"] == 0
+
+
+def test_faithfulness_reads_the_sources_the_turn_showed() -> None:
+    item = QAItem("pto", "How many PTO days?", "25 days per year", ["handbook.md#pto"])
+    turn = {
+        "answer": "Employees get 25 days. [handbook.md#pto] They love it. [handbook.md#pto]",
+        "citations": [{"label": "handbook.md#pto"}],
+        "sources": [
+            {"label": "handbook.md#pto", "text": "Intro.\nEmployees get 25\ndays."},
+            {"label": "handbook.md#pto", "text": "They love it."},  # a second chunk, one label
+        ],
+        "abstained": False,
+        "answer_style": "quote",
+    }
+    row = measure(item, turn, 1.0)
+    assert (row["faithful_sentences"], row["answer_sentences"]) == (2, 2)
+    assert row["faithfulness"] == 1.0 and row["answer_style"] == "quote"
+    free = measure(item, {**turn, "answer": "Staff get 25 days off [handbook.md#pto]."}, 1.0)
+    assert free["faithfulness"] == 0.0
+    # Pooled over every sentence of every answer that does not abstain.
+    rows = [
+        {**row, "answerable": True},
+        {**free, "answerable": True},
+        {
+            "answerable": False,
+            "abstained": True,
+            "latency": 1.0,
+            "answer_length": 1,
+            "answer_sentences": 0,
+            "faithful_sentences": 0,
+        },
+    ]
+    assert summarize_answers(rows, judged=False)["faithfulness"] == pytest.approx(2 / 3)
 
 
 def test_answer_summary_splits_abstention_by_answerability() -> None:

@@ -175,15 +175,32 @@ def test_answers_in_process_with_and_without_a_judge(work: Path, sample_index: P
         for judged in ("groundedness", "relevance", "dontknowness"):
             assert item[judged] in (1, 2, 3, 4, 5), item
     assert found.summary["skipped"] == []
+    # The embedded model quotes by default: every sentence is found in the source it cites.
+    assert {i["answer_style"] for i in items.values()} == {"quote"}
+    assert found.metrics["faithfulness"] in (None, 1.0)
+    assert found.label.endswith("-auto")
     assert found.config["judge"]["prompts"]["groundedness"] == "default/groundedness@v1"
 
     config.write_text(f"dataset: {dataset}\ntarget: {{index: {sample_index}}}\n", encoding="utf-8")
     plain = run(
-        "eval", "answers", "--config", config, "--out", work / "answers-plain", "--limit", "1", "-q"
+        "eval",
+        "answers",
+        "--config",
+        config,
+        "--answer-style",
+        "free",
+        "--out",
+        work / "answers-plain",
+        "--limit",
+        "1",
+        "-q",
     )
     assert plain.returncode == 0, plain.stderr
     assert "skipped" in plain.stdout and "no judge" in plain.stderr
-    assert load_run(work / "answers-plain").metrics["groundedness"] is None
+    free = load_run(work / "answers-plain")
+    assert free.metrics["groundedness"] is None and "faithfulness" in free.metrics
+    assert free.config["target"]["configurable"] == {"answer_style": "free"}
+    assert [i["answer_style"] for i in free.items()] == ["free"] and free.label.endswith("-free")
 
     config.write_text("dataset: qa.jsonl\ntarget: {}\n", encoding="utf-8")
     bad = run("eval", "answers", "--config", config, "--out", work / "answers-bad")

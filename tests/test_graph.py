@@ -87,11 +87,12 @@ def build(
     scores: dict[str, float] | None = None,
     default: float = 0.6,
     policy: RequeryPolicy | None = None,
+    grammar: bool = False,
 ) -> tuple[Chains, SpyRetriever]:
     retriever = SpyRetriever(index=index, embedder=embedder, k=10)
     compressor = RerankCompressor(primary=ScriptedScorer(scores, default), top_n=4)
     graphs = create_chains(
-        llm=LLM.of(model, count_tokens=len),
+        llm=LLM.of(model, count_tokens=len, grammar=grammar),
         retriever=retriever,
         compressor=compressor,
         prompts=PROMPTS,
@@ -378,6 +379,7 @@ def test_good_configurable_values_resolve_once_into_options() -> None:
         "multi_query": "default/multi_query@v1",
         "requery": "default/requery@v1",
         "answer": "hr/answer@v2",
+        "quote": "hr/quote@v1",
     }
     # Versions as numbers, and a None domain (the default), as callers write them.
     options = chat_choices().resolve({"domain": None, "answer_version": 1, "rewrite_version": "V1"})
@@ -411,9 +413,13 @@ def test_config_specs_are_enumerations_the_playground_can_render(
     assert set(graphs.ask.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
         "domain",
         "answer_version",
+        "quote_version",
+        "answer_style",
         "k",
         "threshold",
     }
+    assert schema["answer_style"]["enum"] == ["auto", "quote", "free"]
+    assert schema["answer_style"]["default"] == "auto"
     assert set(graphs.retrieve.get_config_jsonschema()["$defs"]["Configurable"]["properties"]) == {
         "domain",
         "k",
@@ -526,3 +532,29 @@ def test_every_step_output_serialises_as_langserve_streams_it(
         return count
 
     assert asyncio.run(patches()) > 10
+
+
+# ----------------------------------------------------------------------------- answer style
+def test_the_answer_style_comes_first_and_a_model_without_grammar_answers_freely(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    model = RecordingModel(responses=["Hotels cost up to $220 [travel-policy.pdf#page=1]."])
+    graphs, _ = build(index, embedder, model)
+    events = list(
+        graphs.ask.stream(
+            {"question": "hotel costs per night"}, {"configurable": {"answer_style": "quote"}}
+        )
+    )
+    head = events[0]
+    assert head["answer_style"] == "free"  # said before the answer streams
+    assert head["notes"][-1].startswith("answer_style quote needs a model that takes a grammar")
+    assert not any({"answer_style", "notes"} & set(e) for e in events[1:])  # said once
+    out = graphs.ask.invoke({"question": "hotel costs per night"})
+    assert ChatOutput.model_validate(out).answer_style == "free"
+    assert out["notes"] == [] and out["prompts"]["answer"] == "default/answer@v2"
+
+    quoting = RecordingModel(responses=["x"])
+    graphs, _ = build(index, embedder, quoting, grammar=True)
+    out = graphs.ask.invoke({"question": "hotel costs per night"})
+    assert out["answer_style"] == "quote" and out["prompts"]["answer"] == "default/quote@v1"
+    assert quoting.grammars[0].startswith("root ::= dontknow | r\n")

@@ -1,4 +1,4 @@
-"""Ranking metrics against values computed by hand."""
+"""Ranking, text and faithfulness metrics against values computed by hand."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import pytest
 
 from ragchains.evaluation.metrics import (
     citation_match,
+    cited_sentences,
     exact_match,
+    faithful_sentences,
     mrr_at_k,
     ndcg_at_k,
     normalize_text,
@@ -67,3 +69,53 @@ def test_citation_match_needs_every_gold_label() -> None:
     assert citation_match(["a.md#x", "b.md#y"], ["a.md#x"])
     assert not citation_match(["a.md#x"], ["a.md#x", "b.md#y"])
     assert citation_match([], [])
+
+
+SOURCES = {
+    "a.md#x": ["Employees get 25 days\nof paid time off per year, accrued monthly."],
+    "b.pdf#page=2": ["Hotels are reimbursed up to $220 per night.", "Book early."],
+}
+
+
+@pytest.mark.parametrize(
+    ("answer", "found", "sentences"),
+    [
+        # Quotes, each with its label: every sentence is in the source it cites.
+        ("Employees get 25 days of paid time off per year, accrued monthly. [a.md#x]", 1, 1),
+        (
+            "Hotels are reimbursed up to $220 per night. [b.pdf#page=2] Book early. [b.pdf#page=2]",
+            2,
+            2,
+        ),
+        # Whitespace collapsed on both sides; a closing period may differ from the source's.
+        ("Employees  get 25\ndays [a.md#x].", 1, 1),
+        ("Employees get 25 days of paid time off per year [a.md#x].", 1, 1),
+        # Several labels in one marker, or markers side by side: any of them may hold it.
+        ("Book early [a.md#x; b.pdf#page=2].", 1, 1),
+        ("Book early [a.md#x] [b.pdf#page=2].", 1, 1),
+        # Found in a source, but not in the one cited.
+        ("Book early. [a.md#x]", 0, 1),
+        # Paraphrase; an unknown label; text after the last marker, citing nothing.
+        ("Staff get twenty-five days off. [a.md#x]", 0, 1),
+        ("Book early. [c.md]", 0, 1),
+        ("Book early. [b.pdf#page=2] You will love it.", 1, 2),
+        # Several sentences before one marker are checked one by one.
+        ("Book early. Hotels are cheap. [b.pdf#page=2]", 1, 2),
+        # No marker at all; nothing but punctuation around markers.
+        ("Employees get 25 days.", 0, 1),
+        ("[a.md#x].", 0, 0),
+        ("", 0, 0),
+    ],
+)
+def test_faithfulness_counts_sentences_found_verbatim_in_a_cited_source(
+    answer: str, found: int, sentences: int
+) -> None:
+    assert faithful_sentences(answer, SOURCES) == (found, sentences)
+
+
+def test_cited_sentences_pair_each_sentence_with_its_labels() -> None:
+    assert cited_sentences("A one [x]. B two [y; z] [w]. C three") == [
+        ("A one", ["x"]),
+        ("B two", ["y", "z", "w"]),
+        ("C three", []),
+    ]

@@ -79,7 +79,7 @@ def test_chat_playground_streams_an_answer_with_citations(url: str, browser: Any
     assert text.index('"sources"') < text.index('"answer"') < text.index('"citations"')
     assert '"label": "employee-handbook.md#' in text
     assert '"abstained": false' in text
-    assert '"answer": "hr/answer@v2"' in text  # the prompts the hr domain answered with
+    assert '"answer": "hr/quote@v1"' in text  # the prompts the hr domain answered with
     watched.assert_clean()
 
 

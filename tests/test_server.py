@@ -41,7 +41,12 @@ def test_remote_runnable_invoke_on_chat_cites_its_sources(url: str) -> None:
     out = chat.invoke({"question": QUESTION}, config={"configurable": {"domain": "hr"}})
     assert out["answer"].strip() and not out["abstained"]
     _sources_back_citations(out)
-    assert out["prompts"]["answer"] == "hr/answer@v2"
+    assert out["prompts"]["answer"] == "hr/quote@v1"  # the embedded model quotes
+    assert out["answer_style"] == "quote"
+    free = chat.invoke(
+        {"question": QUESTION}, config={"configurable": {"domain": "hr", "answer_style": "free"}}
+    )
+    assert free["answer_style"] == "free" and free["prompts"]["answer"] == "hr/answer@v2"
 
 
 def test_remote_runnable_batch_on_ask(url: str) -> None:
@@ -85,6 +90,8 @@ def test_playground_and_schemas(url: str) -> None:
         "multi_query_version",
         "requery_version",
         "answer_version",
+        "quote_version",
+        "answer_style",
         "k",
         "threshold",
     }

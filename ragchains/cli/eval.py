@@ -664,7 +664,8 @@ Config file (YAML; relative paths are relative to it):
     # url: http://localhost:8000/chat   (a LangServe route: /chat or /ask)
     # url: http://localhost:8000/v1     (the OpenAI-compatible API)
     mode: ask                # ask or chat (in-process target)
-    domain: hr               # optional, as are prompt_version and k
+    domain: hr               # optional, as are prompt_version, k and answer_style
+    # answer_style: quote     (auto, quote or free; --answer-style wins)
     # api_key_env: RAGCHAINS_API_KEY   (for a server that needs a key)
   judge:                     # optional: without it judged metrics are skipped
     provider: openai         # or embedded
@@ -682,15 +683,30 @@ Config file (YAML; relative paths are relative to it):
     type=click.Path(path_type=Path),
     help="YAML file naming the ground truth, the target and (optionally) the judge.",
 )
+@click.option(
+    "--answer-style",
+    type=click.Choice(["auto", "quote", "free"]),
+    help="The turns' answer style (overrides target.answer_style): quote copies sentences "
+    "from the sources, free generates; auto leaves it to the domain, the settings and the "
+    "model.",
+)
 @_OUT
 @_LIMIT
 @_QUIET
-def answers_command(config_file: Path, out: Path | None, limit: int | None, quiet: bool) -> None:
+def answers_command(
+    config_file: Path,
+    answer_style: str | None,
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> None:
     """Ask every ground-truth question; measure latency, length, citations, abstention.
 
     Per question and in summary: latency, answer_length (words), has_citation,
-    citation_match (every gold citation cited), abstained, answer_f1; with a judge also
-    groundedness, relevance and dontknowness (1-5).
+    citation_match (every gold citation cited), abstained, answer_f1, faithfulness (share
+    of answer sentences found verbatim in a source they cite; pooled over the sentences of
+    all answers that do not abstain); with a judge also groundedness, relevance and
+    dontknowness (1-5).
     """
     import os
 
@@ -710,6 +726,8 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
     settings = load_settings()
     with _user_errors():
         config = load_answers_config(config_file)
+        if answer_style is not None:
+            config.target.answer_style = answer_style  # type: ignore[assignment]
         items = load_qa(config.dataset)[:limit]
         out = _run_folder(out, "answers", config.dataset.stem)
         spec = config.target
@@ -771,13 +789,14 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
                         "has_citation",
                         "abstained",
                         "answer_f1",
+                        "faithfulness",
                         "answer_length",
                         "groundedness",
                         "relevance",
                         "dontknowness",
                         "latency",
                     ],
-                    "item_outputs": ["answer_given", "cited"],
+                    "item_outputs": ["answer_given", "cited", "answer_style"],
                 }
             )
     _print_summary([path])
@@ -786,10 +805,13 @@ def answers_command(config_file: Path, out: Path | None, limit: int | None, quie
 
 
 def _target_name(described: dict[str, Any]) -> str:
+    style = described.get("configurable", {}).get("answer_style", "auto")
     if described.get("kind") == "in-process":
         threshold = described["compressor"]["threshold"]
-        return f"{described['mode']}-{described['llm']['name']}-threshold-{threshold:g}"
-    return f"{described['kind']}-{described['url']}"
+        name = f"{described['mode']}-{described['llm']['name']}-threshold-{threshold:g}"
+    else:
+        name = f"{described['kind']}-{described['url']}"
+    return f"{name}-{style}"
 
 
 def _chat_model(settings: Any) -> dict[str, Any]:

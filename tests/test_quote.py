@@ -1,0 +1,262 @@
+"""The quote style's parts without a model: sources cut into quotable units, the shortlist
+the model chooses from, and the GBNF that holds it to copying (checked by llama.cpp's own
+grammar parser where it matters)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from langchain_core.documents import Document
+
+from ragchains.chains.answer import DONT_KNOW
+from ragchains.chains.quote import (
+    MAX_QUOTE_CHARS,
+    Quote,
+    gbnf_literal,
+    quote_grammar,
+    quotes,
+    sentences_of,
+    shortlist,
+    split_sentences,
+    units_of,
+)
+from ragchains.factory import open_index
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+
+
+@pytest.fixture(scope="module")
+def sample_chunks(sample_index: Path, embedder: SentenceTransformerEmbedder) -> list[Document]:
+    store = open_index(sample_index, embedder).store
+    return [Document(page_content=c.text, metadata=c.metadata) for c in store.iter_chunks()]
+
+
+def _flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        # Markdown: the heading is not quoted; hard-wrapped lines are joined.
+        (
+            "## Paid time off  \nFull-time employees receive 25 days of paid time off, accrued\n"
+            "monthly. Up to 5 unused days carry over; the rest expire on 31 March.",
+            [
+                "Full-time employees receive 25 days of paid time off, accrued monthly.",
+                "Up to 5 unused days carry over; the rest expire on 31 March.",
+            ],
+        ),
+        # A table: each row one unit; the header row (context) and the |---| rule left out.
+        (
+            "Plans below.\n| Plan | Cost |\n|------|------|\n| Basic | $0.00 |\n"
+            "| Standard | $45.00 |",
+            ["Plans below.", "| Basic | $0.00 |", "| Standard | $45.00 |"],
+        ),
+        # List items, bullets and numbers dropped; an item may wrap onto the next line.
+        (
+            "Open positions:\n- Senior Firmware Engineer, Lisbon: embedded C.\n"
+            "- Agronomist, Portland: turns sensor data into\n  irrigation schedules.\n"
+            "2) Support Specialist, remote.",
+            [
+                "Open positions:",
+                "Senior Firmware Engineer, Lisbon: embedded C.",
+                "Agronomist, Portland: turns sensor data into irrigation schedules.",
+                "Support Specialist, remote.",
+            ],
+        ),
+        # Lettered items; a line starting with an initial is a sentence, not an item.
+        (
+            "(a) Book early.\nb) Keep receipts.\nJ. Smith approves trips.",
+            ["Book early.", "Keep receipts.", "J. Smith approves trips."],
+        ),
+        # A CSV or JSON row as ingest writes it: one record, one unit.
+        (
+            "sku: BW-730\nname: Probe Auger\nprice: 34.0\ndescription: Drills a hole. Fast.",
+            ["sku: BW-730 name: Probe Auger price: 34.0 description: Drills a hole. Fast."],
+        ),
+        # Two records in one chunk: a repeated field starts the next.
+        (
+            "sku: A-1\nprice: 3\nsku: B-2\nprice: 4",
+            ["sku: A-1 price: 3", "sku: B-2 price: 4"],
+        ),
+        # A single "name: value" line is prose, split into sentences as prose is.
+        (
+            "We have two offices: Portland and Lisbon, opened in 2019. About 140 people work here.",
+            [
+                "We have two offices: Portland and Lisbon, opened in 2019.",
+                "About 140 people work here.",
+            ],
+        ),
+        # PDF text: short lines without an ending before a capitalised line are headings.
+        (
+            "Brightwater Travel Policy\n3. Meals and per diem\nWhile travelling you receive "
+            "$65 per day. Alcohol is\nnot reimbursed.\nGround transport\nUse public transport.",
+            [
+                "While travelling you receive $65 per day.",
+                "Alcohol is not reimbursed.",
+                "Use public transport.",
+            ],
+        ),
+        # Abbreviations, initials and decimals do not end a sentence; quotes may close one.
+        (
+            'Claim e.g. a desk in the U.S. or EU. J. Smith approves $45.00 items. Choose "Forgot '
+            'password". You need your phone!',
+            [
+                "Claim e.g. a desk in the U.S. or EU.",
+                "J. Smith approves $45.00 items.",
+                'Choose "Forgot password".',
+                "You need your phone!",
+            ],
+        ),
+        # A FAQ's questions are not answers.
+        (
+            "How do I reset my password?\nOpen the portal. Choose Forgot password.",
+            ["Open the portal.", "Choose Forgot password."],
+        ),
+    ],
+)
+def test_sources_are_cut_into_quotable_units(text: str, expected: list[str]) -> None:
+    units = sentences_of(text)
+    assert units == expected
+    for unit in units:
+        assert unit in _flat(text)  # verbatim, whitespace collapsed
+
+
+def test_long_sentences_are_cut_at_clauses_and_stay_verbatim() -> None:
+    clause = "the policy covers travel, meals and lodging for every trip abroad"
+    text = "; ".join([clause] * 12) + "."
+    units = sentences_of(text)
+    assert len(units) > 1 and all(len(u) <= MAX_QUOTE_CHARS for u in units)
+    assert all(u in text for u in units)
+    assert " ".join(units) == text  # nothing lost between the pieces
+    word = "x" * (MAX_QUOTE_CHARS * 2 + 5)
+    assert [len(u) for u in sentences_of(word)] == [MAX_QUOTE_CHARS, MAX_QUOTE_CHARS, 5]
+
+
+def test_units_carry_their_heading_and_table_header() -> None:
+    text = "| Plan | Monthly cost |\n|---|---|\n| Standard | $45.00 |\nAdding children costs $30."
+    units = units_of(text, section="Benefit plans")
+    assert units[0].text == "| Standard | $45.00 |"
+    assert units[0].context == "Benefit plans | Plan | Monthly cost |"
+    assert units[1].context == "Benefit plans"
+    faq = units_of("Which VPN should I use?\nUse the WireGuard profile.")
+    assert faq[0].context == "Which VPN should I use?"
+
+
+def test_split_sentences_keeps_everything() -> None:
+    text = "One. Two! Three? four. Five"
+    assert split_sentences(text) == ["One.", "Two!", "Three? four.", "Five"]
+
+
+DOCS = [
+    Document(
+        page_content="## Hotels\nHotels are reimbursed up to $220 per night. Book early.",
+        metadata={"citation": "travel.pdf#page=1", "section": "Travel > Hotels"},
+    ),
+    Document(
+        page_content="The company pays the rest. Hotels are reimbursed up to $220 per night.",
+        metadata={"citation": "faq.md#travel"},
+    ),
+    Document(
+        page_content="| Plan | Monthly cost |\n|---|---|\n| Standard | $45.00 |",
+        metadata={"citation": "handbook.md#plans", "section": "Benefit plans"},
+    ),
+]
+LABELS = [d.metadata["citation"] for d in DOCS]
+
+
+def test_quotes_are_unique_with_every_label_that_holds_them() -> None:
+    found = quotes(DOCS, LABELS)
+    assert [q.text for q in found] == [
+        "Hotels are reimbursed up to $220 per night.",
+        "Book early.",
+        "The company pays the rest.",
+        "| Standard | $45.00 |",
+    ]
+    assert found[0].labels == ("travel.pdf#page=1", "faq.md#travel")
+
+
+def test_shortlist_offers_the_units_that_share_the_question_words() -> None:
+    found = quotes(DOCS, LABELS)
+    top = shortlist(found, "How much are hotels reimbursed per night?")
+    assert [q.text for q in top] == ["Hotels are reimbursed up to $220 per night."]
+    # A table row is found through its header: "monthly cost" is only in the header.
+    plan = shortlist(found, "What is the monthly cost of the standard plan?", within=0.5)
+    assert plan[0].text == "| Standard | $45.00 |"
+    # Asking words are not what is asked about: "what" matches nothing here.
+    asked = quotes([Document(page_content="That is what we do. Hotels cost $9.")], ["x"])
+    assert [q.text for q in shortlist(asked, "What do hotels cost?")] == ["Hotels cost $9."]
+    # No shared word: the chunks' own order (the compressor's, best first), up to the limit.
+    assert shortlist(found, "zebra?", limit=2) == found[:2]
+    assert len(shortlist(found, "hotels night", limit=1)) == 1
+
+
+def test_grammar_offers_quotes_with_their_labels_or_the_dont_know_sentence() -> None:
+    found = [
+        Quote("Hotels are reimbursed up to $220 per night.", ("a.pdf#page=1", "b.md#x")),
+        Quote("| Standard | $45.00 |", ("b.md#x",)),
+    ]
+    grammar = quote_grammar(found, DONT_KNOW, sentences=2)
+    assert grammar.splitlines() == [
+        "root ::= dontknow | r",
+        f'dontknow ::= "{DONT_KNOW}"',
+        'r ::= q0 (" " r0)? | q1 (" " r1)?',  # a second quote may follow, never the same one
+        "r0 ::= q1",
+        "r1 ::= q0",
+        'q0 ::= "Hotels are reimbursed up to $220 per night." (l0 | l1)',
+        'q1 ::= "| Standard | $45.00 |" l1',
+        'l0 ::= " [a.pdf#page=1]"',
+        'l1 ::= " [b.md#x]"',
+    ]
+    assert "r ::= q0 | q1\n" in quote_grammar(found, DONT_KNOW)  # one quote
+    three = quote_grammar([*found, Quote("Book early.", ("c",))], DONT_KNOW, sentences=3)
+    assert 'r0 ::= q1 (" " r0-1)? | q2 (" " r0-2)?\nr0-1 ::= q2\n' in three
+    assert quote_grammar([], DONT_KNOW) == f'root ::= "{DONT_KNOW}"\n'
+
+
+@pytest.mark.parametrize(
+    ("text", "literal"),
+    [
+        ('say "hi"', '"say \\"hi\\""'),
+        ("C:\\temp\\new", '"C:\\\\temp\\\\new"'),
+        ("a\nb\tc\rd", '"a\\nb\\tc\\rd"'),
+        ("bell\x07 del\x7f", '"bell\\x07 del\\x7F"'),
+        ("Tomás 25 €", '"Tom\\u00E1s 25 \\u20AC"'),
+        ("ok 👍", '"ok \\U0001F44D"'),
+        ("[x] - y", '"[x] - y"'),
+    ],
+)
+def test_literals_are_escaped_for_gbnf(text: str, literal: str) -> None:
+    assert gbnf_literal(text) == literal
+    assert gbnf_literal(text).isascii()
+
+
+def test_llama_cpp_compiles_the_grammar_and_decodes_the_escapes(smollm: object) -> None:
+    """llama.cpp's own parser reads every escape; the model can then write the text."""
+    import llama_cpp
+
+    vocab = smollm.model.client._model.vocab  # type: ignore[attr-defined]
+    awkward = 'He said "Tomás paid €25 (C:\\temp) 👍".\tDone'
+    found = [Quote(awkward, ('odd "label"\\#1',)), Quote("Plain.", ("p.md",))]
+    grammar = quote_grammar(found, DONT_KNOW, sentences=2)
+    sampler = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
+    assert sampler, grammar
+    llama_cpp.llama_sampler_free(sampler)
+    bad = llama_cpp.llama_sampler_init_grammar(vocab, b'root ::= "a\\q"\n', b"root")
+    assert not bad  # the check above would notice a broken escape
+    # The model, held to a grammar of the awkward quote alone, writes it back exactly.
+    only = quote_grammar([Quote(awkward, ("x.md",))], "-")
+    written = smollm.bound(temperature=0.0, max_tokens=60, grammar=only).invoke(  # type: ignore[attr-defined]
+        "Repeat: " + awkward
+    )
+    assert written.content in ("-", f"{awkward} [x.md]")
+
+
+def test_every_unit_of_the_sample_corpus_is_verbatim(sample_chunks: list[Document]) -> None:
+    for chunk in sample_chunks:
+        flat = _flat(chunk.page_content)
+        for unit in sentences_of(chunk.page_content):
+            assert unit in flat and len(unit) <= MAX_QUOTE_CHARS
+            assert not re.match(r"#{1,6} ", unit)  # no Markdown heading
