@@ -8,13 +8,15 @@ constrains decoding, as llama.cpp does).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import AnyMessage, BaseMessage, convert_to_messages, trim_messages
 from langchain_core.messages.utils import count_tokens_approximately
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.outputs import ChatGeneration, Generation
 from langchain_core.runnables import Runnable
 from pydantic import BeforeValidator
 
@@ -89,6 +91,29 @@ class LLM:
 
     def trim_history(self, history: Sequence[BaseMessage], max_tokens: int) -> list[BaseMessage]:
         return trim_history(history, max_tokens=max_tokens, count_tokens=self.count_tokens)
+
+
+class TextOutputParser(StrOutputParser):
+    """``StrOutputParser`` that reads a reply's text on the event loop on async calls.
+
+    The stock parser's async path sends each streamed token (and each ``ainvoke``) to a
+    worker thread with ``run_in_executor``, for a few attribute reads: with many concurrent
+    streams the hops cost more than everything else in a turn, and they queue behind
+    whatever else waits for the pool. Its name stays ``StrOutputParser`` in traces and
+    ``astream_events``.
+    """
+
+    name: str | None = "StrOutputParser"
+
+    async def aparse_result(self, result: list[Generation], *, partial: bool = False) -> str:
+        return self.parse_result(result, partial=partial)
+
+    async def _atransform(self, input: AsyncIterator[str | BaseMessage]) -> AsyncIterator[str]:
+        async for chunk in input:
+            if isinstance(chunk, BaseMessage):
+                yield self.parse_result([ChatGeneration(message=chunk)])
+            else:
+                yield self.parse_result([Generation(text=chunk)])
 
 
 def as_llm(model: LLM | Any) -> LLM:
