@@ -14,7 +14,9 @@ under its own key with ``RunnablePassthrough.assign``; nothing is mutated in pla
                 prompt refs and timings
 
 ``get_graph()`` draws these stages and ``astream_events`` reports each by name. ``invoke``
-returns the stream's events merged into one dict (``ChatOutput``).
+returns the stream's events merged into one dict (``ChatOutput``). A streamed turn runs the
+stages before the answer as one call (they stream nothing; ``chains.state.Settled``), so only
+the answer pays for LangChain's streaming path.
 
 The parts are LangChain's contracts: any chat model, any ``BaseRetriever`` (or runnable from a
 query to documents), any ``BaseDocumentCompressor``; see ``chains.retrieve`` for what each
@@ -70,7 +72,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
-from ragchains.chains.state import agather, gather, inline, read_input
+from ragchains.chains.state import agather, gather, inline, read_input, settled
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -427,15 +429,16 @@ def create_chat_chain(
         cast(Runnable[Mapping[str, Any], dict[str, Any]], RunnablePassthrough()),
     )
     requery_branch.name = "requery"  # the graph's node; RunnableBranch takes no name argument
-    chain = (
+    search = (
         inline(read_chat_input, name="input")
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
         | _stage("rewrite", "search", rewrite)
         | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", compress_stage(parts.compressor))
         | requery_branch
-        | respond.runnable()
     )
+    # The search stages stream nothing: run them as one call, then stream the answer.
+    chain = settled(search) | respond.runnable()
     return chain.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
         run_name="chat"
     )
@@ -454,14 +457,14 @@ def create_ask_chain(
     ``create_chat_chain``."""
     parts = _parts(llm, retriever, compressor, prompts)
     respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), parts.compressor)
-    chain = (
+    search = (
         inline(read_ask_input, name="input")
         | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
         | _stage("query", "search", inline(as_asked, name="query"))
         | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", compress_stage(parts.compressor))
-        | respond.runnable()
     )
+    chain = settled(search) | respond.runnable()
     return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")
 
 
