@@ -204,8 +204,9 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Retrieval and the non-streamed model calls block a thread each; the loop's default
-        # pool is what LangChain runs them in.
+        # The stages are async (the model through its async API, retrieval's CPU work in a
+        # pool of its own); the loop's default pool runs what has no async path: a sync-only
+        # model, retriever or callback handler, which may block a thread each for seconds.
         pool = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="ragchains")
         asyncio.get_running_loop().set_default_executor(pool)
         log.info("ready: %d chunks from %s", len(service.index), service.index.path)
