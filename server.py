@@ -241,6 +241,8 @@ def create_app(
         name: Route(name, service.chains[name], requests[name], service.prompts, binding=_Served)
         for name in ROUTES
     }
+    # Before LangServe's ~100 routes, which each request is otherwise matched against first.
+    app.include_router(openai_router(service, routes["chat"]))
     for name, route in routes.items():
         add_routes(
             app,
@@ -253,7 +255,6 @@ def create_app(
 
     # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
     app.router.on_startup.clear()
-    app.include_router(openai_router(service, routes["chat"]))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
