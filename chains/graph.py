@@ -403,10 +403,14 @@ class _Stage(RunnableLambda[Mapping[str, Any], dict[str, Any]]):
     """
 
     def __init__(self, name: str, key: str, step: RunnableLambda[Any, Any]) -> None:
-        call = _takes_config(step.func)
-        acall = _takes_config(step.afunc) if hasattr(step, "afunc") else None
+        # A RunnableLambda keeps the functions it was given as func (sync) and afunc (async).
+        func, afunc = getattr(step, "func", None), getattr(step, "afunc", None)
+        call = _takes_config(func) if func is not None else None
+        acall = _takes_config(afunc) if afunc is not None else None
 
         def add(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+            if call is None:
+                return {**state, key: step.invoke(state, config)}
             return {**state, key: call(state, config)}
 
         async def aadd(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
@@ -423,7 +427,8 @@ class _Stage(RunnableLambda[Mapping[str, Any], dict[str, Any]]):
 
 
 def _takes_config(func: Callable[..., Any]) -> Callable[[Any, RunnableConfig], Any]:
-    """``func`` called as ``func(state, config)``, whether or not it takes the config."""
+    """``func`` called as ``func(state, config)``, whether or not it takes the config (the
+    one extra argument a stage's function may take, as a RunnableLambda would pass it)."""
     if "config" in inspect.signature(func).parameters:
         return func
     return lambda state, config: func(state)

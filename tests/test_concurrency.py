@@ -271,3 +271,23 @@ def test_settled_steps_stream_as_one_invoke() -> None:
         return [e["name"] async for e in chain.astream_events(1, version="v2")]
 
     assert {"one", "two", "last"} <= set(asyncio.run(names()))
+
+
+def test_each_stage_of_a_turn_is_one_run(
+    settings: Settings, sample_index: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    """A run costs about a thousand Python calls on the event loop: a stage makes one (no
+    assign and map around it), and the search stages are invoked, not streamed, inside a
+    streamed turn. The choices the stages declare stay declared."""
+    service = service_with(settings, sample_index, embedder, AsyncOnlyChat())
+
+    async def started() -> list[str]:
+        events = service.chains.chat.astream_events({"question": QUESTION}, version="v2")
+        return [e["name"] async for e in events if e["event"].endswith("_start")]
+
+    names = asyncio.run(started())
+    for stage in ("input", "configure", "rewrite", "retrieve", "compress", "answer"):
+        assert names.count(stage) == 1, (stage, names)
+    assert not [n for n in names if n.startswith(("RunnableParallel", "RunnableAssign"))]
+    specs = {spec.id for spec in service.chains.chat.config_specs}
+    assert {"domain", "k", "threshold", "rewrite_version", "answer_version"} <= specs
