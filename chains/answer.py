@@ -30,7 +30,7 @@ from langchain_core.runnables import (
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
-from ragchains.chains.llm import LLM, ChatHistory, TextOutputParser, as_llm
+from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.retrieve import citation_label, compressor_score, to_source
 from ragchains.chains.state import agather, gather, inline, read_input
@@ -187,7 +187,7 @@ class Answerer:
         options: Options = state["options"]
         prompt = options.prompt("answer")
         labels = [citation_label(d) for d in documents]
-        chain = self.llm.prompted(prompt, grammar=citation_grammar(labels)) | TextOutputParser()
+        chain = self.llm.text(prompt, grammar=citation_grammar(labels))
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
         variables = {
             "question": state["question"],

@@ -46,7 +46,7 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
 from ragchains.chains.answer import Answerer, Citation, create_answer_chain
-from ragchains.chains.llm import LLM, ChatHistory, TextOutputParser, as_llm
+from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.retrieve import (
     Compressed,
@@ -201,7 +201,7 @@ class _Requery:
 
     def _ask(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, str], dict[str, Any]]:
         prompt = state["options"].prompt("requery")
-        chain = self.llm.prompted(prompt, grammar=lines_grammar(1)) | TextOutputParser()
+        chain = self.llm.text(prompt, grammar=lines_grammar(1))
         variables = {"question": state["question"], "previous_query": state["search"].search_query}
         return chain, variables
 

@@ -29,7 +29,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from pydantic import BaseModel, Field
 
 from ragchains.chains.grounding import ground_filters
-from ragchains.chains.llm import LLM, ChatHistory, TextOutputParser, as_llm
+from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
@@ -332,7 +332,7 @@ class _Rewriter:
         wanted = options.multi_query - 1
         prompt = options.prompt("multi_query")
         out.prompts["multi_query"] = prompt.ref
-        chain = self.llm.prompted(prompt, grammar=lines_grammar(wanted)) | TextOutputParser()
+        chain = self.llm.text(prompt, grammar=lines_grammar(wanted))
         return chain, {"question": state["question"], "search_query": out.search_query, "n": wanted}
 
     @staticmethod

@@ -19,17 +19,21 @@ from typing import Any
 import httpx
 import pytest
 from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
 from pydantic import PrivateAttr
 
-from ragchains.chains.llm import LLM, TextOutputParser
+from ragchains.chains.llm import LLM, PromptedModel
 from ragchains.chains.state import settled
 from ragchains.factory import Service, build_service
 from ragchains.llms import ChatLlamaCpp, LockedChatLlamaCpp
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
+from tests.fakes import RecordingModel
 from tests.servers import FakeOpenAI, fake_openai_server
 
 TURNS = 64
@@ -234,23 +238,37 @@ def test_embedded_model_queues_async_callers_without_holding_threads() -> None:
     assert [m.content for m in invoked] == ["one two three "] * 4
 
 
-def test_text_parser_reads_chunks_on_the_loop() -> None:
-    """The answer's parser: StrOutputParser's output and name, no thread per token."""
-    tokens = [AIMessageChunk("a "), AIMessageChunk("b")]
-    parser = TextOutputParser()
-    assert parser.get_name() == "StrOutputParser"
-    assert parser.invoke(AIMessage("whole")) == "whole"
+def test_prompted_model_is_one_run_and_reads_text_on_the_loop() -> None:
+    """A prompt sent to a model: the same replies and chunks as prompt | model (| parser),
+    the model's call its only run, its async path never in a thread."""
+    template = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "{q}")])
+    recording = RecordingModel(responses=["a b"])
+    assert PromptedModel(template, recording, text=True).invoke({"q": "hi"}) == "a b"
+    assert [m.content for m in recording.seen[0]] == ["Be brief.", "hi"]
+    text = PromptedModel(
+        template, GenericFakeChatModel(messages=iter([AIMessage("a b")])), text=True
+    )
+    stock = template | GenericFakeChatModel(messages=iter([AIMessage("a b")])) | StrOutputParser()
+    assert list(text.stream({"q": "hi"})) == list(stock.stream({"q": "hi"})) == ["a", " ", "b"]
 
-    async def stream(messages: list[AIMessageChunk]) -> AsyncIterator[AIMessageChunk]:
-        for message in messages:
-            yield message
-
-    async def run() -> tuple[list[str], str]:
+    async def run() -> tuple[Any, Any, list[str], list[str]]:
         asyncio.get_running_loop().set_default_executor(RefusingPool(1))
-        pieces = [piece async for piece in parser.atransform(stream(tokens))]
-        return pieces, await parser.ainvoke(AIMessage("whole"))
+        message = PromptedModel(template, AsyncOnlyChat(), text=False)
+        streamed = PromptedModel(template, AsyncOnlyChat(), text=True)
+        events = streamed.astream_events({"q": "hi"}, version="v2")
+        starts = [e["name"] async for e in events if e["event"].endswith("_start")]
+        pieces = [piece async for piece in streamed.astream({"q": "hi"})]
+        return (
+            await message.ainvoke({"q": "hi"}),
+            await streamed.ainvoke({"q": "hi"}),
+            pieces,
+            starts,
+        )
 
-    assert asyncio.run(run()) == (["a ", "b"], "whole")
+    reply, said, pieces, starts = asyncio.run(run())
+    assert isinstance(reply, AIMessage) and reply.content == REWRITE and said == REWRITE
+    assert "".join(pieces).strip() == ANSWER and all(isinstance(p, str) for p in pieces)
+    assert starts == ["AsyncOnlyChat"]
 
 
 def test_settled_steps_stream_as_one_invoke() -> None:
