@@ -8,8 +8,8 @@ under its own key, in one run named after the stage (``_Stage``); nothing is mut
     rewrite     search    query, filters, alternatives, notes (ask: the question as asked)
     retrieve    retrieved documents from the retriever (all phrasings fused), notes
     compress    compressed documents kept by the compressor, best score, threshold
-    requery     (a RunnableBranch) when the best score is low: a new query from the model,
-                searched and compressed; adopted only when clearly better
+    requery     only when the best score is low: a new query from the model, searched and
+                compressed; adopted only when clearly better
     answer      streams the sources first, then the answer's tokens, then its citations,
                 prompt refs and timings
 
@@ -35,7 +35,6 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import (
     Runnable,
-    RunnableBranch,
     RunnableConfig,
     RunnableGenerator,
     RunnableLambda,
@@ -265,6 +264,15 @@ class _Requery:
             found = (retrieved, new)
         return self._result(state, new_query, found, since)
 
+    def when_wanted(self, state: Mapping[str, Any], config: RunnableConfig) -> Mapping[str, Any]:
+        """The turn's state, re-queried when the best score is low (``wanted``)."""
+        return self(state, config) if self.wanted(state) else state
+
+    async def awhen_wanted(
+        self, state: Mapping[str, Any], config: RunnableConfig
+    ) -> Mapping[str, Any]:
+        return await self.acall(state, config) if self.wanted(state) else state
+
     async def acall(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
         since = time.perf_counter()
         chain, variables = self._ask(state)
@@ -467,21 +475,17 @@ def create_chat_chain(
     requery_step = _Requery(parts.llm, parts.searcher, parts.compressor, policy)
     respond = _Respond(Answerer(llm=parts.llm, history_tokens=history_tokens), parts.compressor)
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
-    requery_branch = RunnableBranch(
-        (
-            inline(requery_step.wanted, name="low_score"),
-            RunnableLambda(requery_step, requery_step.acall, name="requery"),
-        ),
-        cast(Runnable[Mapping[str, Any], dict[str, Any]], RunnablePassthrough()),
-    )
-    requery_branch.name = "requery"  # the graph's node; RunnableBranch takes no name argument
+    # One run that re-queries only when wanted (a RunnableBranch took three on every turn:
+    # the branch, its condition and the pass-through).
+    requery_stage = RunnableLambda(requery_step.when_wanted, requery_step.awhen_wanted)
+    requery_stage.name = "requery"
     search = (
         inline(read_chat_input, name="input")
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
         | _stage("rewrite", "search", rewrite)
         | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", compress_stage(parts.compressor))
-        | requery_branch
+        | requery_stage
     )
     # The search stages stream nothing: run them as one call, then stream the answer.
     chain = settled(search) | respond.runnable()
