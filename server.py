@@ -16,6 +16,7 @@ with the server's limits on its input type and unknown ``configurable`` keys ref
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
@@ -204,12 +205,21 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Retrieval and the non-streamed model calls block a thread each; the loop's default
-        # pool is what LangChain runs them in.
+        # The stages are async (the model through its async API, retrieval's CPU work in a
+        # pool of its own); the loop's default pool runs what has no async path: a sync-only
+        # model, retriever or callback handler, which may block a thread each for seconds.
         pool = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="ragchains")
         asyncio.get_running_loop().set_default_executor(pool)
+        # Everything loaded so far (models, index, libraries: millions of objects) lives as
+        # long as the process. Left in the collector's oldest generation, each full
+        # collection scans all of it with the event loop stopped: 0.8 s, once in every
+        # 64-stream burst (bench.server_overhead), every turn stalled. Frozen, it is never
+        # scanned; a full collection then takes milliseconds.
+        gc.collect()
+        gc.freeze()
         log.info("ready: %d chunks from %s", len(service.index), service.index.path)
         yield
+        gc.unfreeze()
 
     app = FastAPI(
         title="ragchains",
@@ -240,6 +250,8 @@ def create_app(
         name: Route(name, service.chains[name], requests[name], service.prompts, binding=_Served)
         for name in ROUTES
     }
+    # Before LangServe's ~100 routes, which each request is otherwise matched against first.
+    app.include_router(openai_router(service, routes["chat"]))
     for name, route in routes.items():
         add_routes(
             app,
@@ -252,7 +264,6 @@ def create_app(
 
     # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
     app.router.on_startup.clear()
-    app.include_router(openai_router(service, routes["chat"]))
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:

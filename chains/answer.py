@@ -36,7 +36,6 @@ from typing import Any, Literal, cast
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
-from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
@@ -263,17 +262,16 @@ class Answerer:
             if not offered:  # nothing quotable (headings only): nothing to answer from
                 return _Plan(None, {}, documents, None, style, notes)
             # Greedy decoding whatever the prompt file says: a quote is copied, not sampled.
-            model = self.llm.bound(
-                temperature=0.0,
-                max_tokens=prompt.model_parameters.max_tokens,
+            chain = self.llm.text(
+                prompt,
                 grammar=quote_grammar(offered, DONT_KNOW, sentences=QUOTE_SENTENCES),
+                temperature=0.0,
             )
-            chain: Runnable[dict[str, Any], str] = prompt.template | model | StrOutputParser()
             # Best last, next to the question, where small models look most.
             variables["context"] = format_quotes(offered[::-1])
         else:
             prompt = options.prompt("answer")
-            chain = self.llm.prompted(prompt, grammar=citation_grammar(labels)) | StrOutputParser()
+            chain = self.llm.text(prompt, grammar=citation_grammar(labels))
             variables["context"] = format_context(documents)
         return _Plan(chain, variables, documents, prompt.ref, style, notes)
 

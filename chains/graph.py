@@ -1,20 +1,22 @@
 """The chat and ask chains: rewrite → retrieve → compress → (re-query) → answer.
 
 Each is one LCEL sequence over a plain dict, the turn's state. Every stage adds its result
-under its own key with ``RunnablePassthrough.assign``; nothing is mutated in place:
+under its own key, in one run named after the stage (``_Stage``); nothing is mutated in place:
 
     input       question, chat_history (ask: question, filters), started
     configure   options   the request's domain, prompts, k and threshold, resolved once
     rewrite     search    query, filters, alternatives, notes (ask: the question as asked)
     retrieve    retrieved documents from the retriever (all phrasings fused), notes
     compress    compressed documents kept by the compressor, best score, threshold
-    requery     (a RunnableBranch) when the best score is low: a new query from the model,
-                searched and compressed; adopted only when clearly better
+    requery     only when the best score is low: a new query from the model, searched and
+                compressed; adopted only when clearly better
     answer      streams the sources (and the answer style) first, then the answer's tokens,
                 then its citations, prompt refs and timings
 
 ``get_graph()`` draws these stages and ``astream_events`` reports each by name. ``invoke``
-returns the stream's events merged into one dict (``ChatOutput``).
+returns the stream's events merged into one dict (``ChatOutput``). A streamed turn runs the
+stages before the answer as one call (they stream nothing; ``chains.state.Settled``), so only
+the answer pays for LangChain's streaming path.
 
 The parts are LangChain's contracts: any chat model, any ``BaseRetriever`` (or runnable from a
 query to documents), any ``BaseDocumentCompressor``; see ``chains.retrieve`` for what each
@@ -23,23 +25,22 @@ must offer for filters, ``k``, thresholds and the re-query to reach it.
 
 from __future__ import annotations
 
+import inspect
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.language_models import BaseChatModel
-from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import (
     Runnable,
-    RunnableBranch,
     RunnableConfig,
     RunnableGenerator,
     RunnableLambda,
     RunnablePassthrough,
 )
-from langchain_core.runnables.utils import AddableDict
+from langchain_core.runnables.utils import AddableDict, ConfigurableFieldSpec
 from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
@@ -72,7 +73,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
-from ragchains.chains.state import agather, gather, inline, read_input
+from ragchains.chains.state import agather, gather, inline, read_input, settled
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -203,7 +204,7 @@ class _Requery:
 
     def _ask(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, str], dict[str, Any]]:
         prompt = state["options"].prompt("requery")
-        chain = self.llm.prompted(prompt, grammar=lines_grammar(1)) | StrOutputParser()
+        chain = self.llm.text(prompt, grammar=lines_grammar(1))
         variables = {"question": state["question"], "previous_query": state["search"].search_query}
         return chain, variables
 
@@ -266,6 +267,15 @@ class _Requery:
             )
             found = (retrieved, new)
         return self._result(state, new_query, found, since)
+
+    def when_wanted(self, state: Mapping[str, Any], config: RunnableConfig) -> Mapping[str, Any]:
+        """The turn's state, re-queried when the best score is low (``wanted``)."""
+        return self(state, config) if self.wanted(state) else state
+
+    async def awhen_wanted(
+        self, state: Mapping[str, Any], config: RunnableConfig
+    ) -> Mapping[str, Any]:
+        return await self.acall(state, config) if self.wanted(state) else state
 
     async def acall(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
         since = time.perf_counter()
@@ -403,9 +413,54 @@ def _parts(
     return _Parts(as_llm(llm), Searcher(retriever), compressor, prompts or default_registry())
 
 
-def _stage(name: str, key: str, runnable: Runnable[Any, Any]) -> Runnable[Any, Any]:
-    """A stage that adds ``runnable``'s result to the turn's state under ``key``."""
-    return RunnablePassthrough.assign(**{key: runnable}).with_config(run_name=name)
+class _Stage(RunnableLambda[Mapping[str, Any], dict[str, Any]]):
+    """A stage of a turn: ``step``'s function on the turn's state, its result added under
+    ``key`` (nothing is mutated in place), as one run named after the stage.
+
+    ``RunnablePassthrough.assign(key=step)`` does the same in three runs (the assign, a
+    one-key map and the step itself). A run costs about a thousand Python calls on the event
+    loop (config copies, callback managers, a task for the map); for the four stages of a
+    chat turn, the extra runs were a fifth of the loop's work per turn, which concurrent
+    turns queue for. The step's declared choices (``config_specs``) stay declared.
+    """
+
+    def __init__(self, name: str, key: str, step: RunnableLambda[Any, Any]) -> None:
+        # A RunnableLambda keeps the functions it was given as func (sync) and afunc (async).
+        func, afunc = getattr(step, "func", None), getattr(step, "afunc", None)
+        call = _takes_config(func) if func is not None else None
+        acall = _takes_config(afunc) if afunc is not None else None
+
+        def add(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+            if call is None:
+                return {**state, key: step.invoke(state, config)}
+            return {**state, key: call(state, config)}
+
+        async def aadd(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+            if acall is None:
+                return {**state, key: await step.ainvoke(state, config)}
+            return {**state, key: await acall(state, config)}
+
+        super().__init__(add, aadd, name=name)
+        self._specs = step.config_specs
+
+    @property
+    def config_specs(self) -> list[ConfigurableFieldSpec]:
+        return list(self._specs)
+
+
+def _takes_config(func: Callable[..., Any]) -> Callable[[Any, RunnableConfig], Any]:
+    """``func`` called as ``func(state, config)``, whether or not it takes the config (the
+    one extra argument a stage's function may take, as a RunnableLambda would pass it)."""
+    if "config" in inspect.signature(func).parameters:
+        return func
+    return lambda state, config: func(state)
+
+
+def _stage(name: str, key: str, step: Runnable[Any, Any]) -> Runnable[Any, Any]:
+    """A stage that adds ``step``'s result to the turn's state under ``key``."""
+    if isinstance(step, RunnableLambda):
+        return _Stage(name, key, step)
+    return RunnablePassthrough.assign(**{key: step}).with_config(run_name=name)
 
 
 def create_chat_chain(
@@ -438,23 +493,20 @@ def create_chat_chain(
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
     respond = _Respond(answerer, parts.compressor)
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
-    requery_branch = RunnableBranch(
-        (
-            inline(requery_step.wanted, name="low_score"),
-            RunnableLambda(requery_step, requery_step.acall, name="requery"),
-        ),
-        cast(Runnable[Mapping[str, Any], dict[str, Any]], RunnablePassthrough()),
-    )
-    requery_branch.name = "requery"  # the graph's node; RunnableBranch takes no name argument
-    chain = (
+    # One run that re-queries only when wanted (a RunnableBranch took three on every turn:
+    # the branch, its condition and the pass-through).
+    requery_stage = RunnableLambda(requery_step.when_wanted, requery_step.awhen_wanted)
+    requery_stage.name = "requery"
+    search = (
         inline(read_chat_input, name="input")
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
         | _stage("rewrite", "search", rewrite)
         | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", compress_stage(parts.compressor))
-        | requery_branch
-        | respond.runnable()
+        | requery_stage
     )
+    # The search stages stream nothing: run them as one call, then stream the answer.
+    chain = settled(search) | respond.runnable()
     return chain.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
         run_name="chat"
     )
@@ -475,14 +527,14 @@ def create_ask_chain(
     parts = _parts(llm, retriever, compressor, prompts)
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
     respond = _Respond(answerer, parts.compressor)
-    chain = (
+    search = (
         inline(read_ask_input, name="input")
         | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
         | _stage("query", "search", inline(as_asked, name="query"))
         | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", compress_stage(parts.compressor))
-        | respond.runnable()
     )
+    chain = settled(search) | respond.runnable()
     return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")
 
 

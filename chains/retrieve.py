@@ -32,7 +32,7 @@ from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import RewriteOutput, expand_glossary
 from ragchains.chains.state import inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
-from ragchains.retrievers.compressors import ScoringCompressor
+from ragchains.retrievers.compressors import Reranked, ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
 
@@ -250,16 +250,13 @@ def compress(
     """Rerank and cut ``documents`` for ``query``; without a compressor, keep them all."""
     since = time.perf_counter()
     if compressor is None:
-        kept, best, cut = list(documents), None, None
-    elif isinstance(compressor, ScoringCompressor):
-        reranked = compressor.rerank(documents, query, threshold=threshold)
-        kept, best, cut = reranked.documents, reranked.best_score, reranked.threshold
-    else:
-        callbacks = (config or {}).get("callbacks")
-        return _kept_by(
-            list(compressor.compress_documents(documents, query, callbacks=callbacks)), since
-        )
-    return Compressed(kept, best, cut, round(time.perf_counter() - since, 4))
+        return _kept_all(documents, since)
+    if isinstance(compressor, ScoringCompressor):
+        return _reranked(compressor.rerank(documents, query, threshold=threshold), since)
+    callbacks = (config or {}).get("callbacks")
+    return _kept_by(
+        list(compressor.compress_documents(documents, query, callbacks=callbacks)), since
+    )
 
 
 async def acompress(
@@ -270,16 +267,37 @@ async def acompress(
     threshold: float | None = None,
     config: RunnableConfig | None = None,
 ) -> Compressed:
-    """``compress`` for async callers: a reranker's scoring runs in a worker thread (it is
-    CPU work), any other compressor through its own ``acompress_documents``."""
-    if compressor is None or isinstance(compressor, ScoringCompressor):
-        return await run_in_executor(
-            config, compress, compressor, documents, query, threshold=threshold, config=config
-        )
+    """``compress`` for async callers, never scoring on the event loop: a reranker through
+    its ``arerank`` (ours scores in its own pool) or else in a worker thread, any other
+    compressor through its own ``acompress_documents``."""
     since = time.perf_counter()
+    if compressor is None:
+        return _kept_all(documents, since)
+    if isinstance(compressor, ScoringCompressor):
+        arerank = getattr(compressor, "arerank", None)
+        if callable(arerank):
+            reranked = await arerank(documents, query, threshold=threshold)
+        else:
+            reranked = await run_in_executor(
+                config, compressor.rerank, documents, query, threshold=threshold
+            )
+        return _reranked(reranked, since)
     callbacks = (config or {}).get("callbacks")
     kept = await compressor.acompress_documents(documents, query, callbacks=callbacks)
     return _kept_by(list(kept), since)
+
+
+def _kept_all(documents: Sequence[Document], since: float) -> Compressed:
+    return Compressed(list(documents), None, None, round(time.perf_counter() - since, 4))
+
+
+def _reranked(reranked: Reranked, since: float) -> Compressed:
+    return Compressed(
+        reranked.documents,
+        reranked.best_score,
+        reranked.threshold,
+        round(time.perf_counter() - since, 4),
+    )
 
 
 def _kept_by(kept: list[Document], since: float) -> Compressed:

@@ -25,7 +25,6 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from pydantic import BaseModel, Field
 
@@ -400,7 +399,7 @@ class _Rewriter:
         wanted = options.multi_query - 1
         prompt = options.prompt("multi_query")
         out.prompts["multi_query"] = prompt.ref
-        chain = self.llm.prompted(prompt, grammar=lines_grammar(wanted)) | StrOutputParser()
+        chain = self.llm.text(prompt, grammar=lines_grammar(wanted))
         return chain, {"question": state["question"], "search_query": out.search_query, "n": wanted}
 
     @staticmethod

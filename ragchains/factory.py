@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from ragchains.retrievers.compressors import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import SearchIndex, load_index
+from ragchains.retrievers.workers import cpu_pool
 from ragchains.settings import Settings
 
 
@@ -60,8 +62,14 @@ def open_index(index_dir: str | Path, embedder: SentenceTransformerEmbedder) -> 
 
 
 def build_retriever(
-    settings: Settings, index: SearchIndex, embedder: SentenceTransformerEmbedder
+    settings: Settings,
+    index: SearchIndex,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    executor: Executor | None = None,
 ) -> HybridRetriever:
+    """The hybrid retriever; ``executor`` runs its searches on async calls (see
+    ``retrievers.workers``)."""
     return HybridRetriever(
         index=index,
         embedder=embedder,
@@ -74,20 +82,26 @@ def build_retriever(
         bm25_weight=settings.bm25_weight,
         dense_weight=settings.dense_weight,
         rrf_k=settings.rrf_k,
+        executor=executor,
     )
 
 
 def build_compressor(
-    settings: Settings, embedder: SentenceTransformerEmbedder, index: SearchIndex | None = None
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+    index: SearchIndex | None = None,
+    *,
+    executor: Executor | None = None,
 ) -> RerankCompressor:
     """The cross-encoder, falling back to embedding similarity (from ``index``'s stored
-    vectors when given) if it cannot load."""
+    vectors when given) if it cannot load; ``executor`` runs its scoring on async calls."""
     stored = index.stored_vectors if index is not None else None
     return RerankCompressor(
         primary=SentenceTransformerCrossEncoder(settings.reranker_model, device=settings.device),
         fallback=EmbeddingSimilarityScorer(embedder, stored=stored),
         top_n=settings.rerank_top_n,
         threshold=settings.rerank_threshold,
+        executor=executor,
     )
 
 
@@ -142,11 +156,15 @@ def build_service(
     llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
     index = open_index(index_dir, embedder)
-    compressor = build_compressor(settings, embedder, index)
+    # Retrieval's CPU work gets a pool of its own, one thread per core: on async calls it
+    # then never waits behind threads blocked on something else, nor adds to the GIL's
+    # contention with more threads than cores.
+    cpu = cpu_pool(settings.cpu_threads)
+    compressor = build_compressor(settings, embedder, index, executor=cpu)
     compressor.warm_up()
     chains = create_chains(
         llm=llm,
-        retriever=build_retriever(settings, index, embedder),
+        retriever=build_retriever(settings, index, embedder, executor=cpu),
         compressor=compressor,
         prompts=prompts,
         fields=index.fields,

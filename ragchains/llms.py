@@ -7,17 +7,19 @@ to count the model's tokens and how it can be made to give structured replies.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import importlib.util
 import logging
 import threading
 import warnings
-from collections.abc import Iterator
+import weakref
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
@@ -69,9 +71,17 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
     held while a stream is consumed and released when it ends or is abandoned. It is a plain
     Lock, not an RLock: LangChain's async streaming advances a sync stream from whichever
     executor thread is free, so the thread that releases may not be the one that acquired.
+
+    Async callers (the server) first wait for their turn on an asyncio lock, as coroutines:
+    only the call that has the model occupies a worker thread, the others hold none, so
+    the pool stays free for every other turn's work while they queue.
     """
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+    # One asyncio lock per event loop (an asyncio lock belongs to the loop it first runs on).
+    _turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = PrivateAttr(
+        default_factory=weakref.WeakKeyDictionary
+    )
     # Takes ``grammar=<GBNF text>`` per call (see chains.llm.LLM.of).
     accepts_grammar: ClassVar[bool] = True
 
@@ -102,6 +112,36 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
     ) -> Iterator[ChatGenerationChunk]:
         with self._lock:
             yield from super()._stream(messages, stop, run_manager, **self._with_grammar(kwargs))
+
+    def _turn(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        turn = self._turns.get(loop)
+        if turn is None:
+            turn = self._turns[loop] = asyncio.Lock()
+        return turn
+
+    async def _agenerate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        async with self._turn():
+            # LangChain's default: _generate in a worker thread.
+            return await super()._agenerate(messages, stop, run_manager, **kwargs)
+
+    async def _astream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: AsyncCallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[ChatGenerationChunk]:
+        async with self._turn():
+            # LangChain's default: _stream advanced in a worker thread, a token at a time.
+            async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
+                yield chunk
 
     def count_tokens(self, text: str) -> int:
         return len(self.client.tokenize(text.encode("utf-8"), add_bos=False, special=False))

@@ -122,7 +122,15 @@ class Settings(BaseSettings):
     max_history_chars: int = Field(100_000, ge=0, description="total characters of the history")
     max_batch_inputs: int = Field(32, ge=1, description="inputs per /batch request")
     worker_threads: int = Field(
-        64, ge=1, description="threads for the blocking stages (retrieval, non-streamed calls)"
+        64,
+        ge=1,
+        description="threads for blocking calls that have no async path (a sync-only chat "
+        "model, retriever or callback); the server's own stages are async",
+    )
+    cpu_threads: int | None = Field(
+        None,
+        ge=1,
+        description="threads for retrieval's CPU work (search, rerank); default: one per core",
     )
     feedback_db: Path | None = Field(
         None,

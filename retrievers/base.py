@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from concurrent.futures import Executor
 from typing import Any
 
 import numpy as np
@@ -12,11 +13,11 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.runnables.config import run_in_executor
 from pydantic import ConfigDict, Field
 
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.workers import run_off_loop
 
 FilterArg = Sequence[MetadataFilter | dict[str, Any]] | None
 
@@ -33,6 +34,12 @@ class IndexRetriever(BaseRetriever):
     index: SearchIndex
     k: int = Field(10, ge=1)
     filters: list[MetadataFilter] = Field(default_factory=list)
+    executor: Executor | None = Field(
+        None,
+        exclude=True,
+        description="where async calls run the search (CPU work): a small pool of its own "
+        "keeps it from queueing behind blocked threads; None: the event loop's default pool",
+    )
 
     @property
     def fields(self) -> dict[str, str]:
@@ -70,8 +77,8 @@ class IndexRetriever(BaseRetriever):
         filters: FilterArg = None,
     ) -> list[Document]:
         # The searches are CPU-bound numpy/FAISS calls: run them off the event loop.
-        return await run_in_executor(
-            None,
+        return await run_off_loop(
+            self.executor,
             self._get_relevant_documents,
             query,
             run_manager=run_manager.get_sync(),

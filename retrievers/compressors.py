@@ -26,6 +26,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field, PrivateAttr
 
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.workers import run_off_loop
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,10 @@ class Reranked:
 class ScoringCompressor(Protocol):
     """What the chains use of a compressor beyond LangChain's ``compress_documents``, when it
     offers it: a per-call threshold, the best score of all candidates (kept or not) for the
-    re-query to compare, and the thresholds that suit its scores."""
+    re-query to compare, and the thresholds that suit its scores.
+
+    Async callers use its ``arerank`` (same arguments, awaitable) when it has one, else run
+    ``rerank`` in the event loop's default pool."""
 
     def rerank(
         self,
@@ -157,6 +161,12 @@ class RerankCompressor(BaseDocumentCompressor):
     fallback: Any = None
     top_n: int = Field(4, ge=1)
     threshold: float | None = None
+    executor: Any = Field(
+        None,
+        exclude=True,
+        description="where async calls score (CPU work): a concurrent.futures.Executor; "
+        "None: the event loop's default pool",
+    )
 
     _active: Any = PrivateAttr(default=None)
     _fallback_reason: str | None = PrivateAttr(default=None)
@@ -243,6 +253,19 @@ class RerankCompressor(BaseDocumentCompressor):
             kept.append(doc)
         return Reranked(documents=kept, best_score=float(ranked[0][1]), threshold=cut)
 
+    async def arerank(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        *,
+        top_n: int | None = None,
+        threshold: float | None = None,
+    ) -> Reranked:
+        """``rerank`` for async callers: the scoring runs in ``executor``, off the loop."""
+        return await run_off_loop(
+            self.executor, self.rerank, documents, query, top_n=top_n, threshold=threshold
+        )
+
     def compress_documents(
         self,
         documents: Sequence[Document],
@@ -250,6 +273,14 @@ class RerankCompressor(BaseDocumentCompressor):
         callbacks: Callbacks | None = None,
     ) -> Sequence[Document]:
         return self.rerank(documents, query).documents
+
+    async def acompress_documents(
+        self,
+        documents: Sequence[Document],
+        query: str,
+        callbacks: Callbacks | None = None,
+    ) -> Sequence[Document]:
+        return (await self.arerank(documents, query)).documents
 
 
 def compressing_retriever(

@@ -66,15 +66,19 @@ class FakeOpenAI(ThreadingHTTPServer):
     """Answers /v1/chat/completions (plain or streamed) like the real API, per model:
     "ok-*" replies, "down" fails with 503, "broken" with 500, "slow" sleeps 1.5 s first,
     "trickle" streams a word every 0.2 s for a minute. ``behave_as`` makes every model behave
-    as the one named. Counts the requests per model, and the streams their client dropped."""
+    as the one named. With a ``gate`` (a threading.Barrier), each plain (not streamed)
+    request waits until the gate's number of them are in at once, then replies (503 if they
+    never are). Counts the requests per model, and the streams their client dropped."""
 
     daemon_threads = True
+    request_queue_size = 128  # the listen backlog: the concurrency tests connect 64 at once
 
     def __init__(self) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
         self.requests: dict[str, int] = {}
         self.behave_as: str | None = None
         self.dropped_streams = 0
+        self.gate: threading.Barrier | None = None
 
     @property
     def base_url(self) -> str:
@@ -94,6 +98,12 @@ class _Handler(BaseHTTPRequestHandler):
         behaviour = self.server.behave_as or model
         if behaviour == "slow":
             time.sleep(1.5)
+        if self.server.gate is not None and not body.get("stream"):
+            try:
+                self.server.gate.wait()
+            except threading.BrokenBarrierError:
+                self._send(503, {"error": {"message": "the gate broke", "type": "server_error"}})
+                return
         if behaviour == "down":
             self._send(503, {"error": {"message": "overloaded", "type": "server_error"}})
             return
