@@ -128,7 +128,8 @@ def test_turns_use_the_async_path_only_and_no_default_pool_thread(
     assert answer.strip() == ANSWER and invoked["answer"].strip() == ANSWER
     assert invoked["citations"][0]["label"] == "employee-handbook.md#benefit-plans"
     assert "".join(chunk.get("answer", "") for chunk in asked).strip() == ANSWER
-    assert rewritten.search_query == "standard plan cost" and documents
+    # The rewrite adds nothing from a conversation: the user's own words are searched.
+    assert rewritten.search_query == QUESTION and documents
     assert abstained[-1]["abstained"] is True
 
 
