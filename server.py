@@ -43,6 +43,8 @@ from ragchains.factory import Service, build_service, configure_runtime
 from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.index import IndexLoadError
+from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import ErrorMiddleware, error_body
 from ragchains.serving.guards import ApiKeyMiddleware, BodyLimitMiddleware
 from ragchains.serving.openai_api import openai_router
@@ -154,8 +156,12 @@ def _batch_limit(limits: Limits) -> Any:
 def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, Any]:
     settings, index = service.settings, service.index
     compressor = service.compressor.status()
+    try:
+        index_info, ready = index.describe(), True
+    except IndexLoadError as exc:  # a store that cannot be reached now
+        index_info, ready = {"error": str(exc)}, False
     return {
-        "ready": True,
+        "ready": ready,
         "degraded": bool(compressor["fallback"]) or health.llm_failure is not None,
         "llm": {
             "provider": settings.llm_provider,
@@ -168,12 +174,7 @@ def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, A
             "last_failure": health.llm_failure,
         },
         "embedder": {"model": service.embedder.name, "dimension": service.embedder.dimension},
-        "index": {
-            "path": str(index.path.parent),
-            "generation": index.path.name,
-            "chunks": len(index),
-            "fields": index.fields,
-        },
+        "index": index_info,
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
         # The chat page asks for a key only when one is needed, and keeps within the limits.
@@ -195,13 +196,16 @@ def create_app(
     settings = settings or Settings()
     configure_runtime(settings)
     if service is None:
-        if settings.index is None:
-            raise ValueError("no index to serve: set RAGCHAINS_INDEX (or serve --index)")
-        service = build_service(settings, settings.index, llm=llm, embedder=embedder)
+        target = settings.store or settings.index
+        if target is None:
+            raise ValueError(
+                "no index to serve: set RAGCHAINS_INDEX or RAGCHAINS_STORE (or serve --index)"
+            )
+        service = build_service(settings, target, llm=llm, embedder=embedder)
     limits = Limits.from_settings(settings)
     requests = request_models(limits, service.index.fields)
     health = _Health()
-    feedback_store = FeedbackStore(feedback_path(settings, service.index.path.parent))
+    feedback_store = FeedbackStore(feedback_path(settings, service.index.folder))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -217,9 +221,12 @@ def create_app(
         # scanned; a full collection then takes milliseconds.
         gc.collect()
         gc.freeze()
-        log.info("ready: %d chunks from %s", len(service.index), service.index.path)
+        log.info("ready: %d chunks from %s", len(service.index), service.index.location)
         yield
         gc.unfreeze()
+        if isinstance(service.index, PostgresStore):
+            await service.index.aclose()
+            service.index.close()
 
     app = FastAPI(
         title="ragchains",
@@ -271,9 +278,11 @@ def create_app(
         return {"status": "ok"}
 
     @app.get("/readyz", tags=["health"])
-    async def readyz() -> dict[str, Any]:
-        """Models and index are loaded; what each is, and any fallback in use."""
-        return _readiness(service, health, limits)
+    async def readyz() -> JSONResponse:
+        """Models and index are loaded; what each is, and any fallback in use (503 when the
+        store cannot be reached)."""
+        body = await run_in_threadpool(_readiness, service, health, limits)
+        return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     @app.post("/feedback", tags=["feedback"], status_code=201)
     async def feedback(body: FeedbackIn) -> dict[str, Any]:

@@ -12,7 +12,7 @@ import hashlib
 import logging
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +38,7 @@ from ragchains.retrievers.index import (
     write_index,
     writer_lock,
 )
+from ragchains.retrievers.pgstore import PostgresStore, StoreDelta, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -294,26 +295,10 @@ def ingest(
         raise IngestError(str(exc)) from exc
 
 
-def _ingest_locked(
-    found: Discovered,
-    index_dir: Path,
-    *,
-    embedder: SentenceTransformerEmbedder,
-    chunk_size: int,
-    chunk_overlap: int,
-    hnsw_min_chunks: int,
-    text_columns: Sequence[str] | None,
-    rebuild: bool,
-    progress: bool,
-) -> IngestReport:
-    report = IngestReport(index=index_dir)
-    report.skipped.extend(found.skipped)
-    if progress:
-        tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
-    embedder.count_tokens("")  # load now, so the progress bars time the real work
-    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
-    chunking = {
+def _chunking(
+    embedder: SentenceTransformerEmbedder, chunk_size: int, chunk_overlap: int, options: LoadOptions
+) -> dict[str, Any]:
+    return {
         "chunker_version": CHUNKER_VERSION,
         "chunk_size": chunk_size,
         "chunk_overlap": chunk_overlap,
@@ -321,23 +306,31 @@ def _ingest_locked(
         "text_columns": options.text_columns,
     }
 
-    previous = _open_previous(index_dir, embedder, rebuild)
-    try:
-        old_files = previous.store.files() if previous else {}
-        old_chunks: dict[str, list[Chunk]] = {}
-        old_vectors: dict[str, np.ndarray] = {}
-        if previous is not None:
-            vectors = previous.vectors()
-            for row, chunk in enumerate(previous.store.iter_chunks()):
-                old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
-                old_vectors[chunk.id] = vectors[row]
-        same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
-    finally:
-        if previous is not None:
-            previous.close()
 
-    per_file: dict[str, list[Chunk]] = {}
-    records: dict[str, FileRecord] = {}
+@dataclass
+class _Read:
+    """What a run read: new chunks per file that changed, and the files whose stored chunks
+    stay (unchanged, or unreadable now with an earlier version kept)."""
+
+    chunks: dict[str, list[Chunk]] = field(default_factory=dict)
+    kept: set[str] = field(default_factory=set)
+    records: dict[str, FileRecord] = field(default_factory=dict)
+
+
+def _read_files(
+    found: Discovered,
+    old_files: dict[str, FileRecord],
+    stored_ids: Callable[[str], set[str]],
+    *,
+    same_chunking: bool,
+    chunker: Chunker,
+    options: LoadOptions,
+    report: IngestReport,
+    progress: bool,
+) -> _Read:
+    """Load and chunk each file that is new or changed; record what happened to each in
+    ``report``. ``stored_ids(source)``: the chunk ids the store holds for a file."""
+    read = _Read()
     for source, path in tqdm(
         sorted(found.files.items()), desc="Reading", unit="file", disable=not progress
     ):
@@ -350,8 +343,8 @@ def _ingest_locked(
             failure = None
         old = old_files.get(source)
         if failure is None and old and same_chunking and old.sha256 == sha:
-            per_file[source] = old_chunks.get(source, [])
-            records[source] = old
+            read.kept.add(source)
+            read.records[source] = old
             report.unchanged.append(source)
             continue
         if failure is None:
@@ -368,53 +361,190 @@ def _ingest_locked(
         if failure is not None:
             report.skipped.append(Skipped(source, failure))
             if old is not None:
-                per_file[source] = old_chunks.get(source, [])
-                records[source] = old
+                read.kept.add(source)
+                read.records[source] = old
                 report.kept_previous.append(source)
             continue
-        per_file[source] = chunks
-        records[source] = FileRecord(source, sha, size, len(chunks), loaded.format)
-        if old is None:
-            report.added.append(source)
-        elif (
-            old.sha256 == sha
+        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format)
+        if (
+            old is not None
+            and old.sha256 == sha
             and old.chunk_count == len(chunks)
-            and all(c.id in old_vectors for c in chunks)
+            and {c.id for c in chunks} <= stored_ids(source)
         ):
             # Only the chunking settings changed, and they changed nothing here.
+            read.kept.add(source)
             report.unchanged.append(source)
-        else:
-            report.updated.append(source)
-    report.removed = sorted(set(old_files) - set(per_file))
-
-    all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
-    report.chunks_total = len(all_chunks)
+            continue
+        read.chunks[source] = chunks
+        (report.added if old is None else report.updated).append(source)
+    report.removed = sorted(set(old_files) - set(read.records))
     if not report.added and not report.updated and not report.unchanged:
         reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
         raise NothingIngestedError(f"nothing could be ingested ({reasons})")
+    return read
+
+
+def _vectors(
+    embedder: SentenceTransformerEmbedder,
+    chunks: Sequence[Chunk],
+    stored: dict[str, np.ndarray],
+    report: IngestReport,
+    progress: bool,
+) -> np.ndarray:
+    """Row-aligned vectors of ``chunks``: the stored one where a chunk id has one, the rest
+    embedded now."""
+    missing = [i for i, c in enumerate(chunks) if c.id not in stored]
+    report.chunks_embedded = len(missing)
+    vectors = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
+    for row, chunk in enumerate(chunks):
+        if chunk.id in stored:
+            vectors[row] = stored[chunk.id]
+    if missing:
+        vectors[np.array(missing)] = embed_texts(
+            embedder, [chunks[i].text for i in missing], progress
+        )
+    return vectors
+
+
+def _start(embedder: SentenceTransformerEmbedder, progress: bool) -> None:
+    if progress:
+        tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
+    embedder.count_tokens("")  # load now, so the progress bars time the real work
+
+
+def _ingest_locked(
+    found: Discovered,
+    index_dir: Path,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    hnsw_min_chunks: int,
+    text_columns: Sequence[str] | None,
+    rebuild: bool,
+    progress: bool,
+) -> IngestReport:
+    report = IngestReport(index=index_dir)
+    report.skipped.extend(found.skipped)
+    _start(embedder, progress)
+    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
+    chunking = _chunking(embedder, chunk_size, chunk_overlap, options)
+
+    previous = _open_previous(index_dir, embedder, rebuild)
+    try:
+        old_files = previous.store.files() if previous else {}
+        old_chunks: dict[str, list[Chunk]] = {}
+        old_vectors: dict[str, np.ndarray] = {}
+        if previous is not None:
+            vectors = previous.vectors()
+            for row, chunk in enumerate(previous.store.iter_chunks()):
+                old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
+                old_vectors[chunk.id] = vectors[row]
+        same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
+    finally:
+        if previous is not None:
+            previous.close()
+
+    read = _read_files(
+        found,
+        old_files,
+        lambda source: {c.id for c in old_chunks.get(source, [])},
+        same_chunking=same_chunking,
+        chunker=chunker,
+        options=options,
+        report=report,
+        progress=progress,
+    )
+    per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
+    all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
+    report.chunks_total = len(all_chunks)
     if previous is not None and not report.changed and same_chunking:
         return report  # the index already holds exactly this; leave it untouched
 
     fields = _resolve_field_types(all_chunks, report)
-    missing = [i for i, c in enumerate(all_chunks) if c.id not in old_vectors]
-    report.chunks_embedded = len(missing)
-    vectors = np.zeros((len(all_chunks), embedder.dimension), dtype=np.float32)
-    fresh = embed_texts(embedder, [all_chunks[i].text for i in missing], progress)
-    for row, chunk in enumerate(all_chunks):
-        if chunk.id in old_vectors:
-            vectors[row] = old_vectors[chunk.id]
-    if missing:
-        vectors[np.array(missing)] = fresh
-
     contents = IndexContents(
         chunks=all_chunks,
-        vectors=vectors,
-        files=[records[s] for s in sorted(records)],
+        vectors=_vectors(embedder, all_chunks, old_vectors, report, progress),
+        files=[read.records[s] for s in sorted(read.records)],
         fields=fields,
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=chunking,
     )
     build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
+    report.wrote = True
+    return report
+
+
+def ingest_to_store(
+    paths: Sequence[str | Path],
+    store: PostgresStore,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    text_columns: Sequence[str] | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+) -> IngestReport:
+    """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
+    one transaction that deletes the chunks of changed and removed files and adds the new
+    ones (unchanged files are not read back)."""
+    found = discover(paths)
+    report = IngestReport(index=Path(store.redacted))
+    report.skipped.extend(found.skipped)
+    try:
+        with store.writer() as writer:
+            meta = {} if rebuild else store.meta(fresh=True)
+            if meta:
+                try:
+                    store.check(embedder_name=embedder.name, dimension=embedder.dimension)
+                except StoreError as exc:
+                    raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
+            _start(embedder, progress)
+            chunker = Chunker(
+                embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap
+            )
+            options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
+            chunking = _chunking(embedder, chunk_size, chunk_overlap, options)
+            old_files = store.files() if meta else {}
+            same_chunking = bool(meta) and meta.get("chunking") == chunking
+            read = _read_files(
+                found,
+                old_files,
+                lambda source: store.chunk_ids([source]),
+                same_chunking=same_chunking,
+                chunker=chunker,
+                options=options,
+                report=report,
+                progress=progress,
+            )
+            report.chunks_total = sum(r.chunk_count for r in read.records.values())
+            if meta and not report.changed and same_chunking:
+                return report
+            new_chunks = [c for source in sorted(read.chunks) for c in read.chunks[source]]
+            stored = store.stored_vectors([c.id for c in new_chunks]) if meta else {}
+            vectors = _vectors(embedder, new_chunks, stored, report, progress)
+            if progress:
+                tqdm.write(f"Writing {len(new_chunks)} chunks to PostgreSQL…", file=sys.stderr)
+            report.notes.extend(
+                writer.write(
+                    StoreDelta(
+                        remove_sources=sorted(set(report.removed) | set(report.updated)),
+                        chunks=new_chunks,
+                        vectors=vectors,
+                        files=[read.records[s] for s in sorted(read.records)],
+                        embedder={"name": embedder.name, "dimension": embedder.dimension},
+                        chunking=chunking,
+                        rebuild=rebuild,
+                        base_fields=BASE_FIELDS,
+                        not_filterable=_NOT_FILTERABLE,
+                    )
+                )
+            )
+    except StoreError as exc:
+        raise IngestError(str(exc)) from exc
     report.wrote = True
     return report
 

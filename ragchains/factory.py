@@ -12,10 +12,11 @@ from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import overload
 
 from ragchains.chains.graph import Chains, RequeryPolicy, create_chains
 from ragchains.chains.llm import LLM
-from ragchains.ingest.pipeline import IngestReport, ingest
+from ragchains.ingest.pipeline import IngestReport, ingest, ingest_to_store
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
@@ -25,6 +26,8 @@ from ragchains.retrievers.compressors import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import SearchIndex, load_index
+from ragchains.retrievers.pgsearch import PostgresRetriever
+from ragchains.retrievers.pgstore import PostgresStore, is_store_url
 from ragchains.retrievers.workers import cpu_pool
 from ragchains.settings import Settings
 
@@ -54,42 +57,87 @@ def build_embedder(settings: Settings) -> SentenceTransformerEmbedder:
     )
 
 
-def open_index(index_dir: str | Path, embedder: SentenceTransformerEmbedder) -> SearchIndex:
-    """Load an index, refusing one built with another embedder."""
+# Where chunks live: an index folder on disk, or a PostgreSQL store (its URL).
+Target = str | Path
+Store = SearchIndex | PostgresStore
+
+
+def open_index(index_dir: Target, embedder: SentenceTransformerEmbedder) -> Store:
+    """Load an index folder or connect to a PostgreSQL store (a ``postgresql://`` URL),
+    refusing one built with another embedder."""
+    if is_store_url(str(index_dir)):
+        store = PostgresStore(str(index_dir))
+        store.check(embedder_name=embedder.name, dimension=embedder.dimension)
+        return store
     index = load_index(index_dir, embedder_name=embedder.name)
     _ = index.columns  # build the filter columns now, not during the first query
     return index
 
 
+@overload
 def build_retriever(
     settings: Settings,
     index: SearchIndex,
     embedder: SentenceTransformerEmbedder,
     *,
     executor: Executor | None = None,
-) -> HybridRetriever:
-    """The hybrid retriever; ``executor`` runs its searches on async calls (see
-    ``retrievers.workers``)."""
-    return HybridRetriever(
-        index=index,
-        embedder=embedder,
-        k=settings.k,
-        candidates=settings.candidates_per_retriever,
-        # Unset (None) fields come from the index's fusion.json, else the built-in default.
-        fusion=settings.fusion,
-        normalization=settings.fusion_normalization,
-        alpha=settings.fusion_alpha,
-        bm25_weight=settings.bm25_weight,
-        dense_weight=settings.dense_weight,
-        rrf_k=settings.rrf_k,
-        executor=executor,
-    )
+) -> HybridRetriever: ...
+
+
+@overload
+def build_retriever(
+    settings: Settings,
+    index: PostgresStore,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    executor: Executor | None = None,
+) -> PostgresRetriever: ...
+
+
+@overload
+def build_retriever(
+    settings: Settings,
+    index: Store,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    executor: Executor | None = None,
+) -> HybridRetriever | PostgresRetriever: ...
+
+
+def build_retriever(
+    settings: Settings,
+    index: Store,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    executor: Executor | None = None,
+) -> HybridRetriever | PostgresRetriever:
+    """The hybrid retriever over ``index``; ``executor`` runs its CPU work on async calls
+    (see ``retrievers.workers``)."""
+    # Unset (None) fusion fields come from the index's fusion.json, else the default.
+    fusion = {
+        "fusion": settings.fusion,
+        "normalization": settings.fusion_normalization,
+        "alpha": settings.fusion_alpha,
+        "bm25_weight": settings.bm25_weight,
+        "dense_weight": settings.dense_weight,
+        "rrf_k": settings.rrf_k,
+    }
+    common = {
+        "embedder": embedder,
+        "k": settings.k,
+        "candidates": settings.candidates_per_retriever,
+        "executor": executor,
+        **fusion,
+    }
+    if isinstance(index, PostgresStore):
+        return PostgresRetriever(store=index, **common)
+    return HybridRetriever(index=index, **common)
 
 
 def build_compressor(
     settings: Settings,
     embedder: SentenceTransformerEmbedder,
-    index: SearchIndex | None = None,
+    index: Store | None = None,
     *,
     executor: Executor | None = None,
 ) -> RerankCompressor:
@@ -132,7 +180,7 @@ class Service:
 
     settings: Settings
     embedder: SentenceTransformerEmbedder
-    index: SearchIndex
+    index: Store
     compressor: RerankCompressor
     llm: LLM
     prompts: PromptRegistry
@@ -141,7 +189,7 @@ class Service:
 
 def build_service(
     settings: Settings,
-    index_dir: str | Path,
+    index_dir: Target,
     *,
     llm: LLM | None = None,
     embedder: SentenceTransformerEmbedder | None = None,
@@ -183,13 +231,29 @@ def build_service(
 def run_ingest(
     settings: Settings,
     paths: Sequence[str | Path],
-    index_dir: str | Path,
+    index_dir: Target,
     *,
     embedder: SentenceTransformerEmbedder | None = None,
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
 ) -> IngestReport:
+    """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL)."""
+    if is_store_url(str(index_dir)):
+        store = PostgresStore(str(index_dir))
+        try:
+            return ingest_to_store(
+                paths,
+                store,
+                embedder=embedder or build_embedder(settings),
+                chunk_size=settings.chunk_size,
+                chunk_overlap=settings.chunk_overlap,
+                text_columns=text_columns,
+                rebuild=rebuild,
+                progress=progress,
+            )
+        finally:
+            store.close()
     return ingest(
         paths,
         index_dir,

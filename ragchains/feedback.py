@@ -272,8 +272,9 @@ class FeedbackStore:
         return int(con.execute("PRAGMA user_version").fetchone()[0])
 
 
-def feedback_path(settings: Settings, index: Path) -> Path:
+def feedback_path(settings: Settings, index: Path | None) -> Path:
     """Where feedback on answers from ``index`` is stored: RAGCHAINS_FEEDBACK_DB when set,
     else ``feedback.sqlite`` at the index folder's root, beside (never inside) its
-    generations, which a re-ingest replaces."""
-    return settings.feedback_db or Path(index) / FEEDBACK_FILE
+    generations, which a re-ingest replaces; for a PostgreSQL store (no folder), in the
+    current folder."""
+    return settings.feedback_db or (Path(index) if index is not None else Path()) / FEEDBACK_FILE

@@ -106,6 +106,12 @@ class Settings(BaseSettings):
 
     # Serving (`ragchains serve`, server.create_app).
     index: Path | None = Field(None, description="index folder the server answers from")
+    store: str | None = Field(
+        None,
+        description="PostgreSQL store the server answers from instead of an index folder "
+        "(postgresql://USER[:PASSWORD]@HOST[:PORT]/DB[?schema=NAME])",
+        pattern=r"^postgres(ql)?://",
+    )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
     api_key: SecretStr | None = Field(

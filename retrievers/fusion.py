@@ -80,6 +80,46 @@ FUSION_FIELDS = tuple(FusionConfig.model_fields)
 DEFAULT_FUSION = FusionConfig()
 
 
+class FusionFields(BaseModel):
+    """A hybrid retriever's fusion settings: each field left unset (None) takes its value
+    from ``base_fusion()`` (what the index or store records, else ``DEFAULT_FUSION``).
+    ``fusion_config`` is the result."""
+
+    fusion: FusionMethod | None = Field(None, description="rrf or convex")
+    normalization: Normalization | None = Field(
+        None, description="convex: tmm (theoretical min-max) or minmax"
+    )
+    alpha: float | None = Field(None, ge=0, le=1, description="convex: the dense side's weight")
+    bm25_weight: float | None = Field(None, ge=0, description="rrf: BM25's weight")
+    dense_weight: float | None = Field(None, ge=0, description="rrf: dense's weight")
+    rrf_k: int | None = Field(None, ge=1, description="rrf: the rank constant")
+
+    @model_validator(mode="after")
+    def _valid_fusion(self) -> FusionFields:
+        _ = self.fusion_config  # a bad combination (both RRF weights 0) fails here, not later
+        return self
+
+    def base_fusion(self) -> FusionConfig | None:
+        """The fusion the searched data records (an index's fusion.json), if any."""
+        return None
+
+    @property
+    def fusion_set(self) -> dict[str, object]:
+        """The fusion fields set on this retriever (they override ``base_fusion()``)."""
+        return {
+            name: getattr(self, name) for name in FUSION_FIELDS if getattr(self, name) is not None
+        }
+
+    @property
+    def fusion_config(self) -> FusionConfig:
+        """The fusion in use: this retriever's fields over the base, over the defaults."""
+        base = self.base_fusion() or DEFAULT_FUSION
+        overrides = self.fusion_set
+        if not overrides:
+            return base
+        return FusionConfig(**{**base.model_dump(), **overrides})
+
+
 @dataclass
 class Candidates:
     """One query's fusion input: the union of both lists and each row's place in each.

@@ -9,11 +9,10 @@ numbers before fetching text means each chunk is read from the store once.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from langchain_core.documents import Document
-from pydantic import Field, model_validator
+from pydantic import Field
 
 from ragchains.retrievers.base import IndexRetriever
 from ragchains.retrievers.bm25 import bm25_search
@@ -22,11 +21,9 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.fusion import (
     DEFAULT_FUSION,
-    FUSION_FIELDS,
     Candidates,
     FusionConfig,
-    FusionMethod,
-    Normalization,
+    FusionFields,
     fused_order,
     reciprocal_rank_fusion,
 )
@@ -106,7 +103,7 @@ def hybrid_search(
     return fused_hits(found, fusion, k)
 
 
-class HybridRetriever(IndexRetriever):
+class HybridRetriever(IndexRetriever, FusionFields):
     """BM25 + FAISS, fused; filters are validated once and applied inside both.
 
     The fusion fields left unset (None) take their value from the index folder's
@@ -121,35 +118,9 @@ class HybridRetriever(IndexRetriever):
 
     embedder: SentenceTransformerEmbedder
     candidates: int = Field(50, ge=1)
-    fusion: FusionMethod | None = Field(None, description="rrf or convex")
-    normalization: Normalization | None = Field(
-        None, description="convex: tmm (theoretical min-max) or minmax"
-    )
-    alpha: float | None = Field(None, ge=0, le=1, description="convex: the dense side's weight")
-    bm25_weight: float | None = Field(None, ge=0, description="rrf: BM25's weight")
-    dense_weight: float | None = Field(None, ge=0, description="rrf: dense's weight")
-    rrf_k: int | None = Field(None, ge=1, description="rrf: the rank constant")
 
-    @model_validator(mode="after")
-    def _valid_fusion(self) -> HybridRetriever:
-        _ = self.fusion_config  # a bad combination (both RRF weights 0) fails here, not later
-        return self
-
-    @property
-    def fusion_set(self) -> dict[str, Any]:
-        """The fusion fields set on this retriever (they override the index's fusion.json)."""
-        return {
-            name: getattr(self, name) for name in FUSION_FIELDS if getattr(self, name) is not None
-        }
-
-    @property
-    def fusion_config(self) -> FusionConfig:
-        """The fusion in use: this retriever's fields over the index's, over the defaults."""
-        base = self.index.fusion or DEFAULT_FUSION
-        overrides = self.fusion_set
-        if not overrides:
-            return base
-        return FusionConfig(**{**base.model_dump(), **overrides})
+    def base_fusion(self) -> FusionConfig | None:
+        return self.index.fusion
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         fusion = self.fusion_config

@@ -472,6 +472,25 @@ class SearchIndex:
         rows = self.store.rows(ids)
         return {cid: np.asarray(self.dense.reconstruct(row)) for cid, row in rows.items()}
 
+    @property
+    def folder(self) -> Path:
+        """The index folder (the parent of its generations)."""
+        return self.path.parent
+
+    @property
+    def location(self) -> str:
+        return str(self.folder)
+
+    def describe(self) -> dict[str, Any]:
+        """What /readyz reports about the index."""
+        return {
+            "kind": "disk",
+            "path": str(self.folder),
+            "generation": self.path.name,
+            "chunks": len(self),
+            "fields": self.fields,
+        }
+
     def close(self) -> None:
         self.store.close()
 

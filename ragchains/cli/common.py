@@ -46,12 +46,51 @@ def load_settings() -> Any:
 
 
 # ----------------------------------------------------------------------------- shared options
-INDEX_OPTION: Callable[[Any], Any] = click.option(
-    "--index",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Index folder built by `ingest`.",
+class IndexOrStore(click.ParamType):
+    """An index folder (a Path), or a PostgreSQL store's URL (kept as text)."""
+
+    name = "DIR|URL"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, Path):
+            return value
+        text = str(value)
+        return text if text.startswith(STORE_SCHEMES) else Path(text)
+
+
+STORE_SCHEMES = ("postgresql://", "postgres://")
+INDEX_OR_STORE = IndexOrStore()
+STORE_HELP = (
+    "--store URL: a PostgreSQL store instead, postgresql://USER[:PASSWORD]@HOST[:PORT]/DB "
+    "(add ?schema=NAME for a schema other than ragchains)."
 )
+
+
+def index_option(help_text: str, *, required: bool = False) -> Callable[[Any], Any]:
+    """``--index DIR`` or ``--store URL`` (one parameter, ``index``)."""
+    return click.option(
+        "--index",
+        "--store",
+        "index",
+        required=required,
+        type=INDEX_OR_STORE,
+        help=f"{help_text} {STORE_HELP}",
+    )
+
+
+def target_of(index: Path | str | None, settings: Any) -> Path | str:
+    """The index folder or store URL to use: the option's, else RAGCHAINS_STORE, else
+    RAGCHAINS_INDEX."""
+    target = index or settings.store or settings.index
+    if target is None:
+        fail(
+            "no index given: pass --index DIR or --store URL "
+            "(or set RAGCHAINS_INDEX / RAGCHAINS_STORE)"
+        )
+    return target  # type: ignore[no-any-return]
+
+
+INDEX_OPTION: Callable[[Any], Any] = index_option("Index folder built by `ingest`.", required=True)
 FILTER_OPTION: Callable[[Any], Any] = click.option(
     "--filter",
     "filters",
@@ -153,7 +192,7 @@ def chosen_prompts(prompts: Any, configurable: dict[str, Any], mode: str) -> dic
     return dict(Choices(prompts, PROMPTS_USED[mode]).resolve(configurable).prompts)
 
 
-def load_service(settings: Any, index: Path, configurable: dict[str, Any], mode: str) -> Any:
+def load_service(settings: Any, index: Path | str, configurable: dict[str, Any], mode: str) -> Any:
     """Models, index and chains, with every problem reported as one line before any work."""
     from ragchains.factory import build_service
 

@@ -877,6 +877,7 @@ def generate_command(
 
     from ragchains.evaluation.generate import QuestionWriter, generate
     from ragchains.factory import build_embedder, build_llm, open_index
+    from ragchains.retrievers.index import SearchIndex
 
     if out_file.exists():
         fail(f"{out_file} already exists; choose another --out file")
@@ -886,6 +887,8 @@ def generate_command(
         writer = QuestionWriter(build_llm(settings))
     except ValueError as exc:
         fail(str(exc))
+    if not isinstance(search_index, SearchIndex):
+        fail("eval generate samples chunks from an index folder, not a PostgreSQL store")
     dropped: list[str] = []
     items = []
     tmp = out_file.with_name(f".{out_file.name}.partial")

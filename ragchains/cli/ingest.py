@@ -7,17 +7,12 @@ from pathlib import Path
 
 import click
 
-from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, load_settings
+from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, index_option, load_settings
 
 
 @click.command("ingest")
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option(
-    "--index",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="Index folder to create or update.",
-)
+@index_option("Index folder to create or update.", required=True)
 @click.option(
     "--text-columns",
     metavar="COL,COL",
@@ -29,13 +24,14 @@ from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, load_settings
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def ingest_command(
     paths: tuple[Path, ...],
-    index: Path,
+    index: Path | str,
     text_columns: str | None,
     rebuild: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Build or update an index from PATHS (PDF, HTML, Markdown, text, CSV/TSV, JSON/JSONL).
+    """Build or update an index folder (or a PostgreSQL store, --store URL) from PATHS (PDF,
+    HTML, Markdown, text, CSV/TSV, JSON/JSONL).
 
     Re-runs embed only what changed and drop the chunks of files that are gone; unreadable
     files are skipped with a reason. Exits 1 when nothing at all could be ingested.

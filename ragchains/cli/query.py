@@ -63,7 +63,7 @@ def retrieve_command(
         search_index = open_index(index, embedder)
     except IndexLoadError as exc:
         fail(str(exc))
-    checked = parse_filters(filters, search_index.fields)
+    checked = parse_filters(filters, dict(search_index.fields))
     retriever = build_retriever(settings, search_index, embedder)
     want = k or settings.k
     docs = retriever.invoke(query, k=want if not rerank else max(want, settings.k), filters=checked)

@@ -6,22 +6,18 @@ from pathlib import Path
 
 import click
 
-from ragchains.cli.common import fail, load_service, load_settings
+from ragchains.cli.common import fail, index_option, load_service, load_settings, target_of
 
 
 @click.command("serve")
-@click.option(
-    "--index",
-    type=click.Path(path_type=Path),
-    help="Index folder built by `ingest` (default: RAGCHAINS_INDEX).",
-)
+@index_option("Index folder built by `ingest` (default: RAGCHAINS_STORE, RAGCHAINS_INDEX).")
 @click.option("--host", help="Address to listen on (default: RAGCHAINS_HOST or 127.0.0.1).")
 @click.option(
     "--port", type=click.IntRange(1, 65535), help="Port (default: RAGCHAINS_PORT or 8000)."
 )
 @click.pass_context
 def serve_command(
-    ctx: click.Context, index: Path | None, host: str | None, port: int | None
+    ctx: click.Context, index: Path | str | None, host: str | None, port: int | None
 ) -> None:
     """Serve every chain over HTTP until Ctrl-C.
 
@@ -41,10 +37,9 @@ def serve_command(
     from ragchains.server import create_app
 
     settings = load_settings()
-    index = index or settings.index
-    if index is None:
-        fail("no index to serve: give --index DIR (or set RAGCHAINS_INDEX)")
-    updates = {"index": index, "host": host or settings.host, "port": port or settings.port}
+    index = target_of(index, settings)
+    where = {"store": index, "index": None} if isinstance(index, str) else {"index": index}
+    updates = {**where, "host": host or settings.host, "port": port or settings.port}
     settings = settings.model_copy(update=updates)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)

@@ -1,0 +1,423 @@
+"""Hybrid search in PostgreSQL: full-text and pgvector halves, each filtered inside the half,
+fused in the same statement by the project's fusion functions (``retrievers.fusion``).
+
+Filters are compiled from validated ``MetadataFilter`` objects to SQL whose every value
+(and field name) is a bound parameter: nothing from a request or a model is ever part of the
+SQL text. Globs on ``filename``/``source`` become anchored regular expressions whose every
+literal character is a ``\\uXXXX`` escape, so ``%``, ``_``, ``\\`` and quotes match themselves.
+
+The lexical half is PostgreSQL's own ranking (``ts_rank_cd`` over an OR of the query's
+stemmed words, the ``english`` configuration), not BM25: documents carry its rank and score
+under the same ``bm25_rank`` / ``bm25_score`` keys as the on-disk index, so the compressor,
+CLI and evaluation read them unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import numpy as np
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from psycopg import sql
+from pydantic import ConfigDict, Field
+
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import (
+    GLOB_FIELDS,
+    MetadataFilter,
+    Scalar,
+    validate_filters,
+)
+from ragchains.retrievers.fusion import (
+    BM25_LOWER_BOUND,
+    COSINE_LOWER_BOUND,
+    FusionConfig,
+    FusionFields,
+)
+from ragchains.retrievers.pgstore import TEXT_SEARCH_CONFIG, PostgresStore, clean_text
+from ragchains.retrievers.workers import run_off_loop
+
+SearchMode = Literal["hybrid", "fulltext", "dense"]
+_GLOB_CHARS = set("*?[")
+_NUMBER_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "<>"}
+
+
+class Params:
+    """Bound parameters of one statement; ``add`` returns the placeholder of a value."""
+
+    def __init__(self) -> None:
+        self.values: dict[str, Any] = {}
+
+    def add(self, value: Any) -> sql.Placeholder:
+        name = f"p{len(self.values)}"
+        self.values[name] = value
+        return sql.Placeholder(name)
+
+
+# ----------------------------------------------------------------------------- globs
+def _escape(char: str) -> str:
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def _bracket_ranges(stuff: str) -> list[tuple[str, str]]:
+    """The characters of a glob's ``[...]`` as ranges, as fnmatch reads them: ``a-c`` is a
+    range (dropped when reversed), a ``-`` first or last is itself."""
+    ranges: list[tuple[str, str]] = []
+    k = 0
+    while k < len(stuff):
+        if k + 2 < len(stuff) and stuff[k + 1] == "-":
+            low, high = stuff[k], stuff[k + 2]
+            if low <= high:
+                ranges.append((low, high))
+            k += 3
+        else:
+            ranges.append((stuff[k], stuff[k]))
+            k += 1
+    return ranges
+
+
+def glob_regex(pattern: str) -> str | None:
+    """A PostgreSQL regular expression matching what ``fnmatch.fnmatchcase`` matches, or None
+    when nothing can match (an empty ``[]`` set, or a NUL, which PostgreSQL text never holds)."""
+    if "\x00" in pattern:
+        return None
+    out = ["^"]
+    i, n = 0, len(pattern)
+    while i < n:
+        char = pattern[i]
+        i += 1
+        if char == "*":
+            if out[-1] != ".*":
+                out.append(".*")
+        elif char == "?":
+            out.append(".")
+        elif char == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:  # no closing bracket: a literal "["
+                out.append(_escape("["))
+                continue
+            stuff, i = pattern[i:j], j + 1
+            negate = stuff.startswith("!")
+            ranges = _bracket_ranges(stuff[1:] if negate else stuff)
+            if not ranges:
+                if not negate:
+                    return None
+                out.append(".")
+                continue
+            body = "".join(
+                _escape(low) if low == high else f"{_escape(low)}-{_escape(high)}"
+                for low, high in ranges
+            )
+            out.append(f"[{'^' if negate else ''}{body}]")
+        else:
+            out.append(_escape(char))
+    out.append("$")
+    return "".join(out)
+
+
+def is_glob(field: str, value: Scalar) -> bool:
+    return field in GLOB_FIELDS and isinstance(value, str) and bool(_GLOB_CHARS & set(value))
+
+
+# ----------------------------------------------------------------------------- filters
+def filter_sql(
+    filters: Sequence[MetadataFilter], fields: dict[str, str], params: Params
+) -> sql.Composable:
+    """The WHERE condition (over ``c.metadata``) that keeps the rows passing every filter.
+
+    A missing value never matches, as on disk (and as NULL in SQL)."""
+    if not filters:
+        return sql.SQL("TRUE")
+    return sql.SQL(" AND ").join(
+        sql.SQL("({})").format(_one(f, fields[f.field], params)) for f in filters
+    )
+
+
+def _contains(field: str, value: Scalar, params: Params) -> sql.Composable:
+    # jsonb containment uses the GIN index on metadata.
+    return sql.SQL("c.metadata @> {}::jsonb").format(params.add(_json({field: value})))
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _one(flt: MetadataFilter, kind: str, params: Params) -> sql.Composable:
+    name = params.add(flt.field)
+    values = flt.value if isinstance(flt.value, list) else [flt.value]
+    typed = sql.SQL("jsonb_typeof(c.metadata -> {}) = {}").format(name, sql.Literal(kind))
+    if kind == "number":
+        number = sql.SQL(
+            "(CASE WHEN jsonb_typeof(c.metadata -> {n}) = 'number' "
+            "THEN (c.metadata ->> {n})::float8 END)"
+        ).format(n=name)
+        if flt.op == "in":
+            wanted = params.add([float(v) for v in values])  # type: ignore[arg-type]
+            return sql.SQL("{} = ANY({}::float8[])").format(number, wanted)
+        if flt.op == "=":
+            return _contains(flt.field, values[0], params)
+        value = params.add(float(values[0]))  # type: ignore[arg-type]
+        return sql.SQL("{} {} {}::float8").format(number, sql.SQL(_NUMBER_OPS[flt.op]), value)
+    if kind == "boolean":
+        same = _contains(flt.field, values[0], params)
+        return same if flt.op == "=" else sql.SQL("{} AND NOT {}").format(typed, same)
+    # Strings: literal values by equality, globs by regular expression.
+    text = sql.SQL("(c.metadata ->> {})").format(name)
+    literals = [str(v) for v in values if not is_glob(flt.field, v) and "\x00" not in str(v)]
+    patterns = [glob_regex(str(v)) for v in values if is_glob(flt.field, v)]
+    regexes = [p for p in patterns if p is not None]
+    if flt.op == "!=":
+        if regexes:
+            return sql.SQL("NOT ({} ~ {})").format(text, params.add(regexes[0]))
+        if literals:
+            return sql.SQL("{} <> {}").format(text, params.add(literals[0]))
+        return sql.SQL("{} IS NOT NULL").format(text)  # a value no stored string can equal
+    found: list[sql.Composable] = []
+    if flt.op == "=" and len(literals) == 1:
+        found.append(_contains(flt.field, literals[0], params))
+    elif literals:
+        found.append(sql.SQL("{} = ANY({}::text[])").format(text, params.add(literals)))
+    if regexes:
+        found.append(sql.SQL("{} ~ ANY({}::text[])").format(text, params.add(regexes)))
+    if not found:
+        return sql.SQL("FALSE")
+    return sql.SQL(" OR ").join(found)
+
+
+# ----------------------------------------------------------------------------- statements
+def tsquery_sql(query: sql.Placeholder) -> sql.Composable:
+    """An OR of the query's stemmed words, each quoted as a tsquery lexeme (BM25 scores any
+    shared word; ``plainto_tsquery`` would demand all of them)."""
+    return sql.SQL(
+        "(SELECT coalesce(string_agg("
+        "'''' || replace(replace(l, '\\', '\\\\'), '''', '''''') || '''', ' | '), '')::tsquery "
+        "FROM unnest(tsvector_to_array(to_tsvector({config}::regconfig, {q}))) AS l)"
+    ).format(config=sql.Literal(TEXT_SEARCH_CONFIG), q=query)
+
+
+def _fused(fusion: FusionConfig, params: Params) -> sql.Composable:
+    """The fused score of a row of ``both`` (beside ``bounds``), as ``retrievers.fusion.fuse``
+    computes it."""
+    if fusion.fusion == "rrf":
+        return sql.SQL(
+            "coalesce({wb}::float8 / ({k} + lex_rank), 0) "
+            "+ coalesce({wd}::float8 / ({k} + sem_rank), 0)"
+        ).format(
+            wb=params.add(fusion.bm25_weight),
+            wd=params.add(fusion.dense_weight),
+            k=params.add(fusion.rrf_k),
+        )
+
+    def normalised(score: str, top: str, low: sql.Composable) -> sql.Composable:
+        # tmm: the function's lowest score and the list's maximum; minmax: the list's own.
+        return sql.SQL(
+            "CASE WHEN {s} IS NULL THEN 0 "
+            "WHEN {top} > {low} THEN least(greatest(({s} - {low}) / ({top} - {low}), 0), 1) "
+            "ELSE {flat} END"
+        ).format(
+            s=sql.Identifier(score),
+            top=sql.Identifier(top),
+            low=low,
+            flat=sql.SQL("1" if fusion.normalization == "minmax" else "0"),
+        )
+
+    if fusion.normalization == "tmm":
+        lex_low: sql.Composable = sql.Literal(BM25_LOWER_BOUND)
+        sem_low: sql.Composable = sql.Literal(COSINE_LOWER_BOUND)
+    else:
+        lex_low, sem_low = sql.Identifier("lex_min"), sql.Identifier("sem_min")
+    alpha = params.add(fusion.alpha)
+    return sql.SQL("(1.0::float8 - {a}) * {lex} + {a}::float8 * {sem}").format(
+        a=alpha,
+        lex=normalised("lex_score", "lex_max", lex_low),
+        sem=normalised("sem_score", "sem_max", sem_low),
+    )
+
+
+def search_sql(
+    store: PostgresStore,
+    *,
+    mode: SearchMode,
+    query: str,
+    vector: np.ndarray | None,
+    filters: Sequence[MetadataFilter],
+    fusion: FusionConfig,
+    fetch: int,
+    k: int,
+) -> tuple[sql.Composed, dict[str, Any]]:
+    """One statement returning the top ``k`` rows (id, text, metadata, fused score, each
+    half's rank and score) and its parameters."""
+    params = Params()
+    where = filter_sql(filters, dict(store.known_meta().get("fields") or {}), params)
+    chunks = store.table("chunks")
+    lex = sql.SQL(
+        "lex AS (SELECT id, score AS lex_score, row_number() OVER (ORDER BY score DESC, id) "
+        "AS lex_rank FROM (SELECT c.id, ts_rank_cd(c.tsv, q.tsq)::float8 AS score "
+        "FROM {chunks} c, {tsq} AS q(tsq) WHERE c.tsv @@ q.tsq AND {where} "
+        "ORDER BY score DESC, c.id LIMIT {fetch}) t)"
+    ).format(
+        chunks=chunks,
+        tsq=sql.SQL("(SELECT {})").format(tsquery_sql(params.add(clean_text(query)))),
+        where=where,
+        fetch=params.add(fetch),
+    )
+    sem: sql.Composable = sql.SQL("")
+    if mode != "fulltext":
+        assert vector is not None
+        v = params.add(np.asarray(vector, dtype=np.float32))
+        # The ORDER BY ... LIMIT inside: the HNSW index serves it; ranks are numbered after.
+        sem = sql.SQL(
+            "sem AS (SELECT id, 1 - distance AS sem_score, row_number() OVER "
+            "(ORDER BY distance, id) AS sem_rank FROM (SELECT c.id, c.embedding <=> {v} AS "
+            "distance FROM {chunks} c WHERE {where} ORDER BY c.embedding <=> {v} "
+            "LIMIT {fetch}) t)"
+        ).format(v=v, chunks=chunks, where=where, fetch=params.add(fetch))
+    top = params.add(k)
+    columns = sql.SQL("c.id, c.text, c.metadata")
+    if mode == "fulltext":
+        statement = sql.SQL(
+            "WITH {lex} SELECT {columns}, lex_score, lex_rank FROM lex JOIN {chunks} c "
+            "USING (id) ORDER BY lex_rank LIMIT {top}"
+        ).format(lex=lex, columns=columns, chunks=chunks, top=top)
+    elif mode == "dense":
+        statement = sql.SQL(
+            "WITH {sem} SELECT {columns}, sem_score, sem_rank FROM sem JOIN {chunks} c "
+            "USING (id) ORDER BY sem_rank LIMIT {top}"
+        ).format(sem=sem, columns=columns, chunks=chunks, top=top)
+    else:
+        statement = sql.SQL(
+            "WITH {lex}, {sem}, "
+            "both_halves AS (SELECT coalesce(lex.id, sem.id) AS id, lex_rank, lex_score, "
+            "sem_rank, sem_score FROM lex FULL OUTER JOIN sem ON lex.id = sem.id), "
+            "bounds AS (SELECT max(lex_score) AS lex_max, min(lex_score) AS lex_min, "
+            "max(sem_score) AS sem_max, min(sem_score) AS sem_min FROM both_halves), "
+            "fused AS (SELECT b.*, {fused} AS fused FROM both_halves b, bounds) "
+            "SELECT {columns}, fused, lex_rank, lex_score, sem_rank, sem_score "
+            "FROM fused JOIN {chunks} c USING (id) "
+            "ORDER BY fused DESC, lex_rank NULLS LAST, sem_rank LIMIT {top}"
+        ).format(
+            lex=lex,
+            sem=sem,
+            fused=_fused(fusion, params),
+            columns=columns,
+            chunks=chunks,
+            top=top,
+        )
+    return statement, params.values
+
+
+def documents(rows: Sequence[tuple[Any, ...]], mode: SearchMode, method: str) -> list[Document]:
+    """Documents from ``search_sql``'s rows, with the same metadata keys as on disk."""
+    out = []
+    for row in rows:
+        cid, text, metadata = row[0], row[1], dict(row[2])
+        metadata["chunk_id"] = cid
+        if mode == "fulltext":
+            metadata.update(bm25_score=float(row[3]), bm25_rank=int(row[4]))
+        elif mode == "dense":
+            metadata.update(dense_score=float(row[3]), dense_rank=int(row[4]))
+        else:
+            fused, lex_rank, lex_score, sem_rank, sem_score = row[3:8]
+            metadata.update(
+                {
+                    f"{method}_score": float(fused),
+                    "bm25_rank": None if lex_rank is None else int(lex_rank),
+                    "bm25_score": None if lex_score is None else float(lex_score),
+                    "dense_rank": None if sem_rank is None else int(sem_rank),
+                    "dense_score": None if sem_score is None else float(sem_score),
+                }
+            )
+        out.append(Document(id=cid, page_content=text, metadata=metadata))
+    return out
+
+
+# ----------------------------------------------------------------------------- retriever
+class PostgresRetriever(BaseRetriever, FusionFields):
+    """Hybrid (or ``fulltext`` / ``dense``) retrieval from a ``PostgresStore``, with the
+    same contract as the on-disk ``HybridRetriever``: ``invoke(query, k=..., filters=[...])``,
+    filters validated against the store's field types, the same metadata on each document.
+
+    Async calls are async all the way (psycopg's async pool); only the query's embedding
+    runs in ``executor`` (CPU work)."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    store: PostgresStore
+    embedder: SentenceTransformerEmbedder
+    k: int = Field(10, ge=1)
+    filters: list[MetadataFilter] = Field(default_factory=list)
+    candidates: int = Field(50, ge=1)
+    search: SearchMode = "hybrid"
+    executor: Any = Field(None, exclude=True, description="where query embedding runs")
+
+    @property
+    def fields(self) -> dict[str, str]:
+        return dict(self.store.fields)
+
+    def _statement(
+        self, query: str, vector: np.ndarray | None, k: int, filters: list[MetadataFilter]
+    ) -> tuple[sql.Composed, dict[str, Any]]:
+        return search_sql(
+            self.store,
+            mode=self.search,
+            query=query,
+            vector=vector,
+            filters=filters,
+            fusion=self.fusion_config,
+            fetch=max(self.candidates, k),
+            k=k,
+        )
+
+    def _vector(self, query: str) -> np.ndarray | None:
+        return None if self.search == "fulltext" else self.embedder.encode_query(query)
+
+    def _checked(self, filters: Any) -> list[MetadataFilter]:
+        fields = self.store.known_meta().get("fields") or {}
+        return validate_filters(self.filters if filters is None else filters, fields)
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        filters: Any = None,
+    ) -> list[Document]:
+        self.store.meta()  # field types as of the last commit (re-read once per META_TTL)
+        checked, k = self._checked(filters), k or self.k
+        statement, params = self._statement(query, self._vector(query), k, checked)
+        with self.store.connection() as conn:
+            rows = conn.execute(statement, params).fetchall()
+        return documents(rows, self.search, self.fusion_config.fusion)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        filters: Any = None,
+    ) -> list[Document]:
+        await self.store.ameta()
+        checked, k = self._checked(filters), k or self.k
+        vector = await run_off_loop(self.executor, self._vector, query)
+        statement, params = self._statement(query, vector, k, checked)
+        pool = await self.store.apool()
+        async with pool.connection() as conn:
+            cursor = await conn.execute(statement, params)
+            rows = await cursor.fetchall()
+        return documents(rows, self.search, self.fusion_config.fusion)

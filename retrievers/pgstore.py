@@ -1,0 +1,618 @@
+"""The PostgreSQL store: the same chunks, ids, metadata and labels as the on-disk index, in
+one database that many servers read while ingestion writes.
+
+Layout (in one schema, ``ragchains`` unless the URL says ``?schema=NAME``)::
+
+    meta    key -> jsonb: schema_version, embedder, chunking, fields (name -> type, as the
+            index manifest records them), generation (bumped by every committed ingest)
+    files   one row per ingested file (source, sha256, size, chunk_count, format)
+    chunks  id, source, text, metadata (jsonb), tsv (generated: to_tsvector('english', text)),
+            embedding vector(dim); GIN on tsv and metadata, HNSW (cosine) on embedding
+
+An ingest is one transaction (``write``): deleted and changed files' chunks out, new chunks
+in, the file records, the field types and the generation, all committed together or not at
+all. Readers never see half a run and need no restart: each search reads the committed state.
+A second writer of the same schema fails at once (a transaction-scoped advisory lock).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector, register_vector_async
+from psycopg import sql
+from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError
+
+SCHEMA_VERSION = 1
+DEFAULT_SCHEMA = "ragchains"
+TEXT_SEARCH_CONFIG = "english"  # the stemmer BM25 uses on disk (PyStemmer's English)
+# pgvector's HNSW defaults (m 16, ef_construction 64) lose recall on 100k chunks; these match
+# the on-disk FAISS graph's search width. iterative_scan: a filtered search keeps walking the
+# graph until it has enough rows that pass (pgvector >= 0.8).
+HNSW_M = 16
+HNSW_EF_CONSTRUCTION = 100
+HNSW_EF_SEARCH = 128
+META_TTL = 1.0  # seconds a reader trusts its copy of meta (field types, generation)
+STORE_SCHEMES = ("postgresql://", "postgres://")
+
+
+class StoreError(IndexLoadError):
+    """The store cannot be used (unreachable, not a ragchains store, another format)."""
+
+
+class StoreBusyError(StoreError):
+    pass
+
+
+def is_store_url(text: str | None) -> bool:
+    return bool(text) and str(text).startswith(STORE_SCHEMES)
+
+
+def redact(url: str) -> str:
+    """The URL without its password (for logs, /readyz and errors)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host += f":{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ""
+    return urlunsplit(parts._replace(netloc=user + host))
+
+
+def split_schema(url: str) -> tuple[str, str]:
+    """(connection URL, schema): ``?schema=NAME`` is ours, not libpq's, so it is taken out."""
+    parts = urlsplit(url)
+    query = parse_qsl(parts.query, keep_blank_values=True)
+    schema = next((v for k, v in query if k == "schema"), DEFAULT_SCHEMA)
+    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    if not schema or len(schema) > 63:
+        raise StoreError(f"schema name {schema!r} must be 1 to 63 characters")
+    return urlunsplit(parts._replace(query=rest)), schema
+
+
+def clean_text(text: str) -> str:
+    """PostgreSQL text cannot hold NUL characters; they carry nothing a search could use."""
+    return text.replace("\x00", " ") if "\x00" in text else text
+
+
+def _clean(value: Any) -> Any:
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        return {clean_text(str(k)): _clean(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_clean(v) for v in value]
+    return value
+
+
+@dataclass
+class StoreDelta:
+    """One ingest run's change: sources whose chunks go, chunks (with vectors) that come,
+    and the file records of everything the store holds afterwards."""
+
+    remove_sources: list[str]
+    chunks: list[Chunk]
+    vectors: np.ndarray
+    files: list[FileRecord]
+    embedder: dict[str, Any]
+    chunking: dict[str, Any]
+    rebuild: bool = False
+    base_fields: Mapping[str, str] = field(default_factory=dict)
+    not_filterable: Collection[str] = ()
+
+
+class LiveFields(Mapping[str, str]):
+    """The store's field types as a mapping that follows committed ingests (re-read at most
+    once per ``META_TTL``), for code that holds on to ``fields`` (request validation)."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self._store = store
+
+    def _now(self) -> dict[str, str]:
+        fields: dict[str, str] = self._store.known_meta().get("fields") or {}
+        return fields
+
+    def __getitem__(self, key: str) -> str:
+        return self._now()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+
+class PostgresStore:
+    """A ragchains store in PostgreSQL (see the module docstring). Thread-safe; the sync and
+    async connection pools open on first use."""
+
+    def __init__(self, url: str, *, max_connections: int = 10) -> None:
+        if not is_store_url(url):
+            raise StoreError(f"not a PostgreSQL URL: {redact(url)!r} (postgresql://…)")
+        self.url = url
+        self.conninfo, self.schema = split_schema(url)
+        self.max_connections = max_connections
+        self._pool: ConnectionPool | None = None
+        self._apool: AsyncConnectionPool | None = None
+        self._lock = threading.Lock()
+        self._meta: dict[str, Any] = {}
+        self._meta_at = -1.0
+
+    # ------------------------------------------------------------------ connections
+    @property
+    def redacted(self) -> str:
+        return redact(self.url)
+
+    def table(self, name: str) -> sql.Identifier:
+        return sql.Identifier(self.schema, name)
+
+    def _configure(self, conn: psycopg.Connection[Any]) -> None:
+        conn.autocommit = True
+        with suppress(psycopg.ProgrammingError):  # no vector type yet: no store written
+            register_vector(conn)
+        conn.execute(
+            "SELECT set_config('hnsw.ef_search', %s, false), "
+            "set_config('hnsw.iterative_scan', 'relaxed_order', false)",
+            (str(HNSW_EF_SEARCH),),
+        )
+
+    async def _aconfigure(self, conn: psycopg.AsyncConnection[Any]) -> None:
+        await conn.set_autocommit(True)
+        with suppress(psycopg.ProgrammingError):
+            await register_vector_async(conn)
+        await conn.execute(
+            "SELECT set_config('hnsw.ef_search', %s, false), "
+            "set_config('hnsw.iterative_scan', 'relaxed_order', false)",
+            (str(HNSW_EF_SEARCH),),
+        )
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Any]]:
+        """A pooled connection in autocommit mode (each statement sees the last commit)."""
+        with self._lock:
+            if self._pool is None:
+                self._pool = ConnectionPool(
+                    self.conninfo,
+                    min_size=1,
+                    max_size=self.max_connections,
+                    configure=self._configure,
+                    open=True,
+                    timeout=30,
+                )
+        try:
+            with self._pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+
+    async def apool(self) -> AsyncConnectionPool:
+        if self._apool is None:
+            pool = AsyncConnectionPool(
+                self.conninfo,
+                min_size=1,
+                max_size=self.max_connections,
+                configure=self._aconfigure,
+                open=False,
+                timeout=30,
+            )
+            await pool.open()
+            if self._apool is None:
+                self._apool = pool
+            else:  # another task opened one meanwhile
+                await pool.close()
+        return self._apool
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+        # The async pool closes with its event loop; closing it here would need that loop.
+        self._apool = None
+
+    def forget(self) -> None:
+        """After a write: re-read meta, and open new connections (those opened before the
+        vector type existed cannot read it)."""
+        self.close()
+        self._meta_at = -1.0
+
+    async def aclose(self) -> None:
+        if self._apool is not None:
+            await self._apool.close()
+            self._apool = None
+
+    # ------------------------------------------------------------------ reading
+    def meta(self, *, fresh: bool = False) -> dict[str, Any]:
+        """The meta table as a dict; {} for a store no ingest has written yet."""
+        now = time.monotonic()
+        if fresh or now - self._meta_at > META_TTL:
+            with self.connection() as conn:
+                self._meta = self.read_meta(conn)
+            self._meta_at = now
+        return self._meta
+
+    async def ameta(self, *, fresh: bool = False) -> dict[str, Any]:
+        """``meta`` for async callers: read through the async pool, never blocking the loop."""
+        now = time.monotonic()
+        if fresh or now - self._meta_at > META_TTL:
+            pool = await self.apool()
+            async with pool.connection() as conn:
+                cursor = await conn.execute(
+                    sql.SQL("SELECT key, value FROM {}").format(self.table("meta"))
+                )
+                self._meta = dict(await cursor.fetchall())
+            self._meta_at = now
+        return self._meta
+
+    def known_meta(self) -> dict[str, Any]:
+        """The meta last read (read now only if never read): what request validation uses,
+        without a round trip per request. Searches refresh it (``META_TTL``)."""
+        return self._meta if self._meta_at > 0 else self.meta()
+
+    def read_meta(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".meta',)
+        ).fetchone()
+        if not exists or not exists[0]:
+            return {}
+        rows = conn.execute(sql.SQL("SELECT key, value FROM {}").format(self.table("meta")))
+        return dict(rows.fetchall())
+
+    def check(self, *, embedder_name: str | None = None, dimension: int | None = None) -> None:
+        """Refuse a store that is empty, of another schema version or another embedder."""
+        meta = self.meta(fresh=True)
+        if not meta or "embedder" not in meta:
+            raise StoreError(
+                f"no ragchains store at {self.redacted} (schema {self.schema}): run "
+                f"`ragchains ingest PATH --store {self.redacted}`"
+            )
+        version = meta.get("schema_version")
+        if version != SCHEMA_VERSION:
+            raise StoreError(
+                f"the store at {self.redacted} has schema version {version!r}; this ragchains "
+                f"reads version {SCHEMA_VERSION}. Re-ingest with --rebuild, or use the "
+                "ragchains release that wrote it."
+            )
+        embedder = meta["embedder"]
+        if embedder_name is not None and embedder.get("name") != embedder_name:
+            raise StoreError(
+                f"the store at {self.redacted} was built with embedder {embedder.get('name')!r}"
+                f", but this run uses {embedder_name!r}. Use the same embedder, or rebuild "
+                "with `ragchains ingest --rebuild`."
+            )
+        if dimension is not None and embedder.get("dimension") != dimension:
+            raise StoreError(
+                f"the store at {self.redacted} holds {embedder.get('dimension')}-dimensional "
+                f"vectors, but the embedder gives {dimension}."
+            )
+
+    @property
+    def folder(self) -> None:
+        """A store has no index folder (see ``SearchIndex.folder``)."""
+        return None
+
+    @property
+    def location(self) -> str:
+        return f"{self.redacted} (schema {self.schema})"
+
+    @property
+    def fields(self) -> Mapping[str, str]:
+        return LiveFields(self)
+
+    @property
+    def embedder(self) -> dict[str, Any]:
+        return dict(self.meta().get("embedder") or {})
+
+    @property
+    def generation(self) -> int:
+        return int(self.meta().get("generation") or 0)
+
+    def __len__(self) -> int:
+        return self.count()
+
+    def count(self) -> int:
+        with self.connection() as conn:
+            row = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(self.table("chunks")))
+            return int(row.fetchone()[0])  # type: ignore[index]
+
+    def files(self) -> dict[str, FileRecord]:
+        if not self.meta(fresh=True):
+            return {}
+        with self.connection() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT source, sha256, size, chunk_count, format FROM {}").format(
+                    self.table("files")
+                )
+            ).fetchall()
+        return {r[0]: FileRecord(*r) for r in rows}
+
+    def chunk_ids(self, sources: Sequence[str]) -> set[str]:
+        if not sources or not self.meta(fresh=True):
+            return set()
+        with self.connection() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT id FROM {} WHERE source = ANY(%s)").format(self.table("chunks")),
+                (list(sources),),
+            ).fetchall()
+        return {r[0] for r in rows}
+
+    def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
+        """The embeddings stored for these chunk ids (those the store holds)."""
+        if not ids or not self.meta():
+            return {}
+        with self.connection() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT id, embedding FROM {} WHERE id = ANY(%s)").format(
+                    self.table("chunks")
+                ),
+                (list(ids),),
+            ).fetchall()
+        return {cid: np.asarray(vec, dtype=np.float32) for cid, vec in rows}
+
+    def describe(self) -> dict[str, Any]:
+        """What /readyz reports: the server, pgvector and the contents; never the password."""
+        with self.connection() as conn:
+            server = conn.execute("SHOW server_version").fetchone()
+            vector = conn.execute(
+                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+            ).fetchone()
+        meta = self.meta()
+        return {
+            "kind": "postgresql",
+            "url": self.redacted,
+            "schema": self.schema,
+            "server_version": server[0] if server else None,
+            "pgvector_version": vector[0] if vector else None,
+            "schema_version": meta.get("schema_version"),
+            "generation": meta.get("generation"),
+            "built_at": meta.get("built_at"),
+            "chunks": self.count() if meta else 0,
+            "fields": dict(meta.get("fields") or {}),
+        }
+
+    # ------------------------------------------------------------------ writing
+    @contextmanager
+    def writer(self) -> Iterator[StoreWriter]:
+        """The store's one writer: a connection holding the schema's advisory lock for the
+        whole run (a second writer fails at once with ``StoreBusyError``)."""
+        try:
+            conn = psycopg.connect(self.conninfo, autocommit=True)
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+        try:
+            got = conn.execute(
+                "SELECT pg_try_advisory_lock(hashtext(%s))", (f"ragchains:{self.schema}",)
+            ).fetchone()
+            if not got or not got[0]:
+                raise StoreBusyError(
+                    f"another ingest is writing {self.redacted} (schema {self.schema}); wait "
+                    "for it to finish"
+                )
+            yield StoreWriter(self, conn)
+        finally:
+            conn.close()  # ends the session: the lock goes with it, as on a crash
+
+    def write(self, delta: StoreDelta) -> list[str]:
+        """Apply one ingest run (taking the writer's lock); return the run's notes."""
+        with self.writer() as writer:
+            return writer.write(delta)
+
+
+class StoreWriter:
+    """Writes one ingest run to a store, on the connection that holds the writer's lock."""
+
+    def __init__(self, store: PostgresStore, conn: psycopg.Connection[Any]) -> None:
+        self.store = store
+        self.conn = conn
+        self.schema = store.schema
+        self.redacted = store.redacted
+        self.table = store.table
+
+    def write(self, delta: StoreDelta) -> list[str]:
+        """Apply ``delta`` in one transaction; return notes for the run's report."""
+        dimension = int(delta.embedder["dimension"])
+        if delta.vectors.shape != (len(delta.chunks), dimension):
+            raise ValueError(
+                f"{len(delta.chunks)} chunks but vectors of shape {delta.vectors.shape}"
+            )
+        conn = self.conn
+        with conn.transaction():
+            created = self._ensure_schema(conn, dimension)
+            register_vector(conn)
+            meta = self.store.read_meta(conn)
+            held = (meta.get("embedder") or {}).get("dimension")
+            if held is not None and held != dimension and not delta.rebuild:
+                raise StoreError(
+                    f"the store at {self.redacted} holds {held}-dimensional vectors; rebuild "
+                    "with `ragchains ingest --rebuild` to change the embedder"
+                )
+            chunks, files = self.table("chunks"), self.table("files")
+            if delta.rebuild:
+                # DELETE, not TRUNCATE: readers keep reading the old rows until the commit.
+                conn.execute(sql.SQL("DELETE FROM {}").format(chunks))
+            elif delta.remove_sources:
+                conn.execute(
+                    sql.SQL("DELETE FROM {} WHERE source = ANY(%s)").format(chunks),
+                    (delta.remove_sources,),
+                )
+            self._copy_chunks(conn, delta)
+            if created:
+                # A new table: loaded first, indexed after (faster than indexing row by row).
+                self._create_vector_index(conn)
+            conn.execute(sql.SQL("DELETE FROM {}").format(files))
+            with conn.cursor() as cur:
+                cur.executemany(
+                    sql.SQL(
+                        "INSERT INTO {} (source, sha256, size, chunk_count, format) "
+                        "VALUES (%s, %s, %s, %s, %s)"
+                    ).format(files),
+                    [(f.source, f.sha256, f.size, f.chunk_count, f.format) for f in delta.files],
+                )
+            fields, notes = self._field_types(conn, delta.base_fields, delta.not_filterable)
+            self._set_meta(
+                conn,
+                {
+                    "schema_version": SCHEMA_VERSION,
+                    "embedder": delta.embedder,
+                    "chunking": delta.chunking,
+                    "fields": fields,
+                    "generation": int(meta.get("generation") or 0) + 1,
+                    "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                },
+            )
+        self.store.forget()
+        return notes
+
+    def _ensure_schema(self, conn: psycopg.Connection[Any], dimension: int) -> bool:
+        """Create what is missing; True when the chunks table was created now."""
+        conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+        conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (key text PRIMARY KEY, value jsonb NOT NULL)"
+            ).format(self.table("meta"))
+        )
+        version = conn.execute(
+            sql.SQL("SELECT value FROM {} WHERE key = 'schema_version'").format(self.table("meta"))
+        ).fetchone()
+        if version is not None and version[0] != SCHEMA_VERSION:
+            raise StoreError(
+                f"the store at {self.redacted} has schema version {version[0]!r}; this "
+                f"ragchains writes version {SCHEMA_VERSION} only"
+            )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (source text PRIMARY KEY, sha256 text NOT NULL, "
+                "size bigint NOT NULL, chunk_count integer NOT NULL, format text NOT NULL)"
+            ).format(self.table("files"))
+        )
+        exists = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".chunks',)
+        ).fetchone()
+        if exists and exists[0]:
+            return False
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE {chunks} ("
+                " id text PRIMARY KEY,"
+                " source text NOT NULL,"
+                " text text NOT NULL,"
+                " metadata jsonb NOT NULL,"
+                " tsv tsvector GENERATED ALWAYS AS (to_tsvector({config}::regconfig, text)) STORED,"
+                " embedding vector({dim}) NOT NULL)"
+            ).format(
+                chunks=self.table("chunks"),
+                config=sql.Literal(TEXT_SEARCH_CONFIG),
+                dim=sql.Literal(dimension),
+            )
+        )
+        for name, method in (
+            ("chunks_tsv", sql.SQL("gin (tsv)")),
+            ("chunks_metadata", sql.SQL("gin (metadata jsonb_path_ops)")),
+            ("chunks_source", sql.SQL("btree (source)")),
+        ):
+            conn.execute(
+                sql.SQL("CREATE INDEX {} ON {} USING {}").format(
+                    sql.Identifier(name), self.table("chunks"), method
+                )
+            )
+        return True
+
+    def _create_vector_index(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute("SET LOCAL maintenance_work_mem = '512MB'")
+        conn.execute(
+            sql.SQL(
+                "CREATE INDEX {} ON {} USING hnsw (embedding vector_cosine_ops) "
+                "WITH (m = {}, ef_construction = {})"
+            ).format(
+                sql.Identifier("chunks_hnsw"),
+                self.table("chunks"),
+                sql.Literal(HNSW_M),
+                sql.Literal(HNSW_EF_CONSTRUCTION),
+            )
+        )
+
+    def _copy_chunks(self, conn: psycopg.Connection[Any], delta: StoreDelta) -> None:
+        statement = sql.SQL(
+            "COPY {} (id, source, text, metadata, embedding) FROM STDIN WITH (FORMAT BINARY)"
+        ).format(self.table("chunks"))
+        with conn.cursor() as cur, cur.copy(statement) as copy:
+            copy.set_types(["text", "text", "text", "jsonb", "vector"])
+            for chunk, vector in zip(delta.chunks, delta.vectors, strict=True):
+                copy.write_row(
+                    (
+                        chunk.id,
+                        clean_text(chunk.metadata["source"]),
+                        clean_text(chunk.text),
+                        Jsonb(_clean(chunk.metadata)),
+                        np.asarray(vector, dtype=np.float32),
+                    )
+                )
+
+    def _field_types(
+        self,
+        conn: psycopg.Connection[Any],
+        base_fields: Mapping[str, str],
+        not_filterable: Collection[str],
+    ) -> tuple[dict[str, str], list[str]]:
+        """One type per field over the whole store, as the on-disk index records them: a
+        field typed differently in two files becomes a string field, its values stringified."""
+        kinds: dict[str, set[str]] = {}
+        for key, kind in conn.execute(
+            sql.SQL(
+                "SELECT DISTINCT e.key, jsonb_typeof(e.value) FROM {} c, jsonb_each(c.metadata) e"
+                " WHERE jsonb_typeof(e.value) IN ('string', 'number', 'boolean')"
+            ).format(self.table("chunks"))
+        ):
+            if key not in not_filterable:
+                kinds.setdefault(key, set()).add(kind)
+        fields: dict[str, str] = {}
+        notes = []
+        for key, seen in sorted(kinds.items()):
+            if len(seen) == 1:
+                fields[key] = next(iter(seen))
+                continue
+            fields[key] = "string"
+            notes.append(
+                f"field {key!r} holds {' and '.join(sorted(seen))} values in different files; "
+                "it is filterable as a string"
+            )
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {} SET metadata = jsonb_set(metadata, ARRAY[%(k)s], "
+                    "to_jsonb(metadata ->> %(k)s)) "
+                    "WHERE jsonb_typeof(metadata -> %(k)s) IN ('number', 'boolean')"
+                ).format(self.table("chunks")),
+                {"k": key},
+            )
+        for key, kind in base_fields.items():
+            fields.setdefault(key, kind)
+        return dict(sorted(fields.items())), notes
+
+    def _set_meta(self, conn: psycopg.Connection[Any], values: Mapping[str, Any]) -> None:
+        with conn.cursor() as cur:
+            cur.executemany(
+                sql.SQL(
+                    "INSERT INTO {} (key, value) VALUES (%s, %s) "
+                    "ON CONFLICT (key) DO UPDATE SET value = EXCLUDED.value"
+                ).format(self.table("meta")),
+                [(k, Jsonb(v)) for k, v in values.items()],
+            )
+
+
+def _reason(exc: BaseException) -> str:
+    """A connection error's first line, without the password libpq may echo."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return text[:300]
