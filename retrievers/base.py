@@ -49,6 +49,13 @@ class IndexRetriever(BaseRetriever):
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         raise NotImplementedError
 
+    async def _aprepare(self, query: str) -> None:
+        """Work an async search does before its CPU-bound part (a dense search embeds its
+        query here, batched with concurrent turns' queries)."""
+        embedder = getattr(self, "embedder", None)
+        if embedder is not None:
+            await embedder.aencode_query(query, self.executor)
+
     def _ranked_documents(self, rows: np.ndarray, scores: np.ndarray, name: str) -> list[Document]:
         """Documents for ranked rows, each tagged with ``<name>_score`` and ``<name>_rank``."""
         docs = self.index.store.documents(rows.tolist())
@@ -76,6 +83,7 @@ class IndexRetriever(BaseRetriever):
         k: int | None = None,
         filters: FilterArg = None,
     ) -> list[Document]:
+        await self._aprepare(query)
         # The searches are CPU-bound numpy/FAISS calls: run them off the event loop.
         return await run_off_loop(
             self.executor,

@@ -6,8 +6,10 @@ matrix instead, so this class offers both. Weights load on first use, never at i
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import threading
+from collections import OrderedDict
+from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +48,9 @@ class SentenceTransformerEmbedder(Embeddings):
         self._model: Any = None
         self._token_counter: Any = None
         self._lock = threading.Lock()
-        self._recent_queries = functools.lru_cache(maxsize=QUERY_CACHE_SIZE)(self._encode_one)
+        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU of query vectors
+        self._waiting: dict[str, Future[np.ndarray]] = {}  # queries for the next batch
+        self._queue_lock = threading.Lock()
 
     # -- lazy loading -------------------------------------------------------------------
     @property
@@ -102,12 +106,59 @@ class SentenceTransformerEmbedder(Embeddings):
     def encode_query(self, text: str) -> np.ndarray:
         """One query's vector (read-only). Recent queries are remembered: a chat turn needs
         its query's vector twice (search, then the similarity reranker)."""
-        return self._recent_queries(text)
-
-    def _encode_one(self, text: str) -> np.ndarray:
-        vector = self.encode([text])[0]
-        vector.flags.writeable = False  # shared by every caller of the cache
+        vector = self._remembered(text)
+        if vector is None:
+            vector = self._remember({text: self.encode([text])[0]})[text]
         return vector
+
+    async def aencode_query(self, text: str, executor: Executor | None = None) -> np.ndarray:
+        """``encode_query`` for async callers, in batches: the queries of concurrent turns
+        that arrive while a batch runs (in ``executor``) are encoded together in the next.
+
+        One forward pass over 64 short queries costs a fraction of 64 passes over one: under
+        load, turns stop queueing for the embedder one by one."""
+        vector = self._remembered(text)
+        if vector is not None:
+            return vector
+        with self._queue_lock:
+            future = self._waiting.get(text)
+            if future is None:
+                future = self._waiting[text] = Future()
+                if len(self._waiting) == 1:  # the first waiter starts the next batch
+                    asyncio.get_running_loop().run_in_executor(executor, self._encode_waiting)
+        return await asyncio.wrap_future(future)
+
+    def _encode_waiting(self) -> None:
+        with self._queue_lock:
+            batch, self._waiting = self._waiting, {}
+        if not batch:
+            return
+        texts = list(batch)
+        try:
+            vectors = self._remember(dict(zip(texts, self.encode(texts), strict=True)))
+        except BaseException as exc:
+            for future in batch.values():
+                future.set_exception(exc)
+            raise
+        for text, future in batch.items():
+            future.set_result(vectors[text])
+
+    def _remembered(self, text: str) -> np.ndarray | None:
+        with self._queue_lock:
+            vector = self._recent.get(text)
+            if vector is not None:
+                self._recent.move_to_end(text)
+            return vector
+
+    def _remember(self, vectors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with self._queue_lock:
+            for text, vector in vectors.items():
+                vector.flags.writeable = False  # shared by every caller of the cache
+                self._recent[text] = vector
+                self._recent.move_to_end(text)
+            while len(self._recent) > QUERY_CACHE_SIZE:
+                self._recent.popitem(last=False)
+        return vectors
 
     # -- LangChain Embeddings API ---------------------------------------------------------
     def embed_documents(self, texts: list[str]) -> list[list[float]]:

@@ -42,7 +42,6 @@ from ragchains.retrievers.fusion import (
     FusionFields,
 )
 from ragchains.retrievers.pgstore import TEXT_SEARCH_CONFIG, PostgresStore, clean_text
-from ragchains.retrievers.workers import run_off_loop
 
 SearchMode = Literal["hybrid", "fulltext", "dense"]
 _GLOB_CHARS = set("*?[")
@@ -414,7 +413,11 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     ) -> list[Document]:
         await self.store.ameta()
         checked, k = self._checked(filters), k or self.k
-        vector = await run_off_loop(self.executor, self._vector, query)
+        vector = (
+            None
+            if self.search == "fulltext"
+            else await self.embedder.aencode_query(query, self.executor)
+        )
         statement, params = self._statement(query, vector, k, checked)
         pool = await self.store.apool()
         async with pool.connection() as conn:

@@ -359,7 +359,7 @@ class PostgresStore:
                 ),
                 (list(ids),),
             ).fetchall()
-        return {cid: np.asarray(vec, dtype=np.float32) for cid, vec in rows}
+        return {cid: _array(vec) for cid, vec in rows}
 
     def describe(self) -> dict[str, Any]:
         """What /readyz reports: the server, pgvector and the contents; never the password."""
@@ -610,6 +610,12 @@ class StoreWriter:
                 ).format(self.table("meta")),
                 [(k, Jsonb(v)) for k, v in values.items()],
             )
+
+
+def _array(vector: Any) -> np.ndarray:
+    """A stored vector as float32 (pgvector reads text as numpy, binary as ``Vector``)."""
+    values = vector.to_numpy() if hasattr(vector, "to_numpy") else vector
+    return np.asarray(values, dtype=np.float32)
 
 
 def _reason(exc: BaseException) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -14,6 +15,7 @@ from ragchains.factory import build_embedder, configure_runtime, run_ingest
 from ragchains.ingest.pipeline import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
+from tests.postgres import LocalPostgres, local_postgres
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -96,3 +98,26 @@ def sample_server(serve_samples: Callable[..., AbstractContextManager[str]]) -> 
     """The real app over the sample index with the embedded SmolLM2; yields its base URL."""
     with serve_samples() as base:
         yield base
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[LocalPostgres]:
+    """A real PostgreSQL 18 + pgvector 0.8 server for the session (see tests/postgres.py)."""
+    with local_postgres() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_url(postgres: LocalPostgres) -> str:
+    """A store URL of its own for one test: a fresh schema on the session's server."""
+    return f"{postgres.url}?schema=t_{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture(scope="session")
+def sample_store(
+    postgres: LocalPostgres, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> str:
+    """The bundled samples/ corpus in PostgreSQL, once per session (read-only for tests)."""
+    url = f"{postgres.url}?schema=samples"
+    run_ingest(settings, [REPO / "samples"], url, embedder=embedder, progress=False)
+    return url

@@ -1,0 +1,458 @@
+"""The PostgreSQL store on a real PostgreSQL 18 + pgvector 0.8 (tests/postgres.py): the same
+chunks, filters and chains as the on-disk index, atomic ingests, hostile values."""
+
+from __future__ import annotations
+
+import asyncio
+import fnmatch
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from ragchains.factory import build_retriever, build_service, open_index
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import FilterError, MetadataFilter
+from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
+from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.index import load_index
+from ragchains.retrievers.pgsearch import PostgresRetriever, glob_regex
+from ragchains.retrievers.pgstore import PostgresStore, StoreError
+from ragchains.settings import Settings
+from tests.conftest import REPO
+from tests.postgres import LocalPostgres
+
+QUESTION = "What does the standard health plan cost?"
+
+
+def store_rows(url: str) -> dict[str, tuple[str, dict[str, Any]]]:
+    store = PostgresStore(url)
+    try:
+        with store.connection() as conn:
+            rows = conn.execute(
+                f'SELECT id, text, metadata FROM "{store.schema}".chunks'  # test's own schema
+            ).fetchall()
+    finally:
+        store.close()
+    return {cid: (text, meta) for cid, text, meta in rows}
+
+
+def pg_retriever(
+    url: str, embedder: SentenceTransformerEmbedder, **kwargs: Any
+) -> PostgresRetriever:
+    return PostgresRetriever(store=PostgresStore(url), embedder=embedder, **kwargs)
+
+
+# ----------------------------------------------------------------------------- ingest
+def test_the_store_holds_the_index_chunks_ids_metadata_and_labels(
+    sample_store: str, sample_index: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    index = load_index(sample_index)
+    try:
+        on_disk = {c.id: (c.text, c.metadata) for c in index.store.iter_chunks()}
+        fields = index.fields
+    finally:
+        index.close()
+    assert store_rows(sample_store) == on_disk
+    store = PostgresStore(sample_store)
+    try:
+        info = store.describe()
+        assert dict(store.fields) == fields and info["chunks"] == len(on_disk)
+        assert info["server_version"].startswith("18") and info["pgvector_version"] >= "0.8"
+        assert info["schema_version"] == 1 and info["generation"] == 1
+    finally:
+        store.close()
+
+
+def test_a_re_run_embeds_only_what_changed(docs_dir: Path, pg_url: str, ingest_into: Any) -> None:
+    first = ingest_into(docs_dir, pg_url)
+    assert first.wrote and len(first.added) == 6 and first.chunks_embedded == first.chunks_total
+    again = ingest_into(docs_dir, pg_url)
+    assert not again.wrote and again.chunks_embedded == 0 and len(again.unchanged) == 6
+
+    guide = docs_dir / "guide.md"
+    guide.write_text(guide.read_text() + "\n\n## Mulching\n\nMulch keeps the soil moist.\n")
+    (docs_dir / "notes.txt").unlink()
+    third = ingest_into(docs_dir, pg_url)
+    assert third.updated == ["docs/guide.md"] and third.removed == ["docs/notes.txt"]
+    assert 0 < third.chunks_embedded < third.chunks_total  # the guide's unchanged chunks kept
+    rows = store_rows(pg_url)
+    assert len(rows) == third.chunks_total
+    assert {meta["source"] for _, meta in rows.values()} == {
+        f"docs/{p.name}" for p in docs_dir.iterdir()
+    }
+    assert any("Mulch keeps the soil moist." in text for text, _ in rows.values())
+    store = PostgresStore(pg_url)
+    try:
+        assert store.generation == 2  # the unchanged run wrote nothing
+    finally:
+        store.close()
+
+
+CRASHING_INGEST = """
+import sys, time
+from pathlib import Path
+from ragchains.retrievers import pgstore
+from ragchains.factory import run_ingest
+from ragchains.settings import Settings
+
+copy = pgstore.StoreWriter._copy_chunks
+
+def copy_then_hang(self, conn, delta):
+    copy(self, conn, delta)  # the new rows are in, uncommitted
+    Path(sys.argv[3]).write_text("copied")
+    time.sleep(600)
+
+pgstore.StoreWriter._copy_chunks = copy_then_hang
+run_ingest(Settings(_env_file=None), [sys.argv[1]], sys.argv[2], progress=False)
+"""
+
+
+def test_a_crash_mid_ingest_leaves_the_previous_content_whole(
+    docs_dir: Path, pg_url: str, ingest_into: Any, tmp_path: Path
+) -> None:
+    ingest_into(docs_dir, pg_url)
+    before = store_rows(pg_url)
+    (docs_dir / "guide.md").write_text("# Replaced\n\nEverything here is new.\n")
+    (docs_dir / "extra.md").write_text("# Extra\n\nA file the crashed run adds.\n")
+    flag = tmp_path / "copied"
+    child = subprocess.Popen(
+        [sys.executable, "-c", CRASHING_INGEST, str(docs_dir), pg_url, str(flag)],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")},
+    )
+    try:
+        deadline = time.monotonic() + 300
+        while not flag.exists():
+            assert child.poll() is None, "the ingest ended before it wrote"
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        child.send_signal(signal.SIGKILL)
+    finally:
+        child.wait(60)
+    assert store_rows(pg_url) == before
+    store = PostgresStore(pg_url)
+    try:
+        assert store.generation == 1 and set(store.files()) == {
+            f"docs/{p.name}" for p in docs_dir.iterdir() if p.name != "extra.md"
+        }
+    finally:
+        store.close()
+    # The dead writer's lock went with its connection: the next run goes ahead.
+    report = ingest_into(docs_dir, pg_url)
+    assert report.added == ["docs/extra.md"] and report.updated == ["docs/guide.md"]
+
+
+def test_a_second_writer_is_refused_and_an_empty_store_is_explained(
+    pg_url: str, docs_dir: Path, ingest_into: Any, embedder: SentenceTransformerEmbedder
+) -> None:
+    with pytest.raises(StoreError, match="no ragchains store"):
+        open_index(pg_url, embedder)
+    store = PostgresStore(pg_url)
+    try:
+        with store.writer(), pytest.raises(ValueError, match="another ingest is writing"):
+            ingest_into(docs_dir, pg_url)
+    finally:
+        store.close()
+
+
+# ----------------------------------------------------------------------------- search
+FILTERS: list[list[dict[str, Any]]] = [
+    [{"field": "price", "op": "<", "value": 50}],
+    [{"field": "price", "op": "<=", "value": 39}],
+    [{"field": "price", "op": ">", "value": 100}],
+    [{"field": "price", "op": ">=", "value": 129}],
+    [{"field": "price", "op": "=", "value": 19}],
+    [{"field": "price", "op": "!=", "value": 19}],
+    [{"field": "price", "op": "in", "value": [19, 15, 1000]}],
+    [{"field": "in_stock", "op": "=", "value": True}],
+    [{"field": "in_stock", "op": "!=", "value": True}],
+    [{"field": "category", "op": "=", "value": "Accessories"}],
+    [{"field": "category", "op": "!=", "value": "Accessories"}],
+    [{"field": "category", "op": "in", "value": ["Accessories", "Sensors", "nothing"]}],
+    [{"field": "filename", "op": "=", "value": "*.md"}],
+    [{"field": "filename", "op": "!=", "value": "*.md"}],
+    [{"field": "source", "op": "=", "value": "samples/*/products.csv"}],
+    [{"field": "filename", "op": "in", "value": ["*.pdf", "products.csv"]}],
+    [{"field": "filename", "op": "=", "value": "[ep]*-*.md"}],
+    [{"field": "filename", "op": "=", "value": "[!e]*.md"}],
+    [{"field": "page", "op": "=", "value": 1}],
+    [{"field": "price", "op": "<", "value": 50}, {"field": "in_stock", "op": "=", "value": True}],
+]
+
+
+@pytest.mark.parametrize("filters", FILTERS, ids=lambda f: " & ".join(map(json.dumps, f)))
+def test_every_filter_keeps_the_rows_it_keeps_on_disk(
+    filters: list[dict[str, Any]],
+    sample_store: str,
+    sample_index: Path,
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    index = load_index(sample_index)
+    try:
+        # k above the corpus size: both return every row that passes (the dense half ranks
+        # all of them), so the sets must be equal.
+        on_disk = HybridRetriever(index=index, embedder=embedder, k=100, candidates=100)
+        expected = {d.id for d in on_disk.invoke("sensor price", filters=filters)}
+    finally:
+        index.close()
+    retriever = pg_retriever(sample_store, embedder, k=100, candidates=100)
+    try:
+        found = retriever.invoke("sensor price", filters=filters)
+    finally:
+        retriever.store.close()
+    assert {d.id for d in found} == expected and expected
+
+
+@pytest.mark.parametrize(
+    ("flt", "message"),
+    [
+        ({"field": "colour", "op": "=", "value": "red"}, "unknown filter field"),
+        ({"field": "category", "op": "<", "value": "A"}, "does not apply"),
+        ({"field": "price", "op": "=", "value": "cheap"}, "expected a number"),
+        ({"field": "in_stock", "op": "=", "value": "yes"}, "expected true or false"),
+        ({"field": "price", "op": "in", "value": []}, "non-empty list"),
+        ({"field": "price", "op": "like", "value": 1}, "malformed filter"),
+    ],
+)
+def test_bad_filters_are_refused_before_any_sql(
+    flt: dict[str, Any], message: str, sample_store: str, embedder: SentenceTransformerEmbedder
+) -> None:
+    retriever = pg_retriever(sample_store, embedder)
+    try:
+        with pytest.raises(FilterError, match=message):
+            retriever.invoke("sensors", filters=[flt])
+    finally:
+        retriever.store.close()
+
+
+HOSTILE = [
+    "50% off",
+    "5_0",
+    "O'Brien'; DROP TABLE chunks; --",
+    'say "hi"',
+    "back\\slash \\' \\%",
+    "x" * 100,  # longer columns are prose, not filterable (MAX_FILTERABLE_STRING)
+    "a*b?c[d]",
+    "tab\there",
+    "ünïcödé ✓ 𝄞",
+]
+
+
+def test_hostile_values_are_matched_literally(
+    pg_url: str, tmp_path: Path, ingest_into: Any, embedder: SentenceTransformerEmbedder
+) -> None:
+    docs = tmp_path / "hostile"
+    docs.mkdir()
+    rows = [{"label": name, "n": i, "text": f"item {i}"} for i, name in enumerate(HOSTILE)]
+    (docs / "items.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    (docs / "100%_real.md").write_text("# Real\n\nA file with a percent and an underscore.\n")
+    (docs / "1000-real.md").write_text("# Other\n\nA name the SQL wildcards would match.\n")
+    ingest_into(docs, pg_url)
+    retriever = pg_retriever(pg_url, embedder, k=100, candidates=100)
+    try:
+
+        def names(*filters: dict[str, Any], query: str = "item") -> list[str]:
+            found = retriever.invoke(query, filters=list(filters))
+            return sorted(str(d.metadata.get("label", d.metadata["filename"])) for d in found)
+
+        for value in HOSTILE:
+            assert names({"field": "label", "op": "=", "value": value}) == [value]
+            others = names({"field": "label", "op": "!=", "value": value})
+            assert value not in others and len(others) == len(HOSTILE) - 1
+        assert names({"field": "label", "op": "in", "value": HOSTILE[:3]}) == sorted(HOSTILE[:3])
+        for wildcard in ("50%", "5%", "%", "_", "5_", "O'Brien%", "50\\% off", "a*b%"):
+            assert names({"field": "label", "op": "=", "value": wildcard}) == []
+        assert names({"field": "label", "op": "=", "value": "50% off\x00"}) == []
+        assert names({"field": "label", "op": "=", "value": "x" * 100_000}) == []
+        assert names({"field": "filename", "op": "=", "value": "*" + "?" * 10_000}) == []
+        # Globs: only * ? [ ] are special; % and _ are themselves.
+        real = {"field": "filename", "op": "=", "value": "100%_*.md"}
+        assert names(real, query="real") == ["100%_real.md"]
+        assert names({"field": "filename", "op": "=", "value": "100__*"}, query="real") == []
+        assert names({"field": "filename", "op": "=", "value": "10?%_real.md"}, query="real") == [
+            "100%_real.md"
+        ]
+        # A hostile query is text to search, never SQL.
+        for query in ("'; DROP TABLE chunks; --", "\x00", "\\", "%_%", "a & b | !c <-> d:*"):
+            retriever.invoke(query)
+        assert len(store_rows(pg_url)) == len(HOSTILE) + 2
+    finally:
+        retriever.store.close()
+
+
+GLOBS = [
+    "*.md",
+    "a?c",
+    "[abc]*",
+    "[!abc]*",
+    "[a-c]x",
+    "[z-a]",
+    "[!]",
+    "[]]",
+    "[!]]",
+    "[",
+    "a[",
+    "*[*",
+    "[-a]",
+    "[a-]",
+    "**",
+    "%_\\",
+    "[\\]",
+    "[a-c-e]",
+    "é*",
+    "*.*.*",
+]
+NAMES = [
+    "a.md",
+    "abc",
+    "axc",
+    "b",
+    "bx",
+    "dx",
+    "]",
+    "!",
+    "[",
+    "a[",
+    "x[y",
+    "-",
+    "a-",
+    "%_\\",
+    "\\",
+    "d",
+    "e",
+    "é.txt",
+    "a.b.c",
+    "",
+    "\n",
+    "a\nb.md",
+]
+
+
+def test_glob_patterns_match_as_fnmatch_does(postgres: LocalPostgres) -> None:
+    with psycopg.connect(postgres.url, autocommit=True) as conn:
+        for pattern in GLOBS:
+            regex = glob_regex(pattern)
+            for name in NAMES:
+                expected = fnmatch.fnmatchcase(name, pattern)
+                if regex is None:
+                    assert not expected, (pattern, name)
+                    continue
+                row = conn.execute("SELECT %s ~ %s", (name, regex)).fetchone()
+                assert row is not None and row[0] is expected, (pattern, name, regex)
+
+
+@pytest.mark.parametrize(
+    "fusion",
+    [
+        FusionConfig(),
+        FusionConfig(fusion="convex", normalization="minmax", alpha=0.45),
+        FusionConfig(fusion="rrf"),
+        FusionConfig(fusion="rrf", bm25_weight=0.5, dense_weight=2.0, rrf_k=5),
+    ],
+    ids=lambda f: f.describe(),
+)
+def test_sql_fusion_ranks_as_the_python_fusion(
+    fusion: FusionConfig, sample_store: str, embedder: SentenceTransformerEmbedder
+) -> None:
+    """One statement fuses in SQL; the same two lists fused by retrievers.fusion give the
+    same order (the functions ``ragchains eval tune`` measures)."""
+    settings = fusion.model_dump()
+    hybrid = pg_retriever(sample_store, embedder, k=10, candidates=20, **settings)
+    try:
+        for query in ("sensor under 50 dollars", QUESTION, "travel hotel per night"):
+            halves = {}
+            for mode in ("fulltext", "dense"):
+                side = hybrid.model_copy(update={"search": mode, "k": 20})
+                halves[mode] = side.invoke(query)
+            ids = sorted({d.id for docs in halves.values() for d in docs})
+            row = {cid: n for n, cid in enumerate(ids)}
+            candidates = Candidates.from_lists(
+                [row[d.id] for d in halves["fulltext"]],
+                [d.metadata["bm25_score"] for d in halves["fulltext"]],
+                [row[d.id] for d in halves["dense"]],
+                [d.metadata["dense_score"] for d in halves["dense"]],
+            )
+            order, scores = fused_order(candidates, fusion, 10)
+            expected = [ids[int(candidates.rows[i])] for i in order]
+            found = hybrid.invoke(query)
+            assert [d.id for d in found] == expected, query
+            fused = [d.metadata[f"{fusion.fusion}_score"] for d in found]
+            assert fused == pytest.approx(scores.tolist(), rel=1e-9, abs=1e-12)
+    finally:
+        hybrid.store.close()
+
+
+def test_async_search_is_the_same_search(
+    sample_store: str, embedder: SentenceTransformerEmbedder
+) -> None:
+    cheap = [MetadataFilter(field="price", op="<", value=50)]
+    retriever = pg_retriever(sample_store, embedder, filters=cheap)
+
+    async def concurrently() -> list[list[str]]:
+        try:
+            batch = await retriever.abatch(["soil sensor"] * 8, {"max_concurrency": 8})
+        finally:
+            await retriever.store.aclose()
+        return [[d.id for d in docs] for docs in batch]
+
+    try:
+        found = asyncio.run(concurrently())
+        expected = [d.id for d in retriever.invoke("soil sensor")]
+    finally:
+        retriever.store.close()
+    assert expected and all(ids == expected for ids in found)
+
+
+# ----------------------------------------------------------------------------- chains
+def test_the_chat_and_ask_graphs_run_on_the_store(
+    sample_store: str, settings: Settings, smollm: Any, embedder: SentenceTransformerEmbedder
+) -> None:
+    service = build_service(settings, sample_store, llm=smollm, embedder=embedder)
+    try:
+        asked = service.chains.ask.invoke({"question": QUESTION})
+        labels = [s["label"] for s in asked["sources"]]
+        assert "employee-handbook.md#benefit-plans" in labels
+        assert asked["citations"] and not asked["abstained"]
+        history = [("human", QUESTION), ("ai", asked["answer"])]
+        streamed: dict[str, Any] = {}
+
+        async def chat() -> None:
+            async for event in service.chains.chat.astream(
+                {"question": "And the premium plan?", "chat_history": history}
+            ):
+                for key, value in event.items():
+                    streamed[key] = streamed.get(key, "") + value if key == "answer" else value
+            await service.index.aclose()  # type: ignore[union-attr]
+
+        asyncio.run(chat())
+        assert streamed["answer"].strip() and streamed["sources"]
+        sensors = service.chains.chat.invoke(
+            {"question": "which sensors cost less than 50 dollars?"},
+            {"configurable": {"domain": "catalog"}},
+        )
+        prices = [f for f in sensors["filters"] if f["field"] == "price"]
+        assert prices in ([], [{"field": "price", "op": "<", "value": 50}]), sensors["filters"]
+        assert sensors["sources"], sensors["notes"]
+    finally:
+        service.index.close()
+
+
+def test_build_retriever_picks_the_store_by_its_url(
+    sample_store: str, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    store = open_index(sample_store, embedder)
+    try:
+        retriever = build_retriever(settings, store, embedder)
+        assert isinstance(retriever, PostgresRetriever)
+        assert retriever.fields == dict(store.fields) and "price" in retriever.fields
+    finally:
+        store.close()
