@@ -40,6 +40,8 @@ from ragchains.retrievers.index import (
     load_index,
     writer_lock,
 )
+from ragchains.retrievers.pgsearch import PostgresRetriever
+from ragchains.retrievers.pgstore import PostgresStore, StoreDelta
 
 DEPTH = 100  # recall@100 needs 100 results
 RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
@@ -52,6 +54,35 @@ def default_index_dir(dataset: BeirDataset) -> Path:
         os.environ.get("RAGCHAINS_EVAL_CACHE", Path.home() / ".cache" / "ragchains" / "eval")
     )
     return root / f"{dataset.name}-{dataset.corpus_sha256[:12]}"
+
+
+def beir_chunks(dataset: BeirDataset) -> list[Chunk]:
+    """One chunk per document (title + text), its id the document's id."""
+    corpus = dataset.corpus_path
+    chunks = []
+    for row, doc_id in enumerate(dataset.doc_ids):
+        text = dataset.document_text(row)
+        chunks.append(
+            Chunk(
+                id=doc_id,
+                text=text,
+                metadata={
+                    "source": corpus.name,
+                    "filename": corpus.name,
+                    "format": "beir",
+                    "title": dataset.titles[row],
+                    "citation": doc_id,
+                    "content_hash": sha256_text(text),
+                    "chunk_index": row,
+                },
+            )
+        )
+    return chunks
+
+
+def _corpus_record(dataset: BeirDataset, chunks: int) -> FileRecord:
+    corpus = dataset.corpus_path
+    return FileRecord(corpus.name, dataset.corpus_sha256, corpus.stat().st_size, chunks, "beir")
 
 
 def beir_index(
@@ -71,30 +102,13 @@ def beir_index(
         say(f"reusing the index at {index_dir}")
         return existing
     say(f"building the index at {index_dir} ({reason})")
-    chunks = []
-    for row, doc_id in enumerate(dataset.doc_ids):
-        text = dataset.document_text(row)
-        chunks.append(
-            Chunk(
-                id=doc_id,
-                text=text,
-                metadata={
-                    "source": corpus.name,
-                    "filename": corpus.name,
-                    "format": "beir",
-                    "title": dataset.titles[row],
-                    "citation": doc_id,
-                    "content_hash": sha256_text(text),
-                    "chunk_index": row,
-                },
-            )
-        )
+    chunks = beir_chunks(dataset)
     embedder.count_tokens("")  # load the model before the progress bar starts
     vectors = embed_texts(embedder, [c.text for c in chunks], progress)
     contents = IndexContents(
         chunks=chunks,
         vectors=vectors,
-        files=[FileRecord(corpus.name, sha, corpus.stat().st_size, len(chunks), "beir")],
+        files=[_corpus_record(dataset, len(chunks))],
         fields={},
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=BEIR_CHUNKING,
@@ -102,6 +116,59 @@ def beir_index(
     with writer_lock(index_dir):
         build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
     return load_index(index_dir, embedder_name=embedder.name)
+
+
+def beir_store(
+    dataset: BeirDataset,
+    url: str,
+    embedder: SentenceTransformerEmbedder,
+    *,
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> PostgresStore:
+    """The PostgreSQL store at ``url`` holding ``dataset``'s corpus, written first (in one
+    transaction) unless it already holds this corpus with this embedder. Vectors come from
+    the dataset's on-disk evaluation index when it has them (the same embedder gives the
+    same vectors), so both stores are measured on identical embeddings."""
+    store = PostgresStore(url)
+    meta = store.meta(fresh=True)
+    record = store.files().get(dataset.corpus_path.name) if meta else None
+    if (
+        meta.get("chunking") == BEIR_CHUNKING
+        and (meta.get("embedder") or {}).get("name") == embedder.name
+        and record is not None
+        and record.sha256 == dataset.corpus_sha256
+    ):
+        say(f"reusing the store at {store.location}")
+        return store
+    say(f"writing the corpus to the store at {store.location}")
+    chunks = beir_chunks(dataset)
+    stored: dict[str, np.ndarray] = {}
+    try:
+        on_disk = load_index(default_index_dir(dataset), embedder_name=embedder.name)
+    except IndexLoadError:
+        pass
+    else:
+        try:
+            stored = on_disk.stored_vectors([c.id for c in chunks])
+        finally:
+            on_disk.close()
+    embedder.count_tokens("")
+    missing = [c for c in chunks if c.id not in stored]
+    fresh = embed_texts(embedder, [c.text for c in missing], progress)
+    stored.update(zip((c.id for c in missing), fresh, strict=True))
+    store.write(
+        StoreDelta(
+            remove_sources=[],
+            chunks=chunks,
+            vectors=np.stack([stored[c.id] for c in chunks]).astype(np.float32),
+            files=[_corpus_record(dataset, len(chunks))],
+            embedder={"name": embedder.name, "dimension": embedder.dimension},
+            chunking=BEIR_CHUNKING,
+            rebuild=True,
+        )
+    )
+    return store
 
 
 def _open_if_current(
@@ -139,7 +206,7 @@ class RetrieverSetup:
 
 def build_setup(
     name: str,
-    hybrid: HybridRetriever,
+    hybrid: HybridRetriever | PostgresRetriever,
     *,
     compressor: RerankCompressor | None = None,
     rewrite: Runnable[dict[str, Any], RewriteOutput] | None = None,
@@ -154,17 +221,31 @@ def build_setup(
     """
     if name not in RETRIEVERS:
         raise ValueError(f"unknown retriever {name!r}; choose from {', '.join(RETRIEVERS)}")
-    index, embedder = hybrid.index, hybrid.embedder
+    embedder = hybrid.embedder
     params: dict[str, Any] = {"depth": depth}
 
     def ids(docs: Sequence[Document]) -> list[str]:
         return [str(d.id) for d in docs]
 
+    if isinstance(hybrid, PostgresRetriever) and name in ("bm25", "dense"):
+        # The store's own halves: PostgreSQL full-text ranking, and pgvector.
+        half = hybrid.model_copy(
+            update={"search": "fulltext" if name == "bm25" else "dense", "k": depth}
+        )
+        params["store"] = "postgresql"
+        if name == "bm25":
+            params["lexical"] = "postgresql full-text: ts_rank_cd over an OR of the query's words"
+        else:
+            params.update(embedder=embedder.name, dense="pgvector hnsw (cosine)")
+        return RetrieverSetup(name, params, lambda q: ids(half.invoke(q)))
     if name == "bm25":
-        bm25 = BM25Retriever(index=index, k=depth)
+        assert isinstance(hybrid, HybridRetriever)
+        bm25 = BM25Retriever(index=hybrid.index, k=depth)
         params["bm25"] = BM25_PARAMS
         return RetrieverSetup(name, params, lambda q: ids(bm25.invoke(q)))
     if name == "dense":
+        assert isinstance(hybrid, HybridRetriever)
+        index = hybrid.index
         dense = FaissRetriever(index=index, embedder=embedder, k=depth)
         params["embedder"] = embedder.name
         params["dense"] = index.manifest.get("dense")
@@ -195,7 +276,7 @@ def build_setup(
 def _rewritten(
     name: str,
     params: dict[str, Any],
-    retriever: HybridRetriever,
+    retriever: HybridRetriever | PostgresRetriever,
     rewrite: Runnable[dict[str, Any], RewriteOutput],
     depth: int,
 ) -> RetrieverSetup:
@@ -219,7 +300,7 @@ def _rewritten(
     return RetrieverSetup(name, params, rank, searched=lambda: dict(last))
 
 
-def hybrid_params(retriever: HybridRetriever) -> dict[str, Any]:
+def hybrid_params(retriever: HybridRetriever | PostgresRetriever) -> dict[str, Any]:
     """What defines a hybrid retriever's ranking, for a run's config: the fusion in use and
     where it came from (fields set by settings, the index's fusion.json, the defaults)."""
     fusion = retriever.fusion_config
@@ -230,7 +311,7 @@ def hybrid_params(retriever: HybridRetriever) -> dict[str, Any]:
         "fusion_label": fusion.describe(),
         "fusion_from": {
             "settings": sorted(retriever.fusion_set),
-            "index_fusion_json": retriever.index.fusion is not None,
+            "index_fusion_json": retriever.base_fusion() is not None,
         },
     }
 

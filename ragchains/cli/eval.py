@@ -22,6 +22,7 @@ from ragchains.cli.common import (
     checked_prompts,
     chosen_prompts,
     fail,
+    index_option,
     load_service,
     load_settings,
     model_failures_as_errors,
@@ -54,11 +55,8 @@ def _beir_options(command: Callable[..., Any]) -> Callable[..., Any]:
             click.option(
                 "--split", default="test", show_default=True, help="Which qrels file to use."
             ),
-            click.option(
-                "--index",
-                type=click.Path(path_type=Path),
-                help="Where to build (or find) the dataset's index. "
-                "Default: a cache folder per corpus.",
+            index_option(
+                "Where to build (or find) the dataset's index. Default: a cache folder per corpus."
             ),
         ]
     ):
@@ -498,16 +496,16 @@ def _beir_search_index(
     settings: Any,
     dataset: Path,
     split: str,
-    index: Path | None,
+    index: Path | str | None,
     kind: str,
     out: Path | None,
     limit: int | None,
     quiet: bool,
-) -> tuple[Any, Any, Any, Path, Path]:
+) -> tuple[Any, Any, Any, Path | str, Path]:
     """The BEIR data (first ``limit`` queries), the embedder, the dataset's index (built or
     reused) and the run folder, which is checked to be free before any slow work."""
     from ragchains.evaluation.datasets import load_beir
-    from ragchains.evaluation.retrieval import beir_index, default_index_dir
+    from ragchains.evaluation.retrieval import beir_index, beir_store, default_index_dir
     from ragchains.factory import build_embedder
 
     data = load_beir(dataset, split)
@@ -515,17 +513,23 @@ def _beir_search_index(
         data.queries = dict(list(data.queries.items())[:limit])
     out = _run_folder(out, kind, data.name)
     embedder = build_embedder(settings)
-    index_dir = index or default_index_dir(data)
+    say = lambda m: click.echo(m, err=True)  # noqa: E731
     try:
+        if isinstance(index, str):  # a PostgreSQL store
+            if kind == "tune":
+                fail("eval tune reads an index folder; pass --index DIR, not a store")
+            store = beir_store(data, index, embedder, progress=not quiet, say=say)
+            return data, embedder, store, store.location, out
+        index_dir = index or default_index_dir(data)
         search_index = beir_index(
             data,
             index_dir,
             embedder,
             hnsw_min_chunks=settings.hnsw_min_chunks,
             progress=not quiet,
-            say=lambda m: click.echo(m, err=True),
+            say=say,
         )
-    except ValueError as exc:  # an index folder that is not ours, or busy
+    except ValueError as exc:  # an index folder or store that is not ours, or busy
         fail(str(exc))
     return data, embedder, search_index, index_dir, out
 

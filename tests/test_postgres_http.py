@@ -1,0 +1,185 @@
+"""The server on the PostgreSQL store, over HTTP: one app in-process, then two `ragchains
+serve` processes on one database while `ragchains ingest` writes to it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from openai import OpenAI
+
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.settings import Settings
+from tests.conftest import REPO
+from tests.postgres import LocalPostgres, free_port
+from tests.servers import serving
+
+pytestmark = pytest.mark.e2e
+
+RAGCHAINS = Path(sys.executable).parent / "ragchains"
+QUESTION = "What does the standard health plan cost?"
+
+
+def with_password(url: str) -> str:
+    """The same store with a password in its URL (the test server trusts local users, so it
+    is accepted and ignored): what /readyz must never show."""
+    return url.replace("postgresql://postgres@", "postgresql://postgres:s3cret-pw@")
+
+
+def test_the_server_answers_from_the_store(
+    sample_store: str, settings: Settings, smollm: Any, embedder: SentenceTransformerEmbedder
+) -> None:
+    from ragchains.server import create_app
+
+    configured = settings.model_copy(update={"store": with_password(sample_store)})
+    with serving(create_app(configured, llm=smollm, embedder=embedder)) as base:
+        ready = httpx.get(f"{base}/readyz", timeout=30)
+        assert ready.status_code == 200 and "s3cret" not in ready.text
+        index = ready.json()["index"]
+        assert index["kind"] == "postgresql" and index["chunks"] == 51
+        assert index["server_version"].startswith("18") and index["pgvector_version"] >= "0.8"
+        assert index["url"].startswith("postgresql://postgres:***@127.0.0.1:")
+
+        cheap = {"field": "price", "op": "<", "value": 50}
+        found = httpx.post(
+            f"{base}/retrieve/invoke",
+            # The catalog domain's cut suits short product rows (see test_server).
+            json={
+                "input": {"query": "sensors", "filters": [cheap]},
+                "config": {"configurable": {"domain": "catalog"}},
+            },
+            timeout=60,
+        )
+        assert found.status_code == 200, found.text
+        documents = found.json()["output"]
+        assert documents and all(d["metadata"]["price"] < 50 for d in documents)
+
+        bad = httpx.post(
+            f"{base}/retrieve/invoke",
+            json={"input": {"query": "sensors", "filters": [{**cheap, "value": "cheap"}]}},
+            timeout=60,
+        )
+        assert bad.status_code == 422 and "expected a number" in bad.text
+
+        asked = httpx.post(
+            f"{base}/ask/invoke", json={"input": {"question": QUESTION}}, timeout=120
+        )
+        assert asked.status_code == 200, asked.text
+        labels = [s["label"] for s in asked.json()["output"]["sources"]]
+        assert "employee-handbook.md#benefit-plans" in labels
+
+        client = OpenAI(base_url=f"{base}/v1", api_key="unused", timeout=120)
+        reply = client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": QUESTION}]
+        )
+        assert reply.choices[0].message.content
+
+
+@contextmanager
+def ragchains_serve(url: str) -> Iterator[str]:
+    """`ragchains serve --store URL` in a process of its own; yields its base URL."""
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+    process = subprocess.Popen(
+        [str(RAGCHAINS), "serve", "--store", url, "--port", str(port)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            if process.poll() is not None:
+                raise AssertionError(
+                    f"serve exited: {process.stdout.read() if process.stdout else ''}"
+                )
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "serve did not become ready"
+            time.sleep(0.5)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+def retrieved(base: str, query: str) -> list[str]:
+    reply = httpx.post(f"{base}/retrieve/invoke", json={"input": {"query": query}}, timeout=60)
+    assert reply.status_code == 200, reply.text
+    return [d["metadata"]["citation"] for d in reply.json()["output"]]
+
+
+def test_two_servers_on_one_database_see_one_ingest(
+    postgres: LocalPostgres, pg_url: str, docs_dir: Path
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+
+    def ingest(*paths: Path) -> None:
+        result = subprocess.run(
+            [str(RAGCHAINS), "ingest", *map(str, paths), "--store", pg_url, "--quiet"],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
+        assert "s3cret" not in result.stdout + result.stderr
+
+    ingest(docs_dir)
+    with ragchains_serve(pg_url) as first, ragchains_serve(pg_url) as second:
+        question = "When do the drip lines run?"
+        assert retrieved(first, question) == retrieved(second, question) != []
+
+        (docs_dir / "irrigation.md").write_text(
+            "# Drip irrigation\n\nZorblatt drip lines water each tomato plant at its roots.\n"
+        )
+        ingest(docs_dir)  # while both serve: no restart, no reload call
+        deadline = time.monotonic() + 30
+        while True:
+            query = "Zorblatt drip lines water each tomato plant"
+            seen = [retrieved(base, query)[:1] for base in (first, second)]
+            if seen == [["irrigation.md#drip-irrigation"]] * 2:
+                break
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.5)
+        for base in (first, second):
+            ready = httpx.get(f"{base}/readyz", timeout=30).json()["index"]
+            assert ready["generation"] == 2 and ready["kind"] == "postgresql"
+
+
+def test_eval_retrieval_runs_on_the_store(pg_url: str, tmp_path: Path) -> None:
+    from ragchains.evaluation.runs import load_run
+    from tests.conftest import FIXTURES
+    from tests.test_cli import run
+
+    beir, out = FIXTURES / "eval" / "beir-mini", tmp_path / "runs"
+    args = ("eval", "retrieval", "--dataset", beir, "--store", pg_url, "--out", out, "-q")
+    first = run(*args, "--retriever", "bm25", "--retriever", "dense", "--retriever", "hybrid")
+    assert first.returncode == 0, first.stderr
+    assert "writing the corpus to the store" in first.stderr
+    for name in ("bm25", "dense", "hybrid"):
+        found = load_run(out / name)
+        assert [i["id"] for i in found.items()] == ["q1", "q2", "q3", "q4"]
+        assert found.config["documents"] == 8 and "s3cret" not in json.dumps(found.config)
+    assert load_run(out / "bm25").config["store"] == "postgresql"
+    # Each query has a judged document that shares its words: every half finds something.
+    for name in ("bm25", "dense", "hybrid"):
+        assert all(i["ndcg@10"] > 0 for i in load_run(out / name).items()), name
+    again = run(*args[:-3], "--out", tmp_path / "again", "-q", "--retriever", "hybrid")
+    assert again.returncode == 0 and "reusing the store" in again.stderr, again.stderr
