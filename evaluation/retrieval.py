@@ -40,7 +40,7 @@ from ragchains.retrievers.index import (
     load_index,
     writer_lock,
 )
-from ragchains.retrievers.pgsearch import PostgresRetriever
+from ragchains.retrievers.pgsearch import LEXICAL_RANK, PostgresRetriever
 from ragchains.retrievers.pgstore import PostgresStore, StoreDelta
 
 DEPTH = 100  # recall@100 needs 100 results
@@ -234,7 +234,9 @@ def build_setup(
         )
         params["store"] = "postgresql"
         if name == "bm25":
-            params["lexical"] = "postgresql full-text: ts_rank_cd over an OR of the query's words"
+            params["lexical"] = (
+                f"postgresql full-text: {LEXICAL_RANK} over an OR of the query's words"
+            )
         else:
             params.update(embedder=embedder.name, dense="pgvector hnsw (cosine)")
         return RetrieverSetup(name, params, lambda q: ids(half.invoke(q)))

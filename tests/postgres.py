@@ -176,3 +176,20 @@ def local_postgres() -> Iterator[LocalPostgres]:
         yield server
     finally:
         server.stop()
+
+
+def main(argv: list[str]) -> int:
+    """``python -m tests.postgres CMD ARG…``: run CMD with a throwaway PostgreSQL, each
+    ``{url}`` in its arguments replaced by the server's URL (how the store's baselines in
+    evaluation/baselines were measured)."""
+    if not argv:
+        print(main.__doc__)
+        return 2
+    with local_postgres() as server:
+        return subprocess.run([arg.replace("{url}", server.url) for arg in argv]).returncode
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main(sys.argv[1:]))
