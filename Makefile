@@ -57,6 +57,7 @@ bench: setup
 	$(BIN)/python -m bench.retrieval_latency
 	$(BIN)/python -m bench.ingest_throughput
 	$(BIN)/python -m bench.server_overhead
+	$(BIN)/python -m bench.postgres_store
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache

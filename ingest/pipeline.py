@@ -499,7 +499,9 @@ def ingest_to_store(
             meta = {} if rebuild else store.meta(fresh=True)
             if meta:
                 try:
-                    store.check(embedder_name=embedder.name, dimension=embedder.dimension)
+                    store.check(
+                        embedder_name=embedder.name, dimension=embedder.dimension, writing=True
+                    )
                 except StoreError as exc:
                     raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
             _start(embedder, progress)

@@ -7,9 +7,9 @@ SQL text. Globs on ``filename``/``source`` become anchored regular expressions w
 literal character is a ``\\uXXXX`` escape, so ``%``, ``_``, ``\\`` and quotes match themselves.
 
 The lexical half is PostgreSQL's own ranking (``ts_rank``, length-normalised, over an OR of
-the query's stemmed words, the ``english`` configuration), not BM25: documents carry its rank and score
-under the same ``bm25_rank`` / ``bm25_score`` keys as the on-disk index, so the compressor,
-CLI and evaluation read them unchanged.
+the query's stemmed words, the ``english`` configuration), not BM25: documents carry its
+rank and score under the same ``bm25_rank`` / ``bm25_score`` keys as the on-disk index, so
+the compressor, CLI and evaluation read them unchanged.
 """
 
 from __future__ import annotations

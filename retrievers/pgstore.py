@@ -36,6 +36,9 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError
 
 SCHEMA_VERSION = 1
+# version -> the statements that bring a store of version - 1 to it ({chunks}, {files} and
+# {meta} stand for the store's tables). Version 1 is the first: nothing to migrate yet.
+MIGRATIONS: dict[int, list[str]] = {}
 DEFAULT_SCHEMA = "ragchains"
 TEXT_SEARCH_CONFIG = "english"  # the stemmer BM25 uses on disk (PyStemmer's English)
 # pgvector's HNSW defaults (m 16, ef_construction 64) lose recall on 100k chunks; these match
@@ -270,8 +273,15 @@ class PostgresStore:
         rows = conn.execute(sql.SQL("SELECT key, value FROM {}").format(self.table("meta")))
         return dict(rows.fetchall())
 
-    def check(self, *, embedder_name: str | None = None, dimension: int | None = None) -> None:
-        """Refuse a store that is empty, of another schema version or another embedder."""
+    def check(
+        self,
+        *,
+        embedder_name: str | None = None,
+        dimension: int | None = None,
+        writing: bool = False,
+    ) -> None:
+        """Refuse a store that is empty, of another schema version or another embedder. A
+        writer accepts an older version: its write migrates it."""
         meta = self.meta(fresh=True)
         if not meta or "embedder" not in meta:
             raise StoreError(
@@ -279,11 +289,16 @@ class PostgresStore:
                 f"`ragchains ingest PATH --store {self.redacted}`"
             )
         version = meta.get("schema_version")
-        if version != SCHEMA_VERSION:
+        older = isinstance(version, int) and 1 <= version < SCHEMA_VERSION
+        if version != SCHEMA_VERSION and not (writing and older):
+            advice = (
+                "run `ragchains ingest` on it to migrate it"
+                if older
+                else "use the ragchains release that wrote it"
+            )
             raise StoreError(
                 f"the store at {self.redacted} has schema version {version!r}; this ragchains "
-                f"reads version {SCHEMA_VERSION}. Re-ingest with --rebuild, or use the "
-                "ragchains release that wrote it."
+                f"reads version {SCHEMA_VERSION}: {advice}"
             )
         embedder = meta["embedder"]
         if embedder_name is not None and embedder.get("name") != embedder_name:
@@ -488,10 +503,7 @@ class StoreWriter:
             sql.SQL("SELECT value FROM {} WHERE key = 'schema_version'").format(self.table("meta"))
         ).fetchone()
         if version is not None and version[0] != SCHEMA_VERSION:
-            raise StoreError(
-                f"the store at {self.redacted} has schema version {version[0]!r}; this "
-                f"ragchains writes version {SCHEMA_VERSION} only"
-            )
+            self._migrate(conn, version[0])
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (source text PRIMARY KEY, sha256 text NOT NULL, "
@@ -529,6 +541,25 @@ class StoreWriter:
                 )
             )
         return True
+
+    def _migrate(self, conn: psycopg.Connection[Any], found: Any) -> None:
+        """Bring a store of an older schema version up to ``SCHEMA_VERSION`` (in the write's
+        transaction: all steps or none); refuse a newer or unknown one."""
+        if not isinstance(found, int) or not 1 <= found < SCHEMA_VERSION:
+            raise StoreError(
+                f"the store at {self.redacted} has schema version {found!r}; this ragchains "
+                f"writes version {SCHEMA_VERSION}. Use the release that wrote it, or "
+                "re-ingest into a new schema (?schema=NAME)."
+            )
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            for step in MIGRATIONS[version]:
+                conn.execute(
+                    sql.SQL(step).format(
+                        chunks=self.table("chunks"),
+                        files=self.table("files"),
+                        meta=self.table("meta"),
+                    )
+                )
 
     def _create_vector_index(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET LOCAL maintenance_work_mem = '512MB'")

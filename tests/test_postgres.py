@@ -456,3 +456,30 @@ def test_build_retriever_picks_the_store_by_its_url(
         assert retriever.fields == dict(store.fields) and "price" in retriever.fields
     finally:
         store.close()
+
+
+def test_an_older_store_is_migrated_and_a_newer_one_refused(
+    pg_url: str, docs_dir: Path, ingest_into: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragchains.retrievers import pgstore
+
+    ingest_into(docs_dir, pg_url)
+    monkeypatch.setattr(pgstore, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(
+        pgstore, "MIGRATIONS", {2: ["ALTER TABLE {chunks} ADD COLUMN reviewed boolean"]}
+    )
+    (docs_dir / "new.md").write_text("# New\n\nA file that makes the run write.\n")
+    assert ingest_into(docs_dir, pg_url).wrote  # migrated in the write's transaction
+    store = PostgresStore(pg_url)
+    try:
+        assert store.meta(fresh=True)["schema_version"] == 2
+        with store.connection() as conn:
+            conn.execute(f'SELECT reviewed FROM "{store.schema}".chunks LIMIT 1')
+        monkeypatch.setattr(pgstore, "SCHEMA_VERSION", 1)
+        with pytest.raises(StoreError, match="schema version 2"):
+            store.check()
+    finally:
+        store.close()
+    (docs_dir / "newer.md").write_text("# Newer\n\nAnother.\n")
+    with pytest.raises(ValueError, match="schema version 2"):
+        ingest_into(docs_dir, pg_url)

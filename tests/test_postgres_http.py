@@ -183,3 +183,18 @@ def test_eval_retrieval_runs_on_the_store(pg_url: str, tmp_path: Path) -> None:
         assert all(i["ndcg@10"] > 0 for i in load_run(out / name).items()), name
     again = run(*args[:-3], "--out", tmp_path / "again", "-q", "--retriever", "hybrid")
     assert again.returncode == 0 and "reusing the store" in again.stderr, again.stderr
+
+
+def test_the_command_line_reads_the_store(sample_store: str) -> None:
+    from tests.test_cli import run
+
+    found = run(
+        "retrieve", "sensors", "--store", sample_store, "--filter", "price", "<", "50", "--json"
+    )
+    assert found.returncode == 0, found.stderr
+    rows = json.loads(found.stdout)
+    assert rows and all(r["metadata"]["price"] < 50 for r in rows)
+    bad = run("retrieve", "sensors", "--store", sample_store, "--filter", "colour", "=", "red")
+    assert bad.returncode != 0 and "unknown filter field 'colour'" in bad.stderr
+    missing = run("retrieve", "sensors", "--store", sample_store.replace("samples", "none"))
+    assert missing.returncode != 0 and "no ragchains store" in missing.stderr
