@@ -48,6 +48,9 @@ SearchMode = Literal["hybrid", "fulltext", "dense"]
 # SciFact test it scored nDCG@10 0.604 alone (hybrid 0.710) where cover density
 # (ts_rank_cd) scored 0.329 (hybrid 0.627): a long query's words rarely sit close together.
 LEXICAL_RANK = "ts_rank(c.tsv, q.tsq, 1)"
+# As on disk (retrievers.dense): below this many rows passing the filters, the vector half
+# scores them exactly.
+EXACT_SUBSET_MAX = 20_000
 _GLOB_CHARS = set("*?[")
 _NUMBER_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "<>"}
 
@@ -284,12 +287,38 @@ def search_sql(
         assert vector is not None
         v = params.add(np.asarray(vector, dtype=np.float32))
         # The ORDER BY ... LIMIT inside: the HNSW index serves it; ranks are numbered after.
-        sem = sql.SQL(
-            "sem AS (SELECT id, 1 - distance AS sem_score, row_number() OVER "
-            "(ORDER BY distance, id) AS sem_rank FROM (SELECT c.id, c.embedding <=> {v} AS "
-            "distance FROM {chunks} c WHERE {where} ORDER BY c.embedding <=> {v} "
-            "LIMIT {fetch}) t)"
+        nearest = sql.SQL(
+            "SELECT c.id, c.embedding <=> {v} AS distance FROM {chunks} c WHERE {where} "
+            "ORDER BY c.embedding <=> {v} LIMIT {fetch}"
         ).format(v=v, chunks=chunks, where=where, fetch=params.add(fetch))
+        kept: sql.Composable = sql.SQL("")
+        if filters:
+            # A filter that keeps few rows: their exact distances (the filter's own index
+            # finds them), faster than a graph walk that skips most nodes and never short.
+            # The count stops at EXACT_SUBSET_MAX + 1; each branch runs only when chosen.
+            kept = sql.SQL(
+                "kept AS (SELECT count(*) AS n FROM (SELECT 1 FROM {chunks} c WHERE {where} "
+                "LIMIT {cap}) x), "
+            ).format(chunks=chunks, where=where, cap=params.add(EXACT_SUBSET_MAX + 1))
+            few = sql.SQL("((SELECT n FROM kept) <= {most})").format(
+                most=params.add(EXACT_SUBSET_MAX)
+            )
+            exact = sql.SQL(
+                "SELECT id, distance FROM (SELECT c.id, c.embedding <=> {v} AS distance "
+                "FROM {chunks} c WHERE {where} AND {few} OFFSET 0) e "
+                "ORDER BY distance LIMIT {fetch}"
+            ).format(v=v, chunks=chunks, where=where, few=few, fetch=params.add(fetch))
+            nearest = sql.SQL("({exact}) UNION ALL ({graph})").format(
+                exact=exact,
+                graph=sql.SQL(
+                    "SELECT c.id, c.embedding <=> {v} AS distance FROM {chunks} c "
+                    "WHERE {where} AND NOT {few} ORDER BY c.embedding <=> {v} LIMIT {fetch}"
+                ).format(v=v, chunks=chunks, where=where, few=few, fetch=params.add(fetch)),
+            )
+        sem = sql.SQL(
+            "{kept}sem AS (SELECT id, 1 - distance AS sem_score, row_number() OVER "
+            "(ORDER BY distance, id) AS sem_rank FROM ({nearest}) t)"
+        ).format(kept=kept, nearest=nearest)
     top = params.add(k)
     columns = sql.SQL("c.id, c.text, c.metadata")
     if mode == "fulltext":
