@@ -453,8 +453,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
             else await self.embedder.aencode_query(query, self.executor)
         )
         statement, params = self._statement(query, vector, k, checked)
-        pool = await self.store.apool()
-        async with pool.connection() as conn:
+        async with self.store.aconnection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()
         return documents(rows, self.search, self.fusion_config.fusion)

@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Collection, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -48,6 +48,7 @@ HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100
 HNSW_EF_SEARCH = 128
 META_TTL = 1.0  # seconds a reader trusts its copy of meta (field types, generation)
+POOL_TIMEOUT = 10.0  # seconds a request waits for a connection before a 503
 STORE_SCHEMES = ("postgresql://", "postgres://")
 
 
@@ -193,10 +194,20 @@ class PostgresStore:
                     max_size=self.max_connections,
                     configure=self._configure,
                     open=True,
-                    timeout=30,
+                    timeout=POOL_TIMEOUT,
                 )
         try:
             with self._pool.connection() as conn:
+                yield conn
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+
+    @asynccontextmanager
+    async def aconnection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+        """``connection`` for async callers (the async pool)."""
+        pool = await self.apool()
+        try:
+            async with pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as exc:
             raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
@@ -209,7 +220,7 @@ class PostgresStore:
                 max_size=self.max_connections,
                 configure=self._aconfigure,
                 open=False,
-                timeout=30,
+                timeout=POOL_TIMEOUT,
             )
             await pool.open()
             if self._apool is None:
@@ -250,8 +261,7 @@ class PostgresStore:
         """``meta`` for async callers: read through the async pool, never blocking the loop."""
         now = time.monotonic()
         if fresh or now - self._meta_at > META_TTL:
-            pool = await self.apool()
-            async with pool.connection() as conn:
+            async with self.aconnection() as conn:
                 cursor = await conn.execute(
                     sql.SQL("SELECT key, value FROM {}").format(self.table("meta"))
                 )
@@ -380,6 +390,7 @@ class PostgresStore:
         """What /readyz reports: the server, pgvector and the contents; never the password."""
         with self.connection() as conn:
             server = conn.execute("SHOW server_version").fetchone()
+            standby = conn.execute("SELECT pg_is_in_recovery()").fetchone()
             vector = conn.execute(
                 "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
             ).fetchone()
@@ -390,6 +401,7 @@ class PostgresStore:
             "schema": self.schema,
             "server_version": server[0] if server else None,
             "pgvector_version": vector[0] if vector else None,
+            "replica": bool(standby and standby[0]),  # a read-only standby
             "schema_version": meta.get("schema_version"),
             "generation": meta.get("generation"),
             "built_at": meta.get("built_at"),
@@ -407,6 +419,9 @@ class PostgresStore:
         except psycopg.OperationalError as exc:
             raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
         try:
+            standby = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+            if standby and standby[0]:
+                raise StoreError(f"{self.redacted} is a read-only replica; ingest into the primary")
             got = conn.execute(
                 "SELECT pg_try_advisory_lock(hashtext(%s))", (f"ragchains:{self.schema}",)
             ).fetchone()
@@ -437,6 +452,16 @@ class StoreWriter:
 
     def write(self, delta: StoreDelta) -> list[str]:
         """Apply ``delta`` in one transaction; return notes for the run's report."""
+        try:
+            return self._write(delta)
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise StoreError(
+                f"{self.redacted} is a read-only replica; ingest into the primary"
+            ) from exc
+        except psycopg.OperationalError as exc:
+            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+
+    def _write(self, delta: StoreDelta) -> list[str]:
         dimension = int(delta.embedder["dimension"])
         if delta.vectors.shape != (len(delta.chunks), dimension):
             raise ValueError(

@@ -40,13 +40,17 @@ def free_port() -> int:
 class LocalPostgres:
     """One PostgreSQL server in a temporary folder; ``url`` connects as the superuser."""
 
-    def __init__(self) -> None:
-        self.root = Path(tempfile.mkdtemp(prefix="ragchains-pg-"))
-        self.root.chmod(0o755)
+    def __init__(self, primary: LocalPostgres | None = None) -> None:
+        self.primary = primary
         self.as_root = os.geteuid() == 0
-        self.bin = self._binaries() / "bin"
-        self.data = self.root / "data"
+        if primary is None:
+            self.root = Path(tempfile.mkdtemp(prefix="ragchains-pg-"))
+            self.root.chmod(0o755)
+            self.bin = self._binaries() / "bin"
+        else:  # a replica: the primary's folder and binaries
+            self.root, self.bin = primary.root, primary.bin
         self.port = free_port()
+        self.data = self.root / ("data" if primary is None else f"replica-{self.port}")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -69,11 +73,14 @@ class LocalPostgres:
     def _command(self, *args: str) -> list[str]:
         return ["runuser", "-u", RUN_AS, "--", *args] if self.as_root else list(args)
 
-    def start(self) -> LocalPostgres:
-        self.data.mkdir()
+    def _own_data_folder(self) -> None:
+        self.data.mkdir(mode=0o700)
         if self.as_root:
             user = pwd.getpwnam(RUN_AS)
             os.chown(self.data, user.pw_uid, user.pw_gid)
+
+    def start(self) -> LocalPostgres:
+        self._own_data_folder()
         subprocess.run(
             self._command(
                 str(self.bin / "initdb"),
@@ -90,7 +97,40 @@ class LocalPostgres:
             check=True,
             capture_output=True,
         )
-        log = open(self.root / "postgres.log", "ab")  # noqa: SIM115 - the server's lifetime
+        self._serve()
+        self.psql(f"CREATE DATABASE {DATABASE}", database="postgres")
+        return self
+
+    def replica(self) -> LocalPostgres:
+        """A streaming replica of this server, started: a base backup (``pg_basebackup -R``
+        writes the standby settings) served read-only on a port of its own. Stop it before
+        the primary."""
+        standby = LocalPostgres(primary=self)
+        standby._own_data_folder()
+        subprocess.run(
+            standby._command(
+                str(self.bin / "pg_basebackup"),
+                "-h",
+                "127.0.0.1",
+                "-p",
+                str(self.port),
+                "-U",
+                "postgres",
+                "-D",
+                str(standby.data),
+                "-R",  # standby.signal and primary_conninfo
+                "-X",
+                "stream",
+                "--no-sync",
+            ),
+            check=True,
+            capture_output=True,
+        )
+        standby._serve()
+        return standby
+
+    def _serve(self) -> None:
+        log = open(self.root / f"postgres-{self.port}.log", "ab")  # noqa: SIM115 - its lifetime
         self.process = subprocess.Popen(
             self._command(
                 str(self.bin / "postgres"),
@@ -111,8 +151,6 @@ class LocalPostgres:
             stderr=subprocess.STDOUT,
         )
         self._wait_ready()
-        self.psql(f"CREATE DATABASE {DATABASE}", database="postgres")
-        return self
 
     def psql(self, statement: str, *, database: str = DATABASE) -> str:
         out = subprocess.run(
@@ -141,7 +179,8 @@ class LocalPostgres:
             assert self.process is not None
             if self.process.poll() is not None:
                 raise RuntimeError(
-                    "postgres exited: " + (self.root / "postgres.log").read_text()[-2000:]
+                    "postgres exited: "
+                    + (self.root / f"postgres-{self.port}.log").read_text()[-2000:]
                 )
             ready = subprocess.run(
                 [str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
@@ -166,7 +205,10 @@ class LocalPostgres:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        shutil.rmtree(self.root, ignore_errors=True)
+        if self.primary is None:
+            shutil.rmtree(self.root, ignore_errors=True)
+        else:
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 @contextmanager

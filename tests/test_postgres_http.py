@@ -198,3 +198,31 @@ def test_the_command_line_reads_the_store(sample_store: str) -> None:
     assert bad.returncode != 0 and "unknown filter field 'colour'" in bad.stderr
     missing = run("retrieve", "sensors", "--store", sample_store.replace("samples", "none"))
     assert missing.returncode != 0 and "no ragchains store" in missing.stderr
+
+
+def test_a_server_reads_a_replica_while_ingestion_writes_to_the_primary(
+    postgres: LocalPostgres, pg_url: str, docs_dir: Path
+) -> None:
+    from tests.test_cli import run
+
+    assert run("ingest", docs_dir, "--store", pg_url, "-q").returncode == 0
+    standby = postgres.replica()
+    try:
+        replica_url = pg_url.replace(f":{postgres.port}/", f":{standby.port}/")
+        refused = run("ingest", docs_dir, "--store", replica_url, "--rebuild", "-q")
+        assert refused.returncode != 0 and "read-only replica" in refused.stderr
+        with ragchains_serve(replica_url) as base:
+            ready = httpx.get(f"{base}/readyz", timeout=30).json()["index"]
+            assert ready["replica"] is True and ready["generation"] == 1
+            assert retrieved(base, "When do the drip lines run?")
+            (docs_dir / "irrigation.md").write_text(
+                "# Drip irrigation\n\nZorblatt drip lines water each tomato plant at its roots.\n"
+            )
+            assert run("ingest", docs_dir, "--store", pg_url, "-q").returncode == 0
+            deadline = time.monotonic() + 30
+            query = "Zorblatt drip lines water each tomato plant"
+            while retrieved(base, query)[:1] != ["irrigation.md#drip-irrigation"]:
+                assert time.monotonic() < deadline, "the replica never showed the new file"
+                time.sleep(0.5)
+    finally:
+        standby.stop()

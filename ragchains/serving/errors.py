@@ -1,8 +1,9 @@
 """Turning failures into replies: a status and a one-line reason, never a stack trace.
 
 Bad input is answered before any work (400/413/422, raised as HTTPException). What fails
-during a run is either the chat model (504 when it timed out, 502 otherwise) or a bug (500,
-logged with its traceback here and nowhere else).
+during a run is either the chat model (504 when it timed out, 502 otherwise), the document
+store (503, a database that cannot be reached), or a bug (500, logged with its traceback here
+and nowhere else).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ragchains.llms import LLMFailure, explain_failure
+from ragchains.retrievers.pgstore import StoreError
 
 log = logging.getLogger("ragchains.server")
 
@@ -23,6 +25,9 @@ OPENAI_PREFIX = "/v1/"
 
 
 def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
+    if isinstance(exc, StoreError):  # the database is down or unreachable: not the caller's
+        log.warning("store failure: %s", exc)
+        return 503, "the document store cannot be reached; the server log has the details", None
     failure = explain_failure(exc)
     if failure is None:
         return 500, "internal error; the server log has the details", None
