@@ -192,8 +192,9 @@ def test_the_command_line_reads_the_store(sample_store: str) -> None:
         "retrieve", "sensors", "--store", sample_store, "--filter", "price", "<", "50", "--json"
     )
     assert found.returncode == 0, found.stderr
-    rows = json.loads(found.stdout)
-    assert rows and all(r["metadata"]["price"] < 50 for r in rows)
+    out = json.loads(found.stdout)
+    assert out["filters"] == [{"field": "price", "op": "<", "value": 50}]
+    assert out["results"] and all("#row=" in r["citation"] for r in out["results"])
     bad = run("retrieve", "sensors", "--store", sample_store, "--filter", "colour", "=", "red")
     assert bad.returncode != 0 and "unknown filter field 'colour'" in bad.stderr
     missing = run("retrieve", "sensors", "--store", sample_store.replace("samples", "none"))
@@ -226,3 +227,25 @@ def test_a_server_reads_a_replica_while_ingestion_writes_to_the_primary(
                 time.sleep(0.5)
     finally:
         standby.stop()
+
+
+def test_a_store_that_goes_away_is_a_503_not_a_500(
+    docs_dir: Path, settings: Settings, smollm: Any, embedder: SentenceTransformerEmbedder
+) -> None:
+    from ragchains.factory import run_ingest
+    from ragchains.server import create_app
+    from tests.postgres import local_postgres
+
+    with local_postgres() as own:
+        run_ingest(settings, [docs_dir], own.url, embedder=embedder, progress=False)
+        configured = settings.model_copy(update={"store": own.url})
+        with serving(create_app(configured, llm=smollm, embedder=embedder)) as base:
+            assert retrieved(base, "When do the drip lines run?")
+            own.stop()  # the database goes away under a running server
+            reply = httpx.post(
+                f"{base}/retrieve/invoke", json={"input": {"query": "drip lines"}}, timeout=60
+            )
+            assert reply.status_code == 503, reply.text
+            assert "document store cannot be reached" in reply.json()["detail"]
+            ready = httpx.get(f"{base}/readyz", timeout=60)
+            assert ready.status_code == 503 and ready.json()["ready"] is False
