@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import os
 import platform
 import re
@@ -12,6 +13,7 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -108,3 +110,21 @@ Written by `make bench` (each benchmark rewrites its own section). Latencies are
 repeats, compared with a baseline measured in the same process on the same data; these shared
 2-core machines are noisy, so ratios matter more than absolute numbers.
 """
+
+
+def synthetic_run(description: str | None) -> tuple[argparse.Namespace, Any, Any]:
+    """The options of a benchmark over the synthetic corpus (--sizes, --queries, --repeats),
+    the default settings (no .env, no RAGCHAINS_* variables) and the embedder they name."""
+    from ragchains.factory import build_embedder, configure_runtime
+    from ragchains.settings import Settings
+
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--queries", type=int, default=300)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    configure_runtime(settings)
+    return args, settings, build_embedder(settings)

@@ -10,7 +10,6 @@ from one and from two `ragchains serve` processes on one database.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import subprocess
@@ -25,12 +24,12 @@ import httpx
 import numpy as np
 from langchain_core.documents import Document
 
-from bench.common import REPO, machine_line, write_section
+from bench.common import REPO, machine_line, synthetic_run, write_section
 from bench.retrieval_latency import K, PrecomputedQueries, measure, recall_at_10
 from bench.synthetic import Corpus, cached_embeddings, make_corpus
-from ragchains.factory import build_embedder, configure_runtime
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import Chunk, IndexContents, load_index, write_index
 from ragchains.retrievers.pgsearch import PostgresRetriever
@@ -62,9 +61,11 @@ def chunks_of(corpus: Corpus) -> list[Chunk]:
     ]
 
 
-def build_disk(chunks: list[Chunk], vectors: np.ndarray, name: str, folder: Path) -> float:
+def build_disk(
+    chunks: list[Chunk], vectors: np.ndarray, name: str, folder: Path, hnsw_min_chunks: int
+) -> float:
     start = time.perf_counter()
-    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=Settings().hnsw_min_chunks)
+    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min_chunks)
     write_index(
         folder,
         IndexContents(
@@ -112,16 +113,23 @@ def _recall(found: list[list[Document]], corpus: Corpus, *, filtered: bool) -> f
 
 
 def latency_rows(
-    n: int, corpus: Corpus, vectors: np.ndarray, q_vectors: np.ndarray, url: str, repeats: int
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+    n: int,
+    corpus: Corpus,
+    vectors: np.ndarray,
+    q_vectors: np.ndarray,
+    url: str,
+    repeats: int,
 ) -> list[str]:
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    embedder = build_embedder(settings)
     table = dict(zip(corpus.queries, q_vectors, strict=True))
     lookup = PrecomputedQueries(embedder, table)
     chunks = chunks_of(corpus)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        disk_build = build_disk(chunks, vectors, embedder.name, Path(tmp) / "idx")
+        disk_build = build_disk(
+            chunks, vectors, embedder.name, Path(tmp) / "idx", settings.hnsw_min_chunks
+        )
         index = load_index(Path(tmp) / "idx")
         _ = index.columns
         disk = HybridRetriever(index=index, embedder=lookup, k=K, candidates=CANDIDATES)
@@ -218,11 +226,12 @@ async def requests_per_second(bases: list[str], queries: list[str]) -> tuple[flo
     return done / (time.monotonic() - start), failed
 
 
-def rps_rows(server: LocalPostgres, corpus: Corpus, vectors: np.ndarray) -> list[str]:
+def rps_rows(
+    server: LocalPostgres, embedder_name: str, corpus: Corpus, vectors: np.ndarray
+) -> list[str]:
     """/retrieve/invoke from 1 and 2 server processes on one database (the 10k store)."""
     url = f"{server.url}?schema=rps"
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    build_store(url, chunks_of(corpus), vectors, build_embedder(settings).name)
+    build_store(url, chunks_of(corpus), vectors, embedder_name)
     rows, one = [], 0.0
     for processes in (1, 2):
         with serving(url) as first, serving(url) if processes == 2 else _none() as second:
@@ -241,14 +250,7 @@ def _none() -> Iterator[None]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--sizes", default="10000,100000")
-    parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    configure_runtime(settings)
-    embedder = build_embedder(settings)
+    args, settings, embedder = synthetic_run(__doc__)
     rows: list[str] = []
     with local_postgres() as server:
         corpora = {}
@@ -258,9 +260,11 @@ def main() -> None:
             q_vectors = cached_embeddings(embedder, corpus.queries, "synthetic-queries")
             corpora[n] = (corpus, vectors)
             url = f"{server.url}?schema=s{n}"
-            rows += latency_rows(n, corpus, vectors, q_vectors, url, args.repeats)
+            rows += latency_rows(
+                settings, embedder, n, corpus, vectors, q_vectors, url, args.repeats
+            )
         small = min(corpora)
-        rps = rps_rows(server, *corpora[small])
+        rps = rps_rows(server, embedder.name, *corpora[small])
     lines = [
         "## PostgreSQL store (`python -m bench.postgres_store`)",
         "",

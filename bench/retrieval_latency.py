@@ -10,7 +10,6 @@ the default `hnsw_min_chunks`.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import tempfile
 import time
@@ -26,11 +25,11 @@ from bench.common import (
     median_of,
     peak_rss_mb,
     percentile_ms,
+    synthetic_run,
     time_calls,
     write_section,
 )
 from bench.synthetic import Corpus, cached_embeddings, make_corpus
-from ragchains.factory import build_embedder, configure_runtime
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import (
     HNSW_EF_CONSTRUCTION,
@@ -42,7 +41,6 @@ from ragchains.retrievers.dense import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import Chunk, IndexContents, SearchIndex, load_index, write_index
-from ragchains.settings import Settings
 
 CANDIDATES = 50
 K = 10
@@ -155,17 +153,7 @@ def measure(run_query: Any, queries: list[str], repeats: int) -> tuple[float, fl
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--sizes", default="10000,100000")
-    parser.add_argument("--queries", type=int, default=300)
-    parser.add_argument("--repeats", type=int, default=3)
-    args = parser.parse_args()
-
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    configure_runtime(settings)
-    embedder = build_embedder(settings)
+    args, settings, embedder = synthetic_run(__doc__)
     rows, dense_rows, notes = [], [], []
     for n in [int(s) for s in args.sizes.split(",")]:
         corpus = make_corpus(n, args.queries, model=embedder.name)

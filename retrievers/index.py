@@ -495,6 +495,25 @@ class SearchIndex:
         self.store.close()
 
 
+def embedder_mismatch(
+    where: str, recorded: dict[str, Any], name: str | None, dimension: int | None
+) -> str | None:
+    """Why the embedder ``recorded`` by an index or store (``where``) does not fit this run's
+    ``name`` and ``dimension`` (None: not checked), or None when it fits."""
+    if name is not None and recorded.get("name") != name:
+        return (
+            f"{where} was built with embedder {recorded.get('name')!r} "
+            f"(dimension {recorded.get('dimension')}), but this run uses {name!r}. "
+            "Use the same embedder, or rebuild with `ragchains ingest --rebuild`."
+        )
+    if dimension is not None and recorded.get("dimension") != dimension:
+        return (
+            f"{where} holds {recorded.get('dimension')}-dimensional vectors, but the embedder "
+            f"gives {dimension}. Rebuild with `ragchains ingest --rebuild`."
+        )
+    return None
+
+
 def load_index(
     index_dir: str | Path,
     *,
@@ -504,18 +523,11 @@ def load_index(
     """Load the current generation, checking format, embedder and internal consistency."""
     manifest = read_manifest(index_dir)
     gen = current_generation(index_dir)
-    embedder = manifest.get("embedder") or {}
-    if embedder_name is not None and embedder.get("name") != embedder_name:
-        raise EmbedderMismatchError(
-            f"index {index_dir} was built with embedder {embedder.get('name')!r} "
-            f"(dimension {embedder.get('dimension')}), but this run uses {embedder_name!r}. "
-            "Use the same embedder, or rebuild with `ragchains ingest --rebuild`."
-        )
-    if embedder_dimension is not None and embedder.get("dimension") != embedder_dimension:
-        raise EmbedderMismatchError(
-            f"index {index_dir} holds {embedder.get('dimension')}-dimensional vectors, but the "
-            f"embedder gives {embedder_dimension}. Rebuild with `ragchains ingest --rebuild`."
-        )
+    problem = embedder_mismatch(
+        f"index {index_dir}", manifest.get("embedder") or {}, embedder_name, embedder_dimension
+    )
+    if problem:
+        raise EmbedderMismatchError(problem)
     fusion = read_fusion(index_dir)
     for name in (CHUNKS_FILE, DENSE_FILE, BM25_DIR):
         if not (gen / name).exists():

@@ -33,7 +33,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError
+from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
 
 SCHEMA_VERSION = 1
 # version -> the statements that bring a store of version - 1 to it ({chunks}, {files} and
@@ -310,18 +310,11 @@ class PostgresStore:
                 f"the store at {self.redacted} has schema version {version!r}; this ragchains "
                 f"reads version {SCHEMA_VERSION}: {advice}"
             )
-        embedder = meta["embedder"]
-        if embedder_name is not None and embedder.get("name") != embedder_name:
-            raise StoreError(
-                f"the store at {self.redacted} was built with embedder {embedder.get('name')!r}"
-                f", but this run uses {embedder_name!r}. Use the same embedder, or rebuild "
-                "with `ragchains ingest --rebuild`."
-            )
-        if dimension is not None and embedder.get("dimension") != dimension:
-            raise StoreError(
-                f"the store at {self.redacted} holds {embedder.get('dimension')}-dimensional "
-                f"vectors, but the embedder gives {dimension}."
-            )
+        problem = embedder_mismatch(
+            f"the store at {self.redacted}", meta["embedder"], embedder_name, dimension
+        )
+        if problem:
+            raise StoreError(problem)
 
     @property
     def folder(self) -> None:

@@ -110,12 +110,7 @@ class LocalPostgres:
         subprocess.run(
             standby._command(
                 str(self.bin / "pg_basebackup"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
+                *self._client_args(),
                 "-D",
                 str(standby.data),
                 "-R",  # standby.signal and primary_conninfo
@@ -152,16 +147,15 @@ class LocalPostgres:
         )
         self._wait_ready()
 
+    def _client_args(self) -> list[str]:
+        """Where a client program finds this server, and as whom it connects."""
+        return ["-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres"]
+
     def psql(self, statement: str, *, database: str = DATABASE) -> str:
         out = subprocess.run(
             [
                 str(self.bin / "psql"),
-                "-h",
-                "127.0.0.1",
-                "-p",
-                str(self.port),
-                "-U",
-                "postgres",
+                *self._client_args(),
                 "-d",
                 database,
                 "-XAtqc",
@@ -183,7 +177,7 @@ class LocalPostgres:
                     + (self.root / f"postgres-{self.port}.log").read_text()[-2000:]
                 )
             ready = subprocess.run(
-                [str(self.bin / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port)],
+                [str(self.bin / "pg_isready"), *self._client_args()],
                 capture_output=True,
             )
             if ready.returncode == 0:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.browser import open_page
+from tests.browser import WatchedPage, open_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -76,14 +76,21 @@ def test_chat_playground_streams_an_answer_with_citations(url: str, browser: Any
     watched.assert_clean()
 
 
-def test_retrieve_playground_returns_documents(url: str, browser: Any) -> None:
+def retrieve_in_playground(browser: Any, url: str, query: str) -> tuple[WatchedPage, str]:
+    """Runs ``query`` in the /retrieve playground of the server at ``url``; the page and the
+    text of its output once documents are shown."""
     watched = open_page(browser, f"{url}/retrieve/playground/")
     page = watched.page
-    field(page, "query").fill("what does the standard health plan cost")
+    field(page, "query").fill(query)
     page.get_by_role("button", name="Start").click()
     panel = output_panel(page)
     panel.get_by_text('"page_content"').first.wait_for(timeout=60_000)
-    assert "employee-handbook.md" in panel.inner_text()
+    return watched, panel.inner_text()
+
+
+def test_retrieve_playground_returns_documents(url: str, browser: Any) -> None:
+    watched, text = retrieve_in_playground(browser, url, "what does the standard health plan cost")
+    assert "employee-handbook.md" in text
     watched.assert_clean()
 
 

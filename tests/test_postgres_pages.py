@@ -10,10 +10,9 @@ import pytest
 
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
-from tests.browser import open_page
 from tests.servers import serving
 from tests.test_chat_page import ChatPage, fact
-from tests.test_playground import field, output_panel
+from tests.test_playground import retrieve_in_playground
 
 pytestmark = pytest.mark.e2e
 
@@ -54,12 +53,7 @@ def test_the_chat_page_answers_from_the_store(store_server: str, browser: Any) -
 
 
 def test_the_retrieve_playground_searches_the_store(store_server: str, browser: Any) -> None:
-    watched = open_page(browser, f"{store_server}/retrieve/playground/")
-    page = watched.page
-    field(page, "query").fill("what does the standard health plan cost")
-    page.get_by_role("button", name="Start").click()
-    panel = output_panel(page)
-    panel.get_by_text('"page_content"').first.wait_for(timeout=60_000)
-    text = panel.inner_text()
+    query = "what does the standard health plan cost"
+    watched, text = retrieve_in_playground(browser, store_server, query)
     assert "employee-handbook.md" in text and '"convex_score"' in text
     watched.assert_clean()
