@@ -45,7 +45,7 @@ from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.index import IndexLoadError
 from ragchains.retrievers.pgstore import PostgresStore
-from ragchains.serving.errors import ErrorMiddleware, error_body
+from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body
 from ragchains.serving.guards import ApiKeyMiddleware, BodyLimitMiddleware
 from ragchains.serving.openai_api import openai_router
 from ragchains.serving.requests import (
@@ -158,8 +158,9 @@ def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, A
     compressor = service.compressor.status()
     try:
         index_info, ready = index.describe(), True
-    except IndexLoadError as exc:  # a store that cannot be reached now
-        index_info, ready = {"error": str(exc)}, False
+    except IndexLoadError as exc:  # a store that cannot be reached now (/readyz needs no key:
+        log.warning("readiness: %s", exc)  # the reason goes to the log, not to callers)
+        index_info, ready = {"error": STORE_UNREACHABLE}, False
     return {
         "ready": ready,
         "degraded": bool(compressor["fallback"]) or health.llm_failure is not None,

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import httpx
@@ -234,7 +234,7 @@ def rps_rows(
     build_store(url, chunks_of(corpus), vectors, embedder_name)
     rows, one = [], 0.0
     for processes in (1, 2):
-        with serving(url) as first, serving(url) if processes == 2 else _none() as second:
+        with serving(url) as first, serving(url) if processes == 2 else nullcontext() as second:
             bases = [first] + ([second] if second else [])
             asyncio.run(requests_per_second(bases, corpus.queries[:20]))  # warm-up
             rps, failed = asyncio.run(requests_per_second(bases, corpus.queries))
@@ -242,11 +242,6 @@ def rps_rows(
         rows.append(f"| {processes} | {rps:.1f} | {rps / one:.2f}x | {failed} |")
         print(rows[-1], flush=True)
     return rows
-
-
-@contextmanager
-def _none() -> Iterator[None]:
-    yield None
 
 
 def main() -> None:

@@ -59,8 +59,9 @@ from ragchains.chains.state import agather, gather, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 
 DONT_KNOW = "I don't know based on the available documents."
-_MARKER = re.compile(r"\[([^\[\]\n]{1,300})\]")
-_SPLIT = re.compile(r"\s*[;,]\s*")
+# A citation marker, [label] or [label; label], and what separates its labels.
+CITATION_MARKER = re.compile(r"\[([^\[\]\n]{1,300})\]")
+LABEL_SEPARATOR = re.compile(r"\s*[;,]\s*")
 
 
 class Citation(BaseModel):
@@ -122,8 +123,8 @@ def parse_citations(answer: str, documents: Sequence[Document]) -> list[Citation
         by_label.setdefault(citation_label(doc), doc)
     cited: list[Citation] = []
     seen: set[str] = set()
-    for marker in _MARKER.findall(answer):
-        for label in _SPLIT.split(marker.strip()):
+    for marker in CITATION_MARKER.findall(answer):
+        for label in LABEL_SEPARATOR.split(marker.strip()):
             hit = by_label.get(label)
             if hit is None or label in seen:
                 continue

@@ -20,7 +20,6 @@ from typing import Any, Literal, Protocol
 
 import httpx
 import yaml
-from langchain_core.output_parsers import StrOutputParser
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
@@ -166,7 +165,7 @@ class Judge:
     def score(self, name: str, variables: Mapping[str, str]) -> int | None:
         """The judge's score, or None when its reply holds no digit 1-5."""
         prompt = self.chosen[name]
-        reply = (self.llm.prompted(prompt, grammar="root ::= [1-5]") | StrOutputParser()).invoke(
+        reply = self.llm.text(prompt, grammar="root ::= [1-5]").invoke(
             {name: variables[name] for name in prompt.input_variables}
         )
         found = _SCORE.search(reply)

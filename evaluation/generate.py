@@ -14,7 +14,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from langchain_core.messages import BaseMessage
-from langchain_core.output_parsers import StrOutputParser
 
 from ragchains.chains.llm import LLM
 from ragchains.evaluation import EVAL_PROMPTS
@@ -96,7 +95,7 @@ class QuestionWriter:
         return normalize_text(text) in self.examples
 
     def _ask(self, name: str, grammar: str, **variables: str) -> str:
-        chain = self.llm.prompted(self.chosen[name], grammar=grammar) | StrOutputParser()
+        chain = self.llm.text(self.chosen[name], grammar=grammar)
         return str(chain.invoke(variables))
 
     def _question(self, name: str, **variables: str) -> str | None:

@@ -13,6 +13,8 @@ import string
 from collections import Counter
 from collections.abc import Collection, Iterable, Mapping, Sequence
 
+from ragchains.chains.answer import CITATION_MARKER, LABEL_SEPARATOR
+
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
@@ -71,9 +73,6 @@ def citation_match(cited: Iterable[str], gold: Iterable[str]) -> bool:
     return set(gold) <= set(cited)
 
 
-# A citation marker as the answer chain writes and reads it: [label] or [label; label].
-_MARKER = re.compile(r"\[([^\[\]\n]{1,300})\]")
-_LABEL_SPLIT = re.compile(r"\s*[;,]\s*")
 _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _END_PUNCTUATION = ".!?;:, "
 
@@ -88,9 +87,9 @@ def cited_sentences(answer: str) -> list[tuple[str, list[str]]]:
     """
     claims: list[tuple[str, list[str]]] = []
     position = 0
-    for match in _MARKER.finditer(answer):
+    for match in CITATION_MARKER.finditer(answer):
         between = answer[position : match.start()]
-        labels = [label for label in _LABEL_SPLIT.split(match.group(1).strip()) if label]
+        labels = [label for label in LABEL_SEPARATOR.split(match.group(1).strip()) if label]
         if claims and not any(c.isalnum() for c in between):
             claims[-1][1].extend(labels)
         else:

@@ -17,7 +17,13 @@ from tqdm import tqdm
 
 from ragchains.evaluation.datasets import BeirDataset
 from ragchains.evaluation.retrieval import DEPTH, RETRIEVAL_METRICS, score_ranking
-from ragchains.retrievers.fusion import DEFAULT_FUSION, Candidates, FusionConfig, fused_order
+from ragchains.retrievers.fusion import (
+    DEFAULT_FUSION,
+    NORMALIZATIONS,
+    Candidates,
+    FusionConfig,
+    fused_order,
+)
 from ragchains.retrievers.hybrid import HybridRetriever, search_candidates
 
 HEADLINE = "ndcg@10"
@@ -46,7 +52,7 @@ def default_grid(base: FusionConfig = DEFAULT_FUSION) -> list[FusionConfig]:
     """The settings swept: convex (tmm and minmax) over alpha 0-1 by 0.05, and RRF over
     ``RRF_KS`` x ``RRF_WEIGHTS``. ``base`` (the setting in use) comes first, so it wins ties."""
     grid = [base]
-    for normalization in ("tmm", "minmax"):
+    for normalization in NORMALIZATIONS:
         grid += [
             FusionConfig(fusion="convex", normalization=normalization, alpha=a) for a in ALPHAS
         ]

@@ -74,7 +74,7 @@ class Skipped:
 
 @dataclass
 class IngestReport:
-    index: Path
+    index: Path | str  # an index folder, or a store's URL without its password
     added: list[str] = field(default_factory=list)
     updated: list[str] = field(default_factory=list)
     removed: list[str] = field(default_factory=list)
@@ -492,7 +492,7 @@ def ingest_to_store(
     one transaction that deletes the chunks of changed and removed files and adds the new
     ones (unchanged files are not read back)."""
     found = discover(paths)
-    report = IngestReport(index=Path(store.redacted))
+    report = IngestReport(index=store.location)
     report.skipped.extend(found.skipped)
     try:
         with store.writer() as writer:

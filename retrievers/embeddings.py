@@ -126,7 +126,9 @@ class SentenceTransformerEmbedder(Embeddings):
                 future = self._waiting[text] = Future()
                 if len(self._waiting) == 1:  # the first waiter starts the next batch
                     asyncio.get_running_loop().run_in_executor(executor, self._encode_waiting)
-        return await asyncio.wrap_future(future)
+        # Shielded: a caller that goes away (a closed connection) must not cancel the future
+        # other callers of the same query wait on, nor the batch that resolves it.
+        return await asyncio.shield(asyncio.wrap_future(future))
 
     def _encode_waiting(self) -> None:
         with self._queue_lock:
@@ -136,12 +138,14 @@ class SentenceTransformerEmbedder(Embeddings):
         texts = list(batch)
         try:
             vectors = self._remember(dict(zip(texts, self.encode(texts), strict=True)))
-        except BaseException as exc:
+        except BaseException as exc:  # every waiter gets the failure; nobody awaits this call
             for future in batch.values():
-                future.set_exception(exc)
-            raise
+                if not future.done():
+                    future.set_exception(exc)
+            return
         for text, future in batch.items():
-            future.set_result(vectors[text])
+            if not future.done():
+                future.set_result(vectors[text])
 
     def _remembered(self, text: str) -> np.ndarray | None:
         with self._queue_lock:

@@ -25,7 +25,6 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 FusionMethod = Literal["rrf", "convex"]
 Normalization = Literal["tmm", "minmax"]
-FUSION_METHODS: tuple[FusionMethod, ...] = ("rrf", "convex")
 NORMALIZATIONS: tuple[Normalization, ...] = ("tmm", "minmax")
 # The lowest score each retriever can give: BM25 is a sum of non-negative term weights; the
 # dense index holds unit vectors, so its inner product is a cosine.

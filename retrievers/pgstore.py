@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 import numpy as np
 import psycopg
@@ -34,6 +34,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
+from ragchains.retrievers.storeurl import is_store_url, redact
 
 SCHEMA_VERSION = 1
 # version -> the statements that bring a store of version - 1 to it ({chunks}, {files} and
@@ -49,7 +50,6 @@ HNSW_EF_CONSTRUCTION = 100
 HNSW_EF_SEARCH = 128
 META_TTL = 1.0  # seconds a reader trusts its copy of meta (field types, generation)
 POOL_TIMEOUT = 10.0  # seconds a request waits for a connection before a 503
-STORE_SCHEMES = ("postgresql://", "postgres://")
 
 
 class StoreError(IndexLoadError):
@@ -58,22 +58,6 @@ class StoreError(IndexLoadError):
 
 class StoreBusyError(StoreError):
     pass
-
-
-def is_store_url(text: str | None) -> bool:
-    return bool(text) and str(text).startswith(STORE_SCHEMES)
-
-
-def redact(url: str) -> str:
-    """The URL without its password (for logs, /readyz and errors)."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ""
-    return urlunsplit(parts._replace(netloc=user + host))
 
 
 def split_schema(url: str) -> tuple[str, str]:
@@ -160,6 +144,17 @@ class PostgresStore:
     def redacted(self) -> str:
         return redact(self.url)
 
+    def failure(self, exc: BaseException) -> StoreError:
+        """What went wrong talking to PostgreSQL, in one line that never holds the password."""
+        text = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        password = urlsplit(self.url).password
+        if password:
+            text = text.replace(password, "***").replace(unquote(password), "***")
+        return StoreError(f"PostgreSQL at {self.redacted}: {text}")
+
+    def read_only(self) -> StoreError:
+        return StoreError(f"{self.redacted} is a read-only replica; ingest into the primary")
+
     def table(self, name: str) -> sql.Identifier:
         return sql.Identifier(self.schema, name)
 
@@ -200,7 +195,7 @@ class PostgresStore:
             with self._pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as exc:
-            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+            raise self.failure(exc) from exc
 
     @asynccontextmanager
     async def aconnection(self) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
@@ -210,7 +205,7 @@ class PostgresStore:
             async with pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as exc:
-            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+            raise self.failure(exc) from exc
 
     async def apool(self) -> AsyncConnectionPool:
         if self._apool is None:
@@ -275,13 +270,21 @@ class PostgresStore:
         return self._meta if self._meta_at > 0 else self.meta()
 
     def read_meta(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:
-        exists = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".meta',)
-        ).fetchone()
-        if not exists or not exists[0]:
+        if self.column_width(conn, "meta", "value") is None:
             return {}
         rows = conn.execute(sql.SQL("SELECT key, value FROM {}").format(self.table("meta")))
         return dict(rows.fetchall())
+
+    def column_width(self, conn: psycopg.Connection[Any], table: str, column: str) -> int | None:
+        """The type modifier of ``table.column`` in this store's schema (a vector's
+        dimension; -1 for types without one), or None when the table does not exist."""
+        row = conn.execute(
+            "SELECT a.atttypmod FROM pg_attribute a "
+            "WHERE a.attrelid = to_regclass(format('%%I.%%I', %s::text, %s::text)) "
+            "AND a.attname = %s",
+            (self.schema, table, column),
+        ).fetchone()
+        return None if row is None else int(row[0])
 
     def check(
         self,
@@ -328,10 +331,6 @@ class PostgresStore:
     @property
     def fields(self) -> Mapping[str, str]:
         return LiveFields(self)
-
-    @property
-    def embedder(self) -> dict[str, Any]:
-        return dict(self.meta().get("embedder") or {})
 
     @property
     def generation(self) -> int:
@@ -409,12 +408,12 @@ class PostgresStore:
         whole run (a second writer fails at once with ``StoreBusyError``)."""
         try:
             conn = psycopg.connect(self.conninfo, autocommit=True)
-        except psycopg.OperationalError as exc:
-            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+        except psycopg.Error as exc:  # unreachable, refused, or a malformed URL
+            raise self.failure(exc) from exc
         try:
             standby = conn.execute("SELECT pg_is_in_recovery()").fetchone()
             if standby and standby[0]:
-                raise StoreError(f"{self.redacted} is a read-only replica; ingest into the primary")
+                raise self.read_only()
             got = conn.execute(
                 "SELECT pg_try_advisory_lock(hashtext(%s))", (f"ragchains:{self.schema}",)
             ).fetchone()
@@ -448,11 +447,9 @@ class StoreWriter:
         try:
             return self._write(delta)
         except psycopg.errors.ReadOnlySqlTransaction as exc:
-            raise StoreError(
-                f"{self.redacted} is a read-only replica; ingest into the primary"
-            ) from exc
-        except psycopg.OperationalError as exc:
-            raise StoreError(f"PostgreSQL at {self.redacted}: {_reason(exc)}") from exc
+            raise self.store.read_only() from exc
+        except psycopg.Error as exc:  # whatever PostgreSQL refused: one line, no traceback
+            raise self.store.failure(exc) from exc
 
     def _write(self, delta: StoreDelta) -> list[str]:
         dimension = int(delta.embedder["dimension"])
@@ -462,7 +459,7 @@ class StoreWriter:
             )
         conn = self.conn
         with conn.transaction():
-            created = self._ensure_schema(conn, dimension)
+            created = self._ensure_schema(conn, dimension, rebuild=delta.rebuild)
             register_vector(conn)
             meta = self.store.read_meta(conn)
             held = (meta.get("embedder") or {}).get("dimension")
@@ -508,8 +505,12 @@ class StoreWriter:
         self.store.forget()
         return notes
 
-    def _ensure_schema(self, conn: psycopg.Connection[Any], dimension: int) -> bool:
-        """Create what is missing; True when the chunks table was created now."""
+    def _ensure_schema(
+        self, conn: psycopg.Connection[Any], dimension: int, *, rebuild: bool
+    ) -> bool:
+        """Create what is missing; True when the chunks table was created now. A rebuild for
+        an embedder of another dimension replaces the chunks table (readers wait for the
+        commit); any other rebuild deletes rows, and readers keep reading until it commits."""
         conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
         conn.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(sql.Identifier(self.schema)))
         conn.execute(
@@ -528,11 +529,11 @@ class StoreWriter:
                 "size bigint NOT NULL, chunk_count integer NOT NULL, format text NOT NULL)"
             ).format(self.table("files"))
         )
-        exists = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL", (f'"{self.schema}".chunks',)
-        ).fetchone()
-        if exists and exists[0]:
-            return False
+        held = self.store.column_width(conn, "chunks", "embedding")
+        if held is not None:
+            if held == dimension or not rebuild:
+                return False  # another dimension without --rebuild is refused after this
+            conn.execute(sql.SQL("DROP TABLE {}").format(self.table("chunks")))
         conn.execute(
             sql.SQL(
                 "CREATE TABLE {chunks} ("
@@ -665,9 +666,3 @@ def _array(vector: Any) -> np.ndarray:
     """A stored vector as float32 (pgvector reads text as numpy, binary as ``Vector``)."""
     values = vector.to_numpy() if hasattr(vector, "to_numpy") else vector
     return np.asarray(values, dtype=np.float32)
-
-
-def _reason(exc: BaseException) -> str:
-    """A connection error's first line, without the password libpq may echo."""
-    text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return text[:300]

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 # The wheel's folder, found without importing it (its __init__ sets up a server manager
 # of its own, which we do not use).
@@ -80,6 +81,14 @@ class LocalPostgres:
             os.chown(self.data, user.pw_uid, user.pw_gid)
 
     def start(self) -> LocalPostgres:
+        """initdb, start, create the database; on any failure, stopped and removed."""
+        try:
+            return self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> LocalPostgres:
         self._own_data_folder()
         subprocess.run(
             self._command(
@@ -106,11 +115,21 @@ class LocalPostgres:
         writes the standby settings) served read-only on a port of its own. Stop it before
         the primary."""
         standby = LocalPostgres(primary=self)
+        try:
+            standby._copy_and_serve()
+        except BaseException:
+            standby.stop()
+            raise
+        return standby
+
+    def _copy_and_serve(self) -> None:
+        assert self.primary is not None
+        standby, primary = self, self.primary
         standby._own_data_folder()
         subprocess.run(
             standby._command(
-                str(self.bin / "pg_basebackup"),
-                *self._client_args(),
+                str(primary.bin / "pg_basebackup"),
+                *primary._client_args(),
                 "-D",
                 str(standby.data),
                 "-R",  # standby.signal and primary_conninfo
@@ -122,11 +141,14 @@ class LocalPostgres:
             capture_output=True,
         )
         standby._serve()
-        return standby
 
     def _serve(self) -> None:
-        log = open(self.root / f"postgres-{self.port}.log", "ab")  # noqa: SIM115 - its lifetime
-        self.process = subprocess.Popen(
+        with open(self.root / f"postgres-{self.port}.log", "ab") as log:  # the child keeps it
+            self.process = self._popen(log)
+        self._wait_ready()
+
+    def _popen(self, log: Any) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             self._command(
                 str(self.bin / "postgres"),
                 "-D",
@@ -145,7 +167,6 @@ class LocalPostgres:
             stdout=log,
             stderr=subprocess.STDOUT,
         )
-        self._wait_ready()
 
     def _client_args(self) -> list[str]:
         """Where a client program finds this server, and as whom it connects."""

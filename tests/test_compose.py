@@ -24,6 +24,7 @@ from ragchains.chains.llm import LLM
 from ragchains.retrievers.compressors import RerankCompressor
 from tests.conftest import CONFIG_ONLY_CROSS_ENCODER, REPO
 from tests.fakes import RecordingModel
+from tests.postgres import free_port
 from tests.test_graph import ScriptedScorer
 
 with warnings.catch_warnings():
@@ -174,12 +175,6 @@ def test_requery_with_a_compressor_that_reports_no_scores(stock_retriever: BM25R
 
 
 # ----------------------------------------------------------------------------- the scripts
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def script(name: str, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(EXAMPLES / f"{name}.py"), *args],

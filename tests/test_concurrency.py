@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
@@ -310,3 +312,36 @@ def test_each_stage_of_a_turn_is_one_run(
     assert not [n for n in names if n.startswith(("RunnableParallel", "RunnableAssign"))]
     specs = {spec.id for spec in service.chains.chat.config_specs}
     assert {"domain", "k", "threshold", "rewrite_version", "answer_version"} <= specs
+
+
+class CountedEncoder(SentenceTransformerEmbedder):
+    """The embedder's batching around an encoder that takes a while and counts its calls
+    (no model: this tests the batching, not the vectors)."""
+
+    def __init__(self) -> None:
+        super().__init__("counted")
+        self.batches: list[list[str]] = []
+
+    def encode(self, texts: list[str], *, show_progress: bool = False) -> np.ndarray:
+        self.batches.append(list(texts))
+        time.sleep(0.2)
+        return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
+
+
+def test_concurrent_query_embeddings_are_batched_and_a_cancelled_caller_harms_no_other() -> None:
+    encoder = CountedEncoder()
+
+    async def run() -> list[Any]:
+        first = asyncio.create_task(encoder.aencode_query("first"))
+        await asyncio.sleep(0.05)  # the first batch (one query) is running
+        waiting = [asyncio.create_task(encoder.aencode_query(q)) for q in ("a", "bb", "a")]
+        gone = asyncio.create_task(encoder.aencode_query("bb"))
+        await asyncio.sleep(0.01)
+        gone.cancel()  # a client that went away
+        return await asyncio.wait_for(asyncio.gather(first, *waiting), 10)
+
+    first, a, bb, a_again = asyncio.run(run())
+    assert encoder.batches == [["first"], ["a", "bb"]]  # the later three in one batch
+    assert first.tolist() == [5.0, 1.0] and bb.tolist() == [2.0, 1.0]
+    assert a.tolist() == a_again.tolist() == [1.0, 1.0]
+    assert encoder.encode_query("bb") is bb  # remembered for the search that follows

@@ -98,9 +98,10 @@ def test_a_console_error_or_an_uncaught_error_fails_a_page(url: str, browser: An
     """The guard every browser test ends with: it must not pass a page that logged an error."""
     watched = open_page(browser, f"{url}/chat/playground/")
     watched.assert_clean()  # the playground itself loads clean
-    watched.page.evaluate("() => console.error('a console error')")
-    watched.page.evaluate("() => setTimeout(() => { throw new Error('an uncaught error'); })")
-    watched.page.wait_for_timeout(200)
+    with watched.page.expect_event("console"):
+        watched.page.evaluate("() => console.error('a console error')")
+    with watched.page.expect_event("pageerror"):
+        watched.page.evaluate("() => setTimeout(() => { throw new Error('an uncaught error'); })")
     with pytest.raises(AssertionError) as failed:
         watched.assert_clean()
     assert "console: a console error" in str(failed.value)

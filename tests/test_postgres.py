@@ -7,6 +7,7 @@ import asyncio
 import fnmatch
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -65,7 +66,9 @@ def test_the_store_holds_the_index_chunks_ids_metadata_and_labels(
     try:
         info = store.describe()
         assert dict(store.fields) == fields and info["chunks"] == len(on_disk)
-        assert info["server_version"].startswith("18") and info["pgvector_version"] >= "0.8"
+        assert info["server_version"].startswith("18")
+        major, minor = (int(part) for part in info["pgvector_version"].split(".")[:2])
+        assert (major, minor) >= (0, 8)
         assert info["schema_version"] == 1 and info["generation"] == 1
     finally:
         store.close()
@@ -134,8 +137,8 @@ def test_a_crash_mid_ingest_leaves_the_previous_content_whole(
             assert child.poll() is None, "the ingest ended before it wrote"
             assert time.monotonic() < deadline
             time.sleep(0.1)
-        child.send_signal(signal.SIGKILL)
     finally:
+        child.send_signal(signal.SIGKILL)  # the crash (or, when the test failed, clean-up)
         child.wait(60)
     assert store_rows(pg_url) == before
     store = PostgresStore(pg_url)
@@ -442,8 +445,23 @@ def test_the_chat_and_ask_graphs_run_on_the_store(
         prices = [f for f in sensors["filters"] if f["field"] == "price"]
         assert prices in ([], [{"field": "price", "op": "<", "value": 50}]), sensors["filters"]
         assert sensors["sources"], sensors["notes"]
+        if prices:
+            assert all(price_of(s) < 50 for s in sensors["sources"]), sensors["sources"]
+        # A filter given with the question is applied inside the store's search.
+        cheap = service.chains.ask.invoke(
+            {"question": "sensors", "filters": [{"field": "price", "op": "<", "value": 50}]},
+            {"configurable": {"domain": "catalog"}},
+        )
+        assert cheap["sources"] and all(price_of(s) < 50 for s in cheap["sources"])
     finally:
         service.index.close()
+
+
+def price_of(source: dict[str, Any]) -> float:
+    """The price a product row's text states ("price: 19.00")."""
+    found = re.search(r"^price: \$?([\d.,]+)$", source["text"], re.MULTILINE)
+    assert found, source
+    return float(found.group(1).replace(",", ""))
 
 
 def test_build_retriever_picks_the_store_by_its_url(

@@ -3,14 +3,13 @@ console error or uncaught page error fails a test)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
+import httpx
 import pytest
 
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.settings import Settings
-from tests.servers import serving
 from tests.test_chat_page import ChatPage, fact
 from tests.test_playground import retrieve_in_playground
 
@@ -20,25 +19,22 @@ pytestmark = pytest.mark.e2e
 @pytest.fixture(scope="module")
 def store_server(
     sample_store: str,
-    settings: Settings,
-    smollm: Any,
-    embedder: SentenceTransformerEmbedder,
+    serve_samples: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
     """The real app over the samples in PostgreSQL, with the embedded SmolLM2."""
-    from ragchains.server import create_app
-
     feedback = tmp_path_factory.mktemp("pg-page") / "feedback.sqlite"
-    configured = settings.model_copy(update={"store": sample_store, "feedback_db": feedback})
-    with serving(create_app(configured, llm=smollm, embedder=embedder)) as base:
+    with serve_samples(store=sample_store, feedback_db=feedback) as base:
         yield base
 
 
 def test_the_chat_page_answers_from_the_store(store_server: str, browser: Any) -> None:
     chat = ChatPage.open(browser, store_server, (1280, 900))
     try:
+        ready = httpx.get(f"{store_server}/readyz", timeout=30).json()["index"]
+        assert ready["kind"] == "postgresql"
         chat.settings()
-        assert "51" in chat.page.locator("#server").inner_text()  # the store's chunk count
+        assert fact(chat.page.locator("#server"), "Chunks") == str(ready["chunks"]) == "51"
         chat.close_settings()
         turn = chat.ask("What does the standard health plan cost?")
         answer = chat.wait_done(turn)

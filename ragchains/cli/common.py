@@ -17,6 +17,8 @@ from typing import Any, NoReturn
 import click
 from pydantic import ValidationError
 
+from ragchains.retrievers.storeurl import is_store_url
+
 EXIT_NOTHING_INGESTED = 1
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -55,10 +57,9 @@ class IndexOrStore(click.ParamType):
         if isinstance(value, Path):
             return value
         text = str(value)
-        return text if text.startswith(STORE_SCHEMES) else Path(text)
+        return text if is_store_url(text) else Path(text)
 
 
-STORE_SCHEMES = ("postgresql://", "postgres://")
 INDEX_OR_STORE = IndexOrStore()
 STORE_HELP = (
     "--store URL: a PostgreSQL store instead, postgresql://USER[:PASSWORD]@HOST[:PORT]/DB "

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, index_option, load_settings
+from ragchains.retrievers.storeurl import shown
 
 
 @click.command("ingest")
@@ -66,5 +67,5 @@ def ingest_command(
     state = "written" if report.wrote else "unchanged (nothing to write)"
     click.echo(
         f"{counts}; {report.chunks_total} chunks ({report.chunks_embedded} embedded); "
-        f"index {index} {state}"
+        f"index {shown(index)} {state}"
     )

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from ragchains.cli.common import fail, index_option, load_service, load_settings, target_of
+from ragchains.retrievers.storeurl import shown
 
 
 @click.command("serve")
@@ -48,7 +49,7 @@ def serve_command(
         listener.bind((settings.host, settings.port))
     except OSError as exc:
         fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
-    click.echo(f"loading models and index {index} ...", err=True)
+    click.echo(f"loading models and index {shown(index)} ...", err=True)
     service = load_service(settings, index, {}, "chat")
     verbose = bool(ctx.parent and ctx.parent.params.get("verbose"))
     server = uvicorn.Server(
@@ -65,7 +66,7 @@ def serve_command(
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
-            click.echo(f"ragchains is serving {index} at {base}")
+            click.echo(f"ragchains is serving {shown(index)} at {base}")
             click.echo(f"  chat page:   {base}/")
             click.echo(f"  playground:  {base}/chat/playground/")
             click.echo(f"  API docs:    {base}/docs")

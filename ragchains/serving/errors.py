@@ -22,12 +22,13 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 OPENAI_PREFIX = "/v1/"
+STORE_UNREACHABLE = "the document store cannot be reached; the server log has the details"
 
 
 def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
     if isinstance(exc, StoreError):  # the database is down or unreachable: not the caller's
         log.warning("store failure: %s", exc)
-        return 503, "the document store cannot be reached; the server log has the details", None
+        return 503, STORE_UNREACHABLE, None
     failure = explain_failure(exc)
     if failure is None:
         return 500, "internal error; the server log has the details", None
