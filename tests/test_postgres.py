@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
@@ -25,7 +26,7 @@ from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import load_index
 from ragchains.retrievers.pgsearch import PostgresRetriever, glob_regex
-from ragchains.retrievers.pgstore import PostgresStore, StoreError
+from ragchains.retrievers.pgstore import PostgresStore, StoreDelta, StoreError
 from ragchains.settings import Settings
 from tests.conftest import REPO
 from tests.postgres import LocalPostgres
@@ -501,3 +502,32 @@ def test_an_older_store_is_migrated_and_a_newer_one_refused(
     (docs_dir / "newer.md").write_text("# Newer\n\nAnother.\n")
     with pytest.raises(ValueError, match="schema version 2"):
         ingest_into(docs_dir, pg_url)
+
+
+def test_a_rebuild_for_another_embedder_replaces_the_vectors(
+    pg_url: str, docs_dir: Path, ingest_into: Any
+) -> None:
+    """A store written by an 8-dimensional embedder: re-ingesting with this one (384) is
+    refused with the way out, and --rebuild takes it."""
+    from ragchains.retrievers.index import Chunk
+
+    store = PostgresStore(pg_url)
+    try:
+        store.write(
+            StoreDelta(
+                remove_sources=[],
+                chunks=[Chunk("c1", "old text", {"source": "old.md", "filename": "old.md"})],
+                vectors=np.ones((1, 8), dtype=np.float32) / np.sqrt(8),
+                files=[],
+                embedder={"name": "small-embedder", "dimension": 8},
+                chunking={},
+            )
+        )
+    finally:
+        store.close()
+    with pytest.raises(ValueError, match="small-embedder"):
+        ingest_into(docs_dir, pg_url)
+    report = ingest_into(docs_dir, pg_url, rebuild=True)
+    assert report.wrote and len(report.added) == 6
+    rows = store_rows(pg_url)
+    assert "c1" not in rows and len(rows) == report.chunks_total
