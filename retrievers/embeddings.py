@@ -50,6 +50,7 @@ class SentenceTransformerEmbedder(Embeddings):
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU of query vectors
         self._waiting: dict[str, Future[np.ndarray]] = {}  # queries for the next batch
+        self._encoding = False  # a batch is being encoded (in an executor thread)
         self._queue_lock = threading.Lock()
 
     # -- lazy loading -------------------------------------------------------------------
@@ -124,17 +125,24 @@ class SentenceTransformerEmbedder(Embeddings):
             future = self._waiting.get(text)
             if future is None:
                 future = self._waiting[text] = Future()
-                if len(self._waiting) == 1:  # the first waiter starts the next batch
+                if not self._encoding:  # nobody is encoding: this waiter starts
+                    self._encoding = True
                     asyncio.get_running_loop().run_in_executor(executor, self._encode_waiting)
         # Shielded: a caller that goes away (a closed connection) must not cancel the future
         # other callers of the same query wait on, nor the batch that resolves it.
         return await asyncio.shield(asyncio.wrap_future(future))
 
     def _encode_waiting(self) -> None:
-        with self._queue_lock:
-            batch, self._waiting = self._waiting, {}
-        if not batch:
-            return
+        """One batch at a time: each takes every query that arrived while the last ran."""
+        while True:
+            with self._queue_lock:
+                batch, self._waiting = self._waiting, {}
+                if not batch:
+                    self._encoding = False
+                    return
+            self._encode_batch(batch)
+
+    def _encode_batch(self, batch: dict[str, Future[np.ndarray]]) -> None:
         texts = list(batch)
         try:
             vectors = self._remember(dict(zip(texts, self.encode(texts), strict=True)))

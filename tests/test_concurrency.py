@@ -321,9 +321,11 @@ class CountedEncoder(SentenceTransformerEmbedder):
     def __init__(self) -> None:
         super().__init__("counted")
         self.batches: list[list[str]] = []
+        self.started = threading.Event()
 
     def encode(self, texts: list[str], *, show_progress: bool = False) -> np.ndarray:
         self.batches.append(list(texts))
+        self.started.set()
         time.sleep(0.2)
         return np.array([[float(len(t)), 1.0] for t in texts], dtype=np.float32)
 
@@ -333,7 +335,7 @@ def test_concurrent_query_embeddings_are_batched_and_a_cancelled_caller_harms_no
 
     async def run() -> list[Any]:
         first = asyncio.create_task(encoder.aencode_query("first"))
-        await asyncio.sleep(0.05)  # the first batch (one query) is running
+        await asyncio.to_thread(encoder.started.wait, 10)  # the first batch is being encoded
         waiting = [asyncio.create_task(encoder.aencode_query(q)) for q in ("a", "bb", "a")]
         gone = asyncio.create_task(encoder.aencode_query("bb"))
         await asyncio.sleep(0.01)
