@@ -25,9 +25,8 @@ must offer for filters, ``k``, thresholds and the re-query to reach it.
 
 from __future__ import annotations
 
-import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
@@ -37,10 +36,9 @@ from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
     RunnableGenerator,
-    RunnableLambda,
     RunnablePassthrough,
 )
-from langchain_core.runnables.utils import AddableDict, ConfigurableFieldSpec
+from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
@@ -73,7 +71,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
-from ragchains.chains.state import agather, gather, inline, read_input, settled
+from ragchains.chains.state import Step, agather, gather, inline, read_input, settled
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -413,52 +411,30 @@ def _parts(
     return _Parts(as_llm(llm), Searcher(retriever), compressor, prompts or default_registry())
 
 
-class _Stage(RunnableLambda[Mapping[str, Any], dict[str, Any]]):
+class _Stage(Step):
     """A stage of a turn: ``step``'s function on the turn's state, its result added under
     ``key`` (nothing is mutated in place), as one run named after the stage.
 
     ``RunnablePassthrough.assign(key=step)`` does the same in three runs (the assign, a
-    one-key map and the step itself). A run costs about a thousand Python calls on the event
-    loop (config copies, callback managers, a task for the map); for the four stages of a
-    chat turn, the extra runs were a fifth of the loop's work per turn, which concurrent
+    one-key map and the step itself); each run is work on the event loop that concurrent
     turns queue for. The step's declared choices (``config_specs``) stay declared.
     """
 
-    def __init__(self, name: str, key: str, step: RunnableLambda[Any, Any]) -> None:
-        # A RunnableLambda keeps the functions it was given as func (sync) and afunc (async).
-        func, afunc = getattr(step, "func", None), getattr(step, "afunc", None)
-        call = _takes_config(func) if func is not None else None
-        acall = _takes_config(afunc) if afunc is not None else None
+    def __init__(self, name: str, key: str, step: Step) -> None:
+        call, acall = step.call, step.acall
 
         def add(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-            if call is None:
-                return {**state, key: step.invoke(state, config)}
             return {**state, key: call(state, config)}
 
         async def aadd(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-            if acall is None:
-                return {**state, key: await step.ainvoke(state, config)}
             return {**state, key: await acall(state, config)}
 
-        super().__init__(add, aadd, name=name)
-        self._specs = step.config_specs
-
-    @property
-    def config_specs(self) -> list[ConfigurableFieldSpec]:
-        return list(self._specs)
-
-
-def _takes_config(func: Callable[..., Any]) -> Callable[[Any, RunnableConfig], Any]:
-    """``func`` called as ``func(state, config)``, whether or not it takes the config (the
-    one extra argument a stage's function may take, as a RunnableLambda would pass it)."""
-    if "config" in inspect.signature(func).parameters:
-        return func
-    return lambda state, config: func(state)
+        super().__init__(add, aadd, name=name, config_specs=lambda: step.config_specs)
 
 
 def _stage(name: str, key: str, step: Runnable[Any, Any]) -> Runnable[Any, Any]:
     """A stage that adds ``step``'s result to the turn's state under ``key``."""
-    if isinstance(step, RunnableLambda):
+    if isinstance(step, Step):
         return _Stage(name, key, step)
     return RunnablePassthrough.assign(**{key: step}).with_config(run_name=name)
 
@@ -495,8 +471,7 @@ def create_chat_chain(
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
     # One run that re-queries only when wanted (a RunnableBranch took three on every turn:
     # the branch, its condition and the pass-through).
-    requery_stage = RunnableLambda(requery_step.when_wanted, requery_step.awhen_wanted)
-    requery_stage.name = "requery"
+    requery_stage = Step(requery_step.when_wanted, requery_step.awhen_wanted, name="requery")
     search = (
         inline(read_chat_input, name="input")
         | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())

@@ -22,10 +22,11 @@ import weakref
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
-from langchain_core.runnables import RunnableConfig, RunnableLambda
+from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.utils import ConfigurableFieldSpec
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
 
+from ragchains.chains.state import Step
 from ragchains.prompts.registry import (
     DEFAULT_DOMAIN,
     Domain,
@@ -300,30 +301,15 @@ class Choices:
             answer_style=values.get(ANSWER_STYLE_KEY, AUTO),
         )
 
-    def step(self) -> RunnableLambda[Any, Options]:
-        """The ``configure`` runnable: declares the specs, resolves a request's choices."""
+    def step(self) -> Step:
+        """The ``configure`` step: declares the specs (so LangServe and ``config_schema``
+        see what the chain lets a request choose) and resolves a request's choices."""
 
         def configure(_: Any, config: RunnableConfig) -> Options:
             return self.resolve(config.get("configurable"))
 
         # Quick and non-blocking: async callers run it on the event loop, not in a thread.
-        async def aconfigure(_: Any, config: RunnableConfig) -> Options:
-            return self.resolve(config.get("configurable"))
-
-        return _Configure(configure, aconfigure, self)
-
-
-class _Configure(RunnableLambda[Any, Options]):
-    """A RunnableLambda that declares config specs, so LangServe and ``config_schema`` see
-    what the chain lets a request choose."""
-
-    def __init__(self, func: Any, afunc: Any, choices: Choices) -> None:
-        super().__init__(func, afunc, name="configure")
-        self._choices = choices
-
-    @property
-    def config_specs(self) -> list[ConfigurableFieldSpec]:
-        return self._choices.specs
+        return Step(configure, name="configure", config_specs=lambda: self.specs)
 
 
 def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None:

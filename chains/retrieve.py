@@ -30,7 +30,7 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import RewriteOutput, expand_glossary
-from ragchains.chains.state import inline, read_input
+from ragchains.chains.state import Step, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import Reranked, ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -376,7 +376,7 @@ def retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]
         request_ = request(state)
         return await searcher.asearch(request_.pop("query"), config=config, **request_)
 
-    return RunnableLambda(retrieve, aretrieve, name="retrieve")
+    return Step(retrieve, aretrieve, name="retrieve")
 
 
 def compress_stage(
@@ -403,7 +403,7 @@ def compress_stage(
             config=config,
         )
 
-    return RunnableLambda(compress_, acompress_, name="compress")
+    return Step(compress_, acompress_, name="compress")
 
 
 def as_search(state: Mapping[str, Any]) -> RewriteOutput:

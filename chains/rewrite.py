@@ -25,13 +25,13 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnableConfig, RunnablePassthrough
 from pydantic import BaseModel, Field
 
 from ragchains.chains.grounding import ground_filters
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
-from ragchains.chains.state import inline, read_input
+from ragchains.chains.state import Step, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.bm25 import tokenize
 from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
@@ -352,7 +352,7 @@ def rewrite_stage(
     """The rewrite step over a turn's state: ``question``, ``chat_history`` and the resolved
     ``options`` in, a ``RewriteOutput`` out."""
     rewriter = _Rewriter(llm, fields, history_tokens)
-    return RunnableLambda(rewriter.run, rewriter.arun, name="rewrite")
+    return Step(rewriter.run, rewriter.arun, name="rewrite")
 
 
 class _Rewriter:

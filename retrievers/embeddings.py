@@ -50,6 +50,7 @@ class SentenceTransformerEmbedder(Embeddings):
         self._lock = threading.Lock()
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU of query vectors
         self._waiting: dict[str, Future[np.ndarray]] = {}  # queries for the next batch
+        self._encoding_now: dict[str, Future[np.ndarray]] = {}  # the batch being encoded
         self._encoding = False  # a batch is being encoded (in an executor thread)
         self._queue_lock = threading.Lock()
 
@@ -121,22 +122,28 @@ class SentenceTransformerEmbedder(Embeddings):
         vector = self._remembered(text)
         if vector is not None:
             return vector
+        future = self._queued(text, executor)
+        # Shielded: a caller that goes away (a closed connection) must not cancel the future
+        # other callers of the same query wait on, nor the batch that resolves it.
+        return await asyncio.shield(asyncio.wrap_future(future))
+
+    def _queued(self, text: str, executor: Executor | None) -> Future[np.ndarray]:
+        """The future of ``text``'s vector: queued for the next batch unless it already is."""
         with self._queue_lock:
-            future = self._waiting.get(text)
+            future = self._waiting.get(text) or self._encoding_now.get(text)
             if future is None:
                 future = self._waiting[text] = Future()
                 if not self._encoding:  # nobody is encoding: this waiter starts
                     self._encoding = True
                     asyncio.get_running_loop().run_in_executor(executor, self._encode_waiting)
-        # Shielded: a caller that goes away (a closed connection) must not cancel the future
-        # other callers of the same query wait on, nor the batch that resolves it.
-        return await asyncio.shield(asyncio.wrap_future(future))
+        return future
 
     def _encode_waiting(self) -> None:
         """One batch at a time: each takes every query that arrived while the last ran."""
         while True:
             with self._queue_lock:
                 batch, self._waiting = self._waiting, {}
+                self._encoding_now = batch  # a query asked for again meanwhile waits on it
                 if not batch:
                     self._encoding = False
                     return

@@ -30,7 +30,7 @@ from langchain_core.runnables import RunnableLambda
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM, PromptedModel
-from ragchains.chains.state import settled
+from ragchains.chains.state import Step, settled
 from ragchains.factory import Service, build_service
 from ragchains.llms import ChatLlamaCpp, LockedChatLlamaCpp
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -294,6 +294,40 @@ def test_settled_steps_stream_as_one_invoke() -> None:
     assert {"one", "two", "last"} <= set(asyncio.run(names()))
 
 
+def test_a_step_is_one_named_run_whose_children_nest_under_it() -> None:
+    """A Step reports to callbacks as a RunnableLambda does: its run by name, its failure,
+    and a runnable its function calls (with or without the config) as a child run."""
+    inner = RunnableLambda(lambda x: x + 1, name="inner")
+
+    def add(x: int, config: Any) -> int:
+        return inner.invoke(x, config) + inner.invoke(x)  # the config given, then the current
+
+    async def aadd(x: int, config: Any) -> int:
+        return await inner.ainvoke(x, config) + await inner.ainvoke(x)
+
+    def fail(x: int) -> int:
+        raise ValueError("no")
+
+    step = Step(add, aadd, name="adding")
+    failing = Step(fail, name="failing")
+
+    async def events(runnable: Any) -> list[tuple[str, str, int]]:
+        seen = []
+        async for e in runnable.astream_events(1, version="v2"):
+            seen.append((e["event"], e["name"], len(e["parent_ids"])))
+        return seen
+
+    assert step.invoke(1) == 4 and asyncio.run(step.ainvoke(1)) == 4
+    seen = asyncio.run(events(step))
+    assert ("on_chain_start", "adding", 0) in seen and ("on_chain_end", "adding", 0) in seen
+    assert [e for e in seen if e[1] == "inner" and e[0] == "on_chain_end"] == [
+        ("on_chain_end", "inner", 1)
+    ] * 2
+    with pytest.raises(ValueError, match="no"):
+        asyncio.run(events(failing))
+    assert [e[1] for e in seen].count("adding") == 2  # a start and an end
+
+
 def test_each_stage_of_a_turn_is_one_run(
     settings: Settings, sample_index: Path, embedder: SentenceTransformerEmbedder
 ) -> None:
@@ -337,13 +371,16 @@ def test_concurrent_query_embeddings_are_batched_and_a_cancelled_caller_harms_no
         first = asyncio.create_task(encoder.aencode_query("first"))
         await asyncio.to_thread(encoder.started.wait, 10)  # the first batch is being encoded
         waiting = [asyncio.create_task(encoder.aencode_query(q)) for q in ("a", "bb", "a")]
+        waiting.append(asyncio.create_task(encoder.aencode_query("first")))  # being encoded
         gone = asyncio.create_task(encoder.aencode_query("bb"))
         await asyncio.sleep(0.01)
         gone.cancel()  # a client that went away
         return await asyncio.wait_for(asyncio.gather(first, *waiting), 10)
 
-    first, a, bb, a_again = asyncio.run(run())
-    assert encoder.batches == [["first"], ["a", "bb"]]  # the later three in one batch
+    first, a, bb, a_again, first_again = asyncio.run(run())
+    # The later queries in one batch; one asked again while its batch runs is not re-encoded.
+    assert encoder.batches == [["first"], ["a", "bb"]]
+    assert first_again is first
     assert first.tolist() == [5.0, 1.0] and bb.tolist() == [2.0, 1.0]
     assert a.tolist() == a_again.tolist() == [1.0, 1.0]
     assert encoder.encode_query("bb") is bb  # remembered for the search that follows
