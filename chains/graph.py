@@ -15,8 +15,8 @@ under its own key, in one run named after the stage (``_Stage``); nothing is mut
 
 ``get_graph()`` draws these stages and ``astream_events`` reports each by name. ``invoke``
 returns the stream's events merged into one dict (``ChatOutput``). A streamed turn runs the
-stages before the answer as one call (they stream nothing; ``chains.state.Settled``), so only
-the answer pays for LangChain's streaming path.
+stages before the answer as one call (they stream nothing), then streams the answer
+(``chains.state.Turn``); each stage is one light run (``chains.state.Step``).
 
 The parts are LangChain's contracts: any chat model, any ``BaseRetriever`` (or runnable from a
 query to documents), any ``BaseDocumentCompressor``; see ``chains.retrieve`` for what each
@@ -35,7 +35,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
-    RunnableGenerator,
     RunnablePassthrough,
 )
 from langchain_core.runnables.utils import AddableDict
@@ -71,7 +70,7 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
-from ragchains.chains.state import Step, agather, gather, inline, read_input, settled
+from ragchains.chains.state import Step, StreamStep, Turn, inline, read_input
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MetadataFilter
@@ -355,8 +354,7 @@ class _Respond:
         timings["total"] = round(now - state["started"], 4)
         return AddableDict(prompts=prompts, timings=timings)
 
-    def stream(self, inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
-        state = gather(inputs)
+    def stream(self, state: Mapping[str, Any], config: RunnableConfig) -> Iterator[AddableDict]:
         yield self.head(state)
         since, prompt = time.perf_counter(), None
         for event in self.answerer.stream(self.answer_state(state), config):
@@ -368,9 +366,8 @@ class _Respond:
         yield self.tail(state, since, prompt)
 
     async def astream(
-        self, inputs: AsyncIterator[Any], config: RunnableConfig
+        self, state: Mapping[str, Any], config: RunnableConfig
     ) -> AsyncIterator[AddableDict]:
-        state = await agather(inputs)
         yield self.head(state)
         since, prompt = time.perf_counter(), None
         async for event in self.answerer.astream(self.answer_state(state), config):
@@ -381,12 +378,8 @@ class _Respond:
                 yield event
         yield self.tail(state, since, prompt)
 
-    def runnable(self) -> Runnable[Any, Any]:
-        # RunnableGenerator passes the run's config to functions that take one; its type
-        # hints do not say so.
-        return RunnableGenerator(
-            cast(Any, self.stream), cast(Any, self.astream), name="answer"
-        ).with_config(run_name="answer")
+    def runnable(self) -> StreamStep:
+        return StreamStep(self.stream, self.astream, name="answer")
 
 
 # ----------------------------------------------------------------------------- builders
@@ -481,10 +474,8 @@ def create_chat_chain(
         | requery_stage
     )
     # The search stages stream nothing: run them as one call, then stream the answer.
-    chain = settled(search) | respond.runnable()
-    return chain.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
-        run_name="chat"
-    )
+    chain = Turn(search, respond.runnable(), name="chat")
+    return chain.with_types(input_type=ChatInput, output_type=ChatOutput)
 
 
 def create_ask_chain(
@@ -509,8 +500,8 @@ def create_ask_chain(
         | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
         | _stage("compress", "compressed", compress_stage(parts.compressor))
     )
-    chain = settled(search) | respond.runnable()
-    return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")
+    chain = Turn(search, respond.runnable(), name="ask")
+    return chain.with_types(input_type=AskInput, output_type=ChatOutput)
 
 
 @dataclass

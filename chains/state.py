@@ -23,7 +23,9 @@ from langchain_core.runnables.config import (
     patch_config,
     var_child_runnable_config,
 )
-from langchain_core.runnables.utils import ConfigurableFieldSpec
+from langchain_core.runnables.graph import Graph
+from langchain_core.runnables.utils import ConfigurableFieldSpec, get_unique_config_specs
+from langchain_core.tracers._streaming import _StreamingCallbackHandler
 from pydantic import BaseModel
 
 Call = Callable[[Any, RunnableConfig], Any]
@@ -223,6 +225,195 @@ class Settled(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic 
         self, input: AsyncIterator[Any], config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
         yield await self.ainvoke(await agather(input), config, **kwargs)
+
+
+class StreamStep(Runnable[Any, Any]):
+    """One named run of a generator of a turn's state: what a ``RunnableGenerator`` is to
+    callbacks, ``astream_events`` and ``astream_log``, without a task per chunk.
+
+    ``gen(state, config)`` yields the chunks for sync callers, ``agen(state, config)`` for
+    async ones; the chunks must add up (``AddableDict``): ``invoke`` returns their sum.
+    """
+
+    def __init__(
+        self,
+        gen: Callable[[Any, RunnableConfig], Iterator[Any]],
+        agen: Callable[[Any, RunnableConfig], AsyncIterator[Any]],
+        *,
+        name: str,
+    ) -> None:
+        self.name = name
+        self.gen, self.agen = gen, agen
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return stream_as_run(
+            self.get_name(), input, config, lambda _, child: self.gen(input, child)
+        )
+
+    def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        return astream_as_run(
+            self.get_name(), input, config, lambda _, child: self.agen(input, child)
+        )
+
+    def transform(
+        self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        yield from self.stream(gather(input), config)
+
+    async def atransform(
+        self, input: AsyncIterator[Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        async for chunk in self.astream(await agather(input), config):
+            yield chunk
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return added(self.stream(input, config))
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return added([chunk async for chunk in self.astream(input, config)])
+
+
+class Turn(Runnable[Any, Any]):
+    """A turn: ``search`` (steps that stream nothing) invoked, then ``answer`` streamed, as
+    one run. What ``settled(search) | answer`` is, with the run's output streamed by the
+    answer alone.
+
+    LCEL's sequence streams every step through its own streaming path, at each level a tee
+    of the input and a task per chunk; for a chat turn that was a fifth of the event loop's
+    work per turn, which concurrent turns queue for. ``get_graph`` draws the same stages as
+    the sequence would; callbacks see the same runs (the turn's, the search's and its
+    steps', the answer's), the search and the answer as the turn's steps 1 and 2.
+    """
+
+    def __init__(self, search: Runnable[Any, Any], answer: Runnable[Any, Any], *, name: str):
+        self.name = name
+        self.search = settled(search)
+        self.answer = answer
+
+    @property
+    def config_specs(self) -> list[ConfigurableFieldSpec]:
+        return get_unique_config_specs([*self.search.config_specs, *self.answer.config_specs])
+
+    def get_graph(self, config: RunnableConfig | None = None) -> Graph:
+        return (self.search | self.answer).get_graph(config)
+
+    def _steps(self, input: Any) -> Callable[[Any, RunnableConfig], Iterator[Any]]:
+        def run(run: Any, config: RunnableConfig) -> Iterator[Any]:
+            state = self.search.invoke(input, _step(config, run, 1))
+            yield from self.answer.stream(state, _step(config, run, 2))
+
+        return run
+
+    def _asteps(self, input: Any) -> Callable[[Any, RunnableConfig], AsyncIterator[Any]]:
+        async def run(run: Any, config: RunnableConfig) -> AsyncIterator[Any]:
+            state = await self.search.ainvoke(input, _step(config, run, 1))
+            async for chunk in self.answer.astream(state, _step(config, run, 2)):
+                yield chunk
+
+        return run
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return stream_as_run(self.get_name(), input, config, self._steps(input), child=False)
+
+    def astream(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        return astream_as_run(self.get_name(), input, config, self._asteps(input), child=False)
+
+    def transform(
+        self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> Any:
+        yield from self.stream(gather(input), config)
+
+    async def atransform(
+        self, input: AsyncIterator[Any], config: RunnableConfig | None = None, **kwargs: Any
+    ) -> AsyncIterator[Any]:
+        async for chunk in self.astream(await agather(input), config):
+            yield chunk
+
+    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return added(self.stream(input, config))
+
+    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        return added([chunk async for chunk in self.astream(input, config)])
+
+
+def _step(config: RunnableConfig, run: Any, number: int) -> RunnableConfig:
+    """The config of a sequence's step ``number``: a child of its run, tagged as LCEL does."""
+    return patch_config(config, callbacks=run.get_child(f"seq:step:{number}"))
+
+
+def added(chunks: Iterable[Any]) -> Any:
+    """A stream's chunks added up, as ``invoke`` returns them."""
+    total: Any = None
+    for chunk in chunks:
+        total = chunk if total is None else total + chunk
+    return total
+
+
+def _tapped(run: Any, iterator: Any) -> Any:
+    """``iterator`` as the run's streaming handler (``astream_events``, ``astream_log``)
+    sees it, when one is listening; LangChain's own streaming runs do the same."""
+    for handler in run.handlers:
+        if isinstance(handler, _StreamingCallbackHandler):
+            if hasattr(iterator, "__anext__"):
+                return handler.tap_output_aiter(run.run_id, iterator)
+            return handler.tap_output_iter(run.run_id, iterator)
+    return iterator
+
+
+def stream_as_run(
+    name: str,
+    input: Any,
+    config: RunnableConfig | None,
+    produce: Callable[[Any, RunnableConfig], Iterator[Any]],
+    *,
+    child: bool = True,
+) -> Iterator[Any]:
+    """``produce``'s chunks as one run named ``name``: started, streamed, ended with their sum
+    (or the error). ``produce(run, config)`` gets the run's child config (``child``) or the
+    run's own, to make children of its own."""
+    config = ensure_config(config)
+    run = get_callback_manager_for_config(config).on_chain_start(
+        None, input, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
+    )
+    given = patch_config(config, callbacks=run.get_child()) if child else config
+    total: Any = None
+    try:
+        for chunk in _tapped(run, produce(run, given)):
+            yield chunk
+            total = chunk if total is None else total + chunk
+    except BaseException as exc:
+        run.on_chain_error(exc)
+        raise
+    run.on_chain_end(total)
+
+
+async def astream_as_run(
+    name: str,
+    input: Any,
+    config: RunnableConfig | None,
+    produce: Callable[[Any, RunnableConfig], AsyncIterator[Any]],
+    *,
+    child: bool = True,
+) -> AsyncIterator[Any]:
+    """``stream_as_run`` for async callers."""
+    config = ensure_config(config)
+    run = await get_async_callback_manager_for_config(config).on_chain_start(
+        None, input, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
+    )
+    given = patch_config(config, callbacks=run.get_child()) if child else config
+    total: Any = None
+    try:
+        async for chunk in _tapped(run, produce(run, given)):
+            yield chunk
+            total = chunk if total is None else total + chunk
+    except BaseException as exc:
+        await run.on_chain_error(exc)
+        raise
+    await run.on_chain_end(total)
 
 
 def settled(steps: Runnable[Any, Any]) -> Runnable[Any, Any]:
