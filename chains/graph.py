@@ -73,7 +73,7 @@ from ragchains.chains.rewrite import (
 from ragchains.chains.state import Step, StreamStep, Turn, inline, read_input
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
-from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.filters import MAX_FILTERS, MetadataFilter
 
 # The prompts each chain chooses versions of, by the chain's (and its route's) name.
 PROMPTS_USED: dict[str, tuple[str, ...]] = {
@@ -94,7 +94,7 @@ class ChatInput(BaseModel):
 
 class AskInput(BaseModel):
     question: str = Field(min_length=1)
-    filters: list[MetadataFilter] = Field(default_factory=list)
+    filters: list[MetadataFilter] = Field(default_factory=list, max_length=MAX_FILTERS)
 
 
 class RequeryReport(BaseModel):

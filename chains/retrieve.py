@@ -33,11 +33,13 @@ from ragchains.chains.rewrite import RewriteOutput, expand_glossary
 from ragchains.chains.state import Step, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import Reranked, ScoringCompressor
-from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.filters import MAX_FILTERS, MetadataFilter
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
 
 log = logging.getLogger(__name__)
 
+# Phrasings one request may have searched besides its query: each is a search of its own.
+MAX_ALTERNATIVES = 8
 # Metadata keys under which compressors leave their score (ours, then LangChain integrations').
 SCORE_KEYS = ("rerank_score", "relevance_score")
 
@@ -56,9 +58,11 @@ class Source(BaseModel):
 
 class RetrieveInput(BaseModel):
     query: str = Field(min_length=1)
-    filters: list[MetadataFilter] = Field(default_factory=list)
+    filters: list[MetadataFilter] = Field(default_factory=list, max_length=MAX_FILTERS)
     alternatives: list[str] = Field(
-        default_factory=list, description="more phrasings, fused with the query by RRF"
+        default_factory=list,
+        max_length=MAX_ALTERNATIVES,
+        description="more phrasings, fused with the query by RRF",
     )
 
 

@@ -10,11 +10,12 @@ from __future__ import annotations
 import fnmatch
 import json
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
 FieldType = Literal["string", "number", "boolean"]
 Operator = Literal["=", "!=", "<", "<=", ">", ">=", "in"]
@@ -30,6 +31,18 @@ OPERATORS_BY_TYPE: dict[str, tuple[str, ...]] = {
 GLOB_FIELDS = frozenset({"filename", "source"})
 _GLOB_CHARS = set("*?[")
 
+# What one request may ask for: bounds that keep checking and applying filters quick (a
+# request is refused with the reason before any work) and keep request values from growing
+# the process's memory (compiled globs are cached by the re module, 512 at most).
+MAX_FILTERS = 16
+MAX_IN_VALUES = 1000
+MAX_VALUE_CHARS = 1000
+MAX_GLOB_CHARS = 256
+MAX_FIELD_CHARS = 64
+
+Text = Annotated[str, StringConstraints(max_length=MAX_VALUE_CHARS)]
+FilterScalar = Text | float | int | bool
+
 
 class FilterError(ValueError):
     """A filter that does not fit the index: unknown field, wrong operator or wrong value type."""
@@ -40,28 +53,76 @@ class MetadataFilter(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    field: str
+    field: str = Field(min_length=1, max_length=MAX_FIELD_CHARS)
     op: Operator
-    value: Scalar | list[Scalar]
+    value: FilterScalar | Annotated[list[FilterScalar], Field(max_length=MAX_IN_VALUES)]
 
     def __str__(self) -> str:
         return f"{self.field} {self.op} {json.dumps(self.value)}"
 
+    def short(self) -> str:
+        """The filter as an error message names it: a long list by its first values."""
+        if isinstance(self.value, list) and len(self.value) > 3:
+            shown = ", ".join(json.dumps(v) for v in self.value[:3])
+            return f"{self.field} {self.op} [{shown}, ... ({len(self.value)} values)]"
+        return str(self)
 
-def _check_scalar(flt_text: str, field_type: str, value: Any) -> Scalar:
+
+def _scalar_problem(field_type: str, value: Any) -> str | None:
+    """What is wrong with ``value`` for a field of ``field_type``, or None."""
     if field_type == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise FilterError(f"filter {flt_text}: expected a number, got {value!r}")
+            return f"expected a number, got {_shown(value)}"
         if isinstance(value, float) and not math.isfinite(value):
-            raise FilterError(f"filter {flt_text}: expected a finite number, got {value!r}")
-        return value
+            return f"expected a finite number, got {value!r}"
+        return None
     if field_type == "boolean":
-        if not isinstance(value, bool):
-            raise FilterError(f"filter {flt_text}: expected true or false, got {value!r}")
-        return value
+        return None if isinstance(value, bool) else f"expected true or false, got {_shown(value)}"
     if not isinstance(value, str):
-        raise FilterError(f"filter {flt_text}: expected a string, got {value!r}")
-    return value
+        return f"expected a string, got {_shown(value)}"
+    if len(value) > MAX_VALUE_CHARS:
+        return f"a value has {len(value)} characters; the limit is {MAX_VALUE_CHARS}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
+def _check_values(flt: MetadataFilter, field_type: str) -> None:
+    """The filter's value(s) checked against the field's type in one pass; the filter is
+    formatted only for the error."""
+    values = flt.value if isinstance(flt.value, list) else [flt.value]
+    if flt.op == "in":
+        if not isinstance(flt.value, list) or not flt.value:
+            raise FilterError(f"filter {flt.short()}: 'in' takes a non-empty list of values")
+        if len(flt.value) > MAX_IN_VALUES:
+            raise FilterError(f"filter {flt.short()}: 'in' takes at most {MAX_IN_VALUES} values")
+    elif isinstance(flt.value, list):
+        raise FilterError(f"filter {flt.short()}: only 'in' takes a list")
+    for value in values:
+        problem = _scalar_problem(field_type, value)
+        if problem is not None:
+            raise FilterError(f"filter {flt.short()}: {problem}")
+        if _too_long_glob(flt.field, value):
+            raise FilterError(
+                f"filter {flt.short()}: a pattern has {len(str(value))} characters; "
+                f"the limit is {MAX_GLOB_CHARS}"
+            )
+
+
+def _is_glob(text: str) -> bool:
+    return not _GLOB_CHARS.isdisjoint(text)
+
+
+def _too_long_glob(field: str, value: Any) -> bool:
+    return (
+        field in GLOB_FIELDS
+        and isinstance(value, str)
+        and len(value) > MAX_GLOB_CHARS
+        and _is_glob(value)
+    )
 
 
 def validate_filters(
@@ -70,7 +131,10 @@ def validate_filters(
 ) -> list[MetadataFilter]:
     """Check each filter against the index's field types; raise FilterError naming the problem."""
     checked: list[MetadataFilter] = []
-    for raw in filters or ():
+    given = list(filters or ())
+    if len(given) > MAX_FILTERS:
+        raise FilterError(f"{len(given)} filters; the limit is {MAX_FILTERS}")
+    for raw in given:
         if isinstance(raw, MetadataFilter):
             flt = raw
         else:
@@ -78,28 +142,22 @@ def validate_filters(
                 flt = MetadataFilter.model_validate(raw)
             except Exception as exc:  # pydantic's message lists what is missing or wrong
                 raise FilterError(
-                    f"malformed filter {raw!r}: expected {{field, op, value}} with op one of "
-                    f"{', '.join(OPERATORS)}"
+                    f"malformed filter {_shown(raw)}: expected {{field, op, value}} with op "
+                    f"one of {', '.join(OPERATORS)}, a field name of at most "
+                    f"{MAX_FIELD_CHARS} characters, values of at most {MAX_VALUE_CHARS} "
+                    f"characters and at most {MAX_IN_VALUES} values in a list"
                 ) from exc
         field_type = schema.get(flt.field)
         if field_type is None:
             known = ", ".join(sorted(schema)) or "(none)"
-            raise FilterError(f"unknown filter field {flt.field!r}; known fields: {known}")
+            raise FilterError(f"unknown filter field {_shown(flt.field)}; known fields: {known}")
         allowed = OPERATORS_BY_TYPE[field_type]
         if flt.op not in allowed:
             raise FilterError(
                 f"operator {flt.op!r} does not apply to {field_type} field {flt.field!r} "
                 f"(use one of: {', '.join(allowed)})"
             )
-        if flt.op == "in":
-            if not isinstance(flt.value, list) or not flt.value:
-                raise FilterError(f"filter {flt}: 'in' takes a non-empty list of values")
-            for item in flt.value:
-                _check_scalar(str(flt), field_type, item)
-        else:
-            if isinstance(flt.value, list):
-                raise FilterError(f"filter {flt}: only 'in' takes a list")
-            _check_scalar(str(flt), field_type, flt.value)
+        _check_values(flt, field_type)
         checked.append(flt)
     return checked
 
@@ -213,8 +271,10 @@ class MetadataColumns:
         wanted: set[int] = set()
         for value in values:
             text = str(value)
-            if flt.field in GLOB_FIELDS and _GLOB_CHARS & set(text):
-                wanted.update(i for v, i in vocab.items() if fnmatch.fnmatchcase(v, text))
+            if flt.field in GLOB_FIELDS and _is_glob(text):
+                # Not fnmatch's own matcher: it keeps every pattern it compiles (32,768).
+                match = re.compile(fnmatch.translate(text)).match
+                wanted.update(i for v, i in vocab.items() if match(v))
             elif text in vocab:
                 wanted.add(vocab[text])
         return np.array(sorted(wanted), dtype=np.int32)
