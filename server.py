@@ -27,6 +27,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+import langserve
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
@@ -46,12 +47,15 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.index import IndexLoadError
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body
-from ragchains.serving.guards import ApiKeyMiddleware, BodyLimitMiddleware
+from ragchains.serving.guards import ApiKeyMiddleware, BodyMiddleware
 from ragchains.serving.openai_api import openai_router
 from ragchains.serving.requests import (
+    BODY_KEYS,
+    BodyProblem,
     KnownKeysOnly,
     Limits,
     Route,
+    check_body,
     configurable_problem,
     request_models,
 )
@@ -131,26 +135,43 @@ def _config_check(route: Route) -> Any:
     return check
 
 
-def _batch_limit(limits: Limits) -> Any:
-    """A dependency of every LangServe route: a /batch holds at most ``batch_inputs``.
+def _body_check(route: Route, limits: Limits) -> Any:
+    """A dependency of every LangServe route: the body's shape checked before LangServe
+    reads it (``check_body``); a problem is a 422 naming where (413 for a large batch).
 
     Starlette keeps the parsed body on the request, so LangServe does not parse it again.
     """
 
     async def check(request: Request) -> None:
-        if request.method != "POST" or not request.url.path.endswith("/batch"):
+        endpoint = request.url.path.rsplit("/", 1)[-1]
+        if request.method != "POST" or endpoint not in BODY_KEYS:
             return
         try:
             body = await request.json()
         except ValueError:
             return  # LangServe answers malformed JSON with 422
-        inputs = body.get("inputs") if isinstance(body, dict) else None
-        if isinstance(inputs, list) and len(inputs) > limits.batch_inputs:
-            raise HTTPException(
-                413, f"a batch holds {len(inputs)} inputs; the limit is {limits.batch_inputs}"
-            )
+        try:
+            check_body(route, endpoint, body, limits)
+        except BodyProblem as exc:
+            raise RequestValidationError([exc.error]) from exc
 
     return check
+
+
+# The playground's files as LangServe serves them (the default playground type).
+PLAYGROUND_FILES = (Path(langserve.__file__).parent / "playground" / "dist").resolve()
+
+
+async def _playground_file(request: Request) -> None:
+    """A dependency of every LangServe route: a playground path names one of its files, or
+    it is 404 (LangServe opens any path under its folder, and a folder or a NUL in the
+    name is a 500 there)."""
+    name = request.path_params.get("file_path")
+    if not name:
+        return  # not a playground route, or its page
+    path = (PLAYGROUND_FILES / name).resolve() if "\x00" not in name else None
+    if path is None or not path.is_relative_to(PLAYGROUND_FILES) or not path.is_file():
+        raise HTTPException(404, f"the playground has no file {name[:100]!r}")
 
 
 def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, Any]:
@@ -266,19 +287,20 @@ def create_app(
             route.runnable,
             path=f"/{name}",
             per_req_config_modifier=_config_check(route),
-            dependencies=[Depends(_batch_limit(limits))],
+            dependencies=[Depends(_body_check(route, limits)), Depends(_playground_file)],
             enable_feedback_endpoint=False,
         )
 
     # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
     app.router.on_startup.clear()
 
-    @app.get("/healthz", tags=["health"])
+    # Load balancers probe with HEAD as often as with GET.
+    @app.api_route("/healthz", methods=["GET", "HEAD"], tags=["health"])
     async def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.api_route("/readyz", methods=["GET", "HEAD"], tags=["health"])
     async def readyz() -> JSONResponse:
         """Models and index are loaded; what each is, and any fallback in use (503 when the
         store cannot be reached)."""
@@ -314,9 +336,11 @@ def create_app(
 
     app.mount("/ui", _PageFiles(directory=WEB), name="ui")
 
-    # The last added runs first: CORS, then the key, then the size limit, then errors.
+    # The last added runs first: CORS, then the key, then the body's checks, then errors.
     app.add_middleware(ErrorMiddleware, on_llm_failure=health.record)
-    app.add_middleware(BodyLimitMiddleware, max_bytes=limits.request_bytes)
+    app.add_middleware(
+        BodyMiddleware, max_bytes=limits.request_bytes, timeout=settings.body_timeout
+    )
     if settings.api_key is not None:
         app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value())
     if settings.cors_origins:

@@ -221,13 +221,20 @@ def _as_messages(value: Any) -> list[BaseMessage]:
     messages = []
     for n, item in enumerate(value):
         try:
-            messages.extend(convert_to_messages([item]))
-        except (ValueError, TypeError, NotImplementedError) as exc:
-            raise ValueError(
-                f"chat_history[{n}] is not a message; give {{'type': 'human' or 'ai', "
-                "'content': text} or {'role': 'user' or 'assistant', 'content': text}"
-            ) from exc
+            message = convert_to_messages([item])[0]
+        except Exception as exc:  # langchain raises KeyError for a tool message without an id
+            raise ValueError(_NOT_A_TURN.format(n=n)) from exc
+        # The history is the conversation's turns: the user's and the assistant's words.
+        if message.type not in ("human", "ai") or not isinstance(message.content, str):
+            raise ValueError(_NOT_A_TURN.format(n=n))
+        messages.append(message)
     return messages
+
+
+_NOT_A_TURN = (
+    "chat_history[{n}] is not a turn of the conversation; give {{'type': 'human' or 'ai', "
+    "'content': text}} or {{'role': 'user' or 'assistant', 'content': text}}"
+)
 
 
 # The chat history field of every input that takes one.

@@ -24,7 +24,15 @@ from typing import Annotated, Any, Final, Literal
 
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.utils import ConfigurableFieldSpec
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, create_model
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    create_model,
+)
 
 from ragchains.chains.state import Step
 from ragchains.prompts.registry import (
@@ -46,11 +54,22 @@ AUTO: Final = "auto"
 AnswerStyle = Literal["auto", "quote", "free"]
 ANSWER_STYLES: tuple[str, ...] = ("auto", "quote", "free")
 
+
 # One annotation object per kind, shared by every chain: LangChain merges the config specs of
 # composed runnables and refuses two specs with one id that are not equal. (LangServe checks
 # only the bare type of each; the chains and the server's request check enforce the bounds.)
-K_TYPE = Annotated[int, Field(ge=1, le=MAX_K)]
-THRESHOLD_TYPE = Annotated[float, Field(allow_inf_nan=False)]
+def _a_number(value: Any) -> Any:
+    """Numbers only: pydantic would take "5" and true for 5 and 1."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("must be a number (not text or true/false)")
+    return value
+
+
+K_TYPE = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(_a_number)]
+# Every scorer's scores, and so its cut, lie in [0, 1].
+THRESHOLD_TYPE = Annotated[
+    float, Field(ge=0.0, le=1.0, allow_inf_nan=False), BeforeValidator(_a_number)
+]
 
 
 def version_key(prompt: str) -> str:
@@ -315,6 +334,8 @@ class Choices:
 def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None:
     """The reason a domain or prompt version a request named does not exist (for a 400),
     or None when ``key`` is neither."""
+    if not isinstance(value, str | int):
+        return None  # not a name at all: a type error, not a missing domain or version
     if key == DOMAIN_KEY:
         try:
             registry.domain(str(value))
@@ -339,6 +360,7 @@ def _as_options_error(registry: PromptRegistry, exc: ValidationError) -> ValueEr
         if reason is not None:
             return PromptSelectionError(reason)
     problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in exc.errors()
+        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
+        for err in exc.errors()
     )
     return OptionsError(f"invalid configurable value: {problems}")

@@ -11,6 +11,7 @@ import asyncio
 import functools
 import importlib.util
 import logging
+import re
 import threading
 import warnings
 import weakref
@@ -199,7 +200,6 @@ def openai_llm(
     """Any OpenAI-compatible chat endpoint: OpenAI, Azure OpenAI (its /openai/v1 base URL),
     Ollama, vLLM. The OpenAI client retries connection errors, 408, 429 and 5xx with
     exponential backoff; after that the fallback model, if any, gets the same request."""
-    from langchain_openai import ChatOpenAI
 
     key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
     if not key:
@@ -211,7 +211,7 @@ def openai_llm(
         key = "not-needed"  # local servers (Ollama, vLLM) ignore the key; the client wants one
 
     def chat(name: str) -> Any:
-        return ChatOpenAI(
+        return _checked_chat_openai()(
             model=name,
             base_url=base_url,
             api_key=SecretStr(key),
@@ -243,12 +243,74 @@ def openai_llm(
     )
 
 
+class UpstreamReplyError(Exception):
+    """The chat model's server answered 200 with something that is no chat completion (an
+    HTML page from a proxy, JSON without choices, a stream without chunks)."""
+
+
+@functools.cache
+def _checked_chat_openai() -> type[Any]:
+    """``ChatOpenAI`` whose upstream's malformed replies are the upstream's failures
+    (``UpstreamReplyError``: 502), not ValueErrors and TypeErrors that look like ours."""
+    from langchain_openai import ChatOpenAI
+
+    class CheckedChatOpenAI(ChatOpenAI):
+        def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
+            try:
+                return super()._create_chat_result(response, generation_info)
+            except (TypeError, ValueError, KeyError, AttributeError) as exc:
+                raise UpstreamReplyError(_NOT_A_COMPLETION) from exc
+
+        def _convert_chunk_to_generation_chunk(self, chunk: Any, *args: Any) -> Any:
+            # "choices": [] is the usage chunk at a stream's end; no choices at all is wrong.
+            if isinstance(chunk, dict) and chunk.get("choices") is None and not chunk.get("usage"):
+                raise UpstreamReplyError(_NOT_A_COMPLETION)
+            return super()._convert_chunk_to_generation_chunk(chunk, *args)
+
+        def _stream(self, *args: Any, **kwargs: Any) -> Any:
+            streamed = False
+            for chunk in super()._stream(*args, **kwargs):
+                streamed = True
+                yield chunk
+            if not streamed:
+                raise UpstreamReplyError(_NOT_A_COMPLETION)
+
+        async def _astream(self, *args: Any, **kwargs: Any) -> Any:
+            streamed = False
+            async for chunk in super()._astream(*args, **kwargs):
+                streamed = True
+                yield chunk
+            if not streamed:
+                raise UpstreamReplyError(_NOT_A_COMPLETION)
+
+    return CheckedChatOpenAI
+
+
+_NOT_A_COMPLETION = "the chat model's server answered with something that is not a chat completion"
+
+
 @dataclass(frozen=True)
 class LLMFailure:
-    """A chat model call that failed for a reason outside ragchains, said for the caller."""
+    """A chat model call that failed for a reason outside ragchains: ``message`` says it for
+    the caller (the status and what it means, never the upstream's own words: they may echo
+    a credential); ``detail`` has those words, credentials masked, for the server's log."""
 
     timed_out: bool
     message: str
+    detail: str = ""
+
+
+# What an upstream status means, for the caller.
+_STATUS_MEANING = {
+    400: "refused the request",
+    401: "refused the server's credentials",
+    403: "refused the server's credentials",
+    404: "does not know the model or the route",
+    408: "timed out",
+    413: "found the request too large",
+    422: "refused the request",
+    429: "is rate-limiting or out of capacity",
+}
 
 
 def explain_failure(exc: BaseException) -> LLMFailure | None:
@@ -263,17 +325,30 @@ def explain_failure(exc: BaseException) -> LLMFailure | None:
         if isinstance(error, openai.APITimeoutError | httpx.TimeoutException):
             return LLMFailure(True, "the chat model did not answer in time")
         if isinstance(error, openai.APIStatusError):
-            # The upstream's own words when its body has them, not the client's wrapping.
+            status = error.status_code
+            meaning = _STATUS_MEANING.get(status, "failed" if status >= 500 else "refused")
             body = error.body if isinstance(error.body, dict) else {}
-            said = body.get("message") or _short(error)
-            return LLMFailure(
-                False, f"the chat model's server answered {error.status_code}: {said}"
-            )
+            said = str(body.get("message") or "") or _short(error)
+            return LLMFailure(False, f"the chat model's server {meaning} ({status})", masked(said))
         if isinstance(error, openai.APIConnectionError | httpx.TransportError):
             return LLMFailure(False, "the chat model's server cannot be reached")
+        if isinstance(error, UpstreamReplyError):
+            cause = error.__cause__
+            return LLMFailure(False, str(error), masked(_short(cause)) if cause else "")
         if isinstance(error, openai.APIError):
-            return LLMFailure(False, f"the chat model failed: {_short(error)}")
+            return LLMFailure(
+                False, f"the chat model failed ({type(error).__name__})", masked(_short(error))
+            )
     return None
+
+
+# Credentials an upstream's error text may echo: bearer tokens, OpenAI-style keys.
+_CREDENTIALS = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"']?\s*[:=]\s*[\"']?)\S+|sk-[\w-]{6,}")
+
+
+def masked(text: str) -> str:
+    """``text`` with credentials it may hold replaced by ``***``."""
+    return _CREDENTIALS.sub(lambda m: (m.group(1) or "") + "***", text)
 
 
 def _causes(exc: BaseException) -> Iterator[BaseException]:

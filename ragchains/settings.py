@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     max_history_messages: int = Field(100, ge=0, description="longer chat histories get 422")
     max_history_chars: int = Field(100_000, ge=0, description="total characters of the history")
     max_batch_inputs: int = Field(32, ge=1, description="inputs per /batch request")
+    body_timeout: float = Field(
+        30.0, gt=0, description="seconds a request body may take to arrive; slower gets 408"
+    )
     worker_threads: int = Field(
         64,
         ge=1,

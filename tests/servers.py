@@ -65,7 +65,9 @@ def serving(app: Any) -> Iterator[str]:
 class FakeOpenAI(ThreadingHTTPServer):
     """Answers /v1/chat/completions (plain or streamed) like the real API, per model:
     "ok-*" replies, "down" fails with 503, "broken" with 500, "slow" sleeps 1.5 s first,
-    "trickle" streams a word every 0.2 s for a minute. ``behave_as`` makes every model behave
+    "trickle" streams a word every 0.2 s for a minute, "leaky" fails with 401 echoing the
+    request's Authorization header, "garbled" answers 200 with an HTML page, "hollow" 200
+    without choices. ``behave_as`` makes every model behave
     as the one named. With a ``gate`` (a threading.Barrier), each plain (not streamed)
     request waits until the gate's number of them are in at once, then replies (503 if they
     never are). Counts the requests per model, and the streams their client dropped."""
@@ -109,6 +111,23 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if behaviour == "broken":
             self._send(500, {"error": {"message": "model crashed", "type": "server_error"}})
+            return
+        if behaviour == "leaky":  # an upstream whose error echoes the request's credentials
+            said = f"bad credentials: Authorization: {self.headers.get('Authorization')}"
+            self._send(401, {"error": {"message": said, "type": "invalid_request_error"}})
+            return
+        if behaviour == "garbled":  # a 200 that is no chat completion (a proxy's login page)
+            self._send_bytes(200, b"<html>please log in</html>", "text/html")
+            return
+        if behaviour == "hollow":  # a 200 chat completion without choices
+            hollow = {"id": "x", "object": "chat.completion", "created": 0, "model": model}
+            if body.get("stream"):
+                frame = json.dumps({**hollow, "object": "chat.completion.chunk"})
+                self._send_bytes(
+                    200, f"data: {frame}\n\ndata: [DONE]\n\n".encode(), "text/event-stream"
+                )
+            else:
+                self._send(200, hollow)
             return
         text = f"answer from {model}"
         if body.get("stream"):
@@ -156,10 +175,12 @@ class _Handler(BaseHTTPRequestHandler):
             self.server.dropped_streams += 1
 
     def _send(self, status: int, payload: dict[str, Any]) -> None:
-        data = json.dumps(payload).encode()
+        self._send_bytes(status, json.dumps(payload).encode(), "application/json")
+
+    def _send_bytes(self, status: int, data: bytes, content_type: str) -> None:
         try:
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)

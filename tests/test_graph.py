@@ -356,8 +356,8 @@ def chat_choices() -> Choices:
         ({"prompt_version": 2}, ValueError, "prompt_version is replaced by one key per prompt"),
         ({"answer_version": "newest"}, PromptSelectionError, "has no version 'newest'"),
         ({"k": 0}, ValueError, "k: Input should be greater than or equal to 1"),
-        ({"k": "ten"}, ValueError, "k: Input should be a valid integer"),
-        ({"threshold": "high"}, ValueError, "threshold: Input should be a valid number"),
+        ({"k": "ten"}, ValueError, "k: must be a number"),
+        ({"threshold": "high"}, ValueError, "threshold: must be a number"),
     ],
 )
 def test_bad_configurable_values_fail_before_any_work(

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import fnmatch
+import json
 
 import httpx
 import pytest
@@ -74,3 +75,158 @@ def test_long_globs_are_refused_and_globs_do_not_grow_fnmatchs_cache(sample_serv
     assert fnmatch._compile_pattern.cache_info().currsize == before  # type: ignore[attr-defined]
     pdf = MetadataFilter(field="source", op="=", value="docs/*.pdf")
     assert columns.mask([pdf]).tolist() == [True, False]
+
+
+# ----------------------------------------------------------------------------- 3. 4xx, not 500
+POST_ROUTES = [
+    f"/{name}/{endpoint}"
+    for name in ("chat", "ask", "rewrite", "retrieve")
+    for endpoint in ("invoke", "batch", "stream", "stream_log", "stream_events")
+] + ["/v1/chat/completions", "/feedback"]
+
+
+def post_raw(
+    url: str, path: str, content: bytes, content_type: str = "application/json"
+) -> httpx.Response:
+    return httpx.post(
+        f"{url}{path}", content=content, headers={"Content-Type": content_type}, timeout=60
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/retrieve/batch", {"inputs": [{"query": ""}]}),
+        ("/ask/batch", {"inputs": [{"question": ""}]}),
+        ("/chat/batch", {"inputs": [{"question": "x", "chat_history": "no"}]}),
+        ("/retrieve/batch", {"inputs": None}),
+        ("/retrieve/batch", {"inputs": 0}),
+        ("/retrieve/batch", {"inputs": [None]}),
+        ("/retrieve/batch", {"inputs": {}}),
+        ("/retrieve/invoke", {"input": {"query": "x"}, "config": None}),
+        ("/retrieve/stream", {"input": {"query": "x"}, "config": None}),
+        ("/retrieve/batch", {"inputs": [{"query": "x"}], "config": [None]}),
+        ("/retrieve/invoke", {"input": {"query": "x"}, "kwargs": 1}),
+        ("/retrieve/invoke", {"input": {"query": "x"}, "prompt_version": "1; rm -rf /"}),
+        ("/retrieve/invoke", {"input": {"query": "x", "prompt_version": "1; rm -rf /"}}),
+        ("/retrieve/invoke", {"input": {"query": "x"}, "config": {"prompt_version": "1"}}),
+        (
+            "/retrieve/invoke",
+            {"input": {"query": "x"}, "config": {"configurable": {"domain": ["default"]}}},
+        ),
+        (
+            "/retrieve/invoke",
+            {"input": {"query": "x"}, "config": {"configurable": {"domain": {"a": 1}}}},
+        ),
+        ("/retrieve/invoke", {"input": {"query": "x"}, "config": {"configurable": {"k": "5"}}}),
+        ("/retrieve/invoke", {"input": {"query": "x"}, "config": {"configurable": {"k": True}}}),
+        (
+            "/retrieve/invoke",
+            {"input": {"query": "x"}, "config": {"configurable": {"threshold": -1}}},
+        ),
+        (
+            "/retrieve/invoke",
+            {"input": {"query": "x"}, "config": {"configurable": {"threshold": 2}}},
+        ),
+        ("/ask/invoke", {"input": {"question": "\u0000"}}),
+        (
+            "/chat/invoke",
+            {"input": {"question": "hi", "chat_history": [{"type": "system", "content": "x"}]}},
+        ),
+        (
+            "/chat/invoke",
+            {"input": {"question": "hi", "chat_history": [{"role": "tool", "content": "x"}]}},
+        ),
+        (
+            "/chat/invoke",
+            {
+                "input": {
+                    "question": "hi",
+                    "chat_history": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
+                }
+            },
+        ),
+    ],
+)
+def test_a_malformed_request_gets_422_with_its_reason(
+    sample_server: str, path: str, body: object
+) -> None:
+    reply = httpx.post(f"{sample_server}{path}", json=body, timeout=60)
+    assert reply.status_code == 422, (reply.status_code, reply.text)
+    assert "internal error" not in reply.text
+
+
+@pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
+def test_a_threshold_that_is_not_a_finite_number_is_refused(
+    sample_server: str, number: str
+) -> None:
+    body = '{"input": {"query": "x"}, "config": {"configurable": {"threshold": NUMBER}}}'
+    body = body.replace("NUMBER", number)
+    assert post_raw(sample_server, "/retrieve/invoke", body.encode()).status_code == 422
+
+
+@pytest.mark.parametrize("path", POST_ROUTES)
+def test_bodies_that_are_not_utf8_or_nest_too_deep_get_400(sample_server: str, path: str) -> None:
+    latin = post_raw(sample_server, path, '{"input": {"query": "caf\xe9"}}'.encode("latin-1"))
+    assert latin.status_code == 400 and "UTF-8" in latin.text
+    deep = post_raw(sample_server, path, b"[" * 1000 + b"]" * 1000)
+    assert deep.status_code == 400 and "nests deeper" in deep.text
+
+
+def test_playground_paths_that_are_no_file_get_404(sample_server: str) -> None:
+    for path in (
+        "/chat/playground/assets",
+        "/chat/playground/assets/",
+        "/chat/playground/%00",
+        "/chat/playground/a%00b.js",
+    ):
+        assert httpx.get(f"{sample_server}{path}").status_code == 404, path
+    assert httpx.get(f"{sample_server}/chat/playground/").status_code == 200
+
+
+# ----------------------------------------------------------------------------- 5. Content-Type
+@pytest.mark.parametrize(
+    "content_type",
+    [
+        "text/plain",
+        "application/x-www-form-urlencoded",
+        "multipart/form-data; boundary=x",
+        "application/json; charset=latin-1",
+    ],
+)
+@pytest.mark.parametrize(
+    "path", ["/retrieve/invoke", "/chat/stream", "/v1/chat/completions", "/feedback"]
+)
+def test_a_body_that_is_not_json_by_its_type_gets_415(
+    sample_server: str, path: str, content_type: str
+) -> None:
+    """A page on another origin can make a browser send text and form bodies without asking
+    first: parsed as JSON, they ran the model with no key set."""
+    message = {"role": "user", "content": "x"}
+    body = json.dumps({"input": {"query": "x"}, "model": "default", "messages": [message]})
+    reply = post_raw(sample_server, path, body.encode(), content_type)
+    assert reply.status_code == 415 and "application/json" in reply.text
+
+
+# ----------------------------------------------------------------------------- 8. HEAD, slow bodies
+def test_health_checks_answer_head(sample_server: str) -> None:
+    for path in ("/healthz", "/readyz"):
+        reply = httpx.head(f"{sample_server}{path}")
+        assert reply.status_code == 200 and reply.content == b""
+
+
+def test_a_body_shorter_than_its_length_is_cut_off_with_408(serve_samples) -> None:  # type: ignore[no-untyped-def]
+    import socket
+    from urllib.parse import urlsplit
+
+    with serve_samples(body_timeout=0.5) as base:
+        where = urlsplit(base)
+        with socket.create_connection((where.hostname, where.port), timeout=10) as conn:
+            conn.sendall(
+                b"POST /retrieve/invoke HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"input":'
+            )
+            reply = b""
+            while chunk := conn.recv(4096):  # the server closes the connection after it
+                reply += chunk
+        assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive within 0.5 seconds" in reply

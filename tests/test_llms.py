@@ -118,3 +118,10 @@ def test_openai_needs_a_key_or_a_local_base_url() -> None:
     with pytest.raises(LLMConfigError, match="RAGCHAINS_OPENAI_API_KEY"):
         openai_llm(model="gpt-4o-mini")
     assert openai_llm(model="m", api_key="sk-test").name == "m"
+
+
+def test_credentials_in_an_upstreams_words_are_masked() -> None:
+    from ragchains.llms import masked
+
+    said = masked("bad key sk-abc123DEF456 for Authorization: Bearer tok.en-1; api_key='k3y' rest")
+    assert said == "bad key *** for Authorization: Bearer *** api_key='*** rest"

@@ -21,7 +21,12 @@ import pytest
 
 from ragchains.factory import build_retriever, build_service, open_index
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.filters import FilterError, MetadataFilter
+from ragchains.retrievers.filters import (
+    MAX_GLOB_CHARS,
+    MAX_VALUE_CHARS,
+    FilterError,
+    MetadataFilter,
+)
 from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import load_index
@@ -276,8 +281,12 @@ def test_hostile_values_are_matched_literally(
         for wildcard in ("50%", "5%", "%", "_", "5_", "O'Brien%", "50\\% off", "a*b%"):
             assert names({"field": "label", "op": "=", "value": wildcard}) == []
         assert names({"field": "label", "op": "=", "value": "50% off\x00"}) == []
-        assert names({"field": "label", "op": "=", "value": "x" * 100_000}) == []
-        assert names({"field": "filename", "op": "=", "value": "*" + "?" * 10_000}) == []
+        assert names({"field": "label", "op": "=", "value": "x" * MAX_VALUE_CHARS}) == []
+        glob = "*" + "?" * (MAX_GLOB_CHARS - 1)
+        assert names({"field": "filename", "op": "=", "value": glob}) == []
+        for too_long in ("x" * 100_000, "*" + "?" * 10_000):  # refused before any SQL
+            with pytest.raises(FilterError, match="at most"):
+                names({"field": "filename", "op": "=", "value": too_long})
         # Globs: only * ? [ ] are special; % and _ are themselves.
         real = {"field": "filename", "op": "=", "value": "100%_*.md"}
         assert names(real, query="real") == ["100%_real.md"]

@@ -195,7 +195,7 @@ LONG = "x" * 100_000
             "/chat/invoke",
             {"input": {"question": "hi", "chat_history": [{"role": "user"}]}},
             422,
-            "chat_history[0] is not a message",
+            "chat_history[0] is not a turn of the conversation",
         ),
         ("/chat/invoke", {"input": {"question": "hi", "chat_history": "hello"}}, 422, "a list"),
         (

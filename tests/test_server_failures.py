@@ -84,7 +84,7 @@ def test_failing_llm_is_502_and_the_next_request_is_served(
     try:
         failed = httpx.post(f"{guarded_url}/ask/invoke", json=body, headers=headers)
         assert failed.status_code == 502
-        assert failed.json() == {"detail": "the chat model's server answered 503: overloaded"}
+        assert failed.json() == {"detail": "the chat model's server failed (503)"}
         # In a stream the status is already sent: the error event carries it.
         remote = RemoteRunnable(f"{guarded_url}/ask/", headers=headers)
         with pytest.raises(httpx.HTTPStatusError) as streamed:
@@ -103,6 +103,56 @@ def test_failing_llm_is_502_and_the_next_request_is_served(
     served = httpx.post(f"{guarded_url}/ask/invoke", json=body, headers=headers)
     assert served.status_code == 200
     assert served.json()["output"]["answer"].strip() == "answer from ok-main"
+
+
+@pytest.mark.parametrize("behaviour", ["garbled", "hollow"])
+def test_an_upstream_200_that_is_no_chat_completion_is_502_and_recorded(
+    guarded_url: str, upstream: FakeOpenAI, behaviour: str
+) -> None:
+    """An HTML page (a proxy's login) or JSON without choices, answered 200: it was a 500."""
+    headers = {"X-API-Key": KEY}
+    upstream.behave_as = behaviour
+    try:
+        plain = httpx.post(
+            f"{guarded_url}/ask/invoke", json={"input": {"question": QUESTION}}, headers=headers
+        )
+        assert plain.status_code == 502
+        assert "not a chat completion" in plain.json()["detail"]
+        client = openai.OpenAI(base_url=f"{guarded_url}/v1", api_key=KEY, max_retries=0)
+        with pytest.raises(openai.APIStatusError) as sdk:
+            client.chat.completions.create(
+                model="default", messages=[{"role": "user", "content": QUESTION}], stream=True
+            )
+        assert sdk.value.status_code == 502
+        ready = httpx.get(f"{guarded_url}/readyz").json()
+        assert "not a chat completion" in ready["llm"]["last_failure"]["message"]
+    finally:
+        upstream.behave_as = None
+
+
+def test_an_upstream_error_that_echoes_credentials_reaches_no_caller(
+    guarded_url: str, upstream: FakeOpenAI
+) -> None:
+    """An upstream 401 echoing 'Authorization: Bearer ...' reached the caller and /readyz
+    (which needs no key): callers get the status and what it means, the log the rest."""
+    headers = {"X-API-Key": KEY}
+    upstream.behave_as = "leaky"
+    try:
+        plain = httpx.post(
+            f"{guarded_url}/ask/invoke", json={"input": {"question": QUESTION}}, headers=headers
+        )
+        remote = RemoteRunnable(f"{guarded_url}/ask/", headers=headers)
+        with pytest.raises(httpx.HTTPStatusError) as streamed:
+            list(remote.stream({"question": QUESTION}))
+        ready = httpx.get(f"{guarded_url}/readyz").text
+    finally:
+        upstream.behave_as = None
+    assert plain.status_code == 502
+    assert plain.json() == {
+        "detail": "the chat model's server refused the server's credentials (401)"
+    }
+    said = [plain.text, streamed.value.response.text, str(streamed.value), ready]
+    assert not [text for text in said if "Bearer" in text or "bad credentials" in text]
 
 
 def test_llm_timeout_is_504(guarded_url: str, upstream: FakeOpenAI) -> None:

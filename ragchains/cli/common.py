@@ -226,8 +226,8 @@ def one_line(exc: Exception) -> str:
     from ragchains.llms import explain_failure
 
     failure = explain_failure(exc)
-    if failure is not None:
-        return failure.message
+    if failure is not None:  # the operator's own upstream: its words help (credentials masked)
+        return f"{failure.message}: {failure.detail}" if failure.detail else failure.message
     if isinstance(exc, ValueError):
         return str(exc)
     raise exc  # a bug: the traceback is the useful report

@@ -88,7 +88,9 @@ class ErrorMiddleware:
             status, reason, failure = classify(exc)
             if failure is not None:
                 self.on_llm_failure(failure)
-                log.warning("%s %s: %s", scope.get("method"), scope.get("path"), reason)
+                # The upstream's own words go to the log only (credentials masked).
+                said = f" ({failure.detail})" if failure.detail else ""
+                log.warning("%s %s: %s%s", scope.get("method"), scope.get("path"), reason, said)
             else:
                 log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:

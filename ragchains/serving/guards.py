@@ -1,8 +1,10 @@
-"""Checks made before a request reaches any route: the API key and the body size."""
+"""Checks made before a request reaches any route: the API key and the body."""
 
 from __future__ import annotations
 
+import asyncio
 import hmac
+import json
 from typing import Any
 
 from ragchains.serving.errors import Message, Scope, error_body, send_json
@@ -50,45 +52,130 @@ def _is_open(scope: Scope) -> bool:
     )
 
 
-class BodyLimitMiddleware:
-    """Bodies over the limit get 413 before anything reads them."""
+# The media types a body may have: JSON, the only one any route reads.
+JSON_TYPES = (b"application/json",)
+JSON_SUFFIX = b"+json"
+# How deep a JSON body may nest: requests nest a few levels (a filter in a list in the
+# input); a body nested a thousand deep only exhausts the parsers' recursion.
+MAX_JSON_DEPTH = 64
+BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
-    def __init__(self, app: Any, max_bytes: int) -> None:
+
+class BodyMiddleware:
+    """Every request body checked before any route reads it: JSON by its Content-Type (415;
+    a page on another origin can send text or form bodies without asking first, JSON it
+    cannot), at most ``max_bytes`` (413), arriving within ``timeout`` seconds (408), UTF-8
+    text (400) and JSON nested at most ``MAX_JSON_DEPTH`` deep (400). The body is read here,
+    bounded, and handed on."""
+
+    def __init__(self, app: Any, max_bytes: int, timeout: float) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.timeout = timeout
+        self._too_large = f"the request body is larger than {max_bytes} bytes"
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None:
-            if length.isdigit() and int(length) > self.max_bytes:
-                await self._refuse(scope, send)
-                return
-            await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
+            await self._refuse(
+                scope, send, 413, f"the request body is larger than {self.max_bytes} bytes"
+            )
             return
-        # No length given (chunked upload): read up to the limit, then hand the body on.
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] != "http.request":
-                break
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.max_bytes:
-                await self._refuse(scope, send)
-                return
-            if not message.get("more_body"):
-                break
-        replay = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
+        if not _is_json(headers.get(b"content-type", b"")):
+            reason = "send the request body as JSON, with 'Content-Type: application/json'"
+            await self._refuse(scope, send, 415, reason)
+            return
+        body = await self._read(scope, receive, send)
+        if body is None:
+            return
+        # A large body is parsed off the event loop (small ones take microseconds).
+        problem = (
+            await asyncio.to_thread(_json_problem, body)
+            if len(body) > 65_536
+            else _json_problem(body)
+        )
+        if problem is not None:
+            await self._refuse(scope, send, 400, problem)
+            return
+        replay = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed() -> Message:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, replayed, send)
 
-    async def _refuse(self, scope: Scope, send: Any) -> None:
-        reason = f"the request body is larger than {self.max_bytes} bytes"
-        await send_json(send, 413, error_body(scope["path"], 413, reason))
+    async def _read(self, scope: Scope, receive: Any, send: Any) -> bytes | None:
+        """The whole body, or None once the request has been refused (too large, too slow,
+        or the client went away)."""
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), self.timeout)
+            except TimeoutError:
+                reason = f"the request body did not arrive within {self.timeout:g} seconds"
+                await self._refuse(scope, send, 408, reason, Connection="close")
+                return None
+            if message["type"] != "http.request":  # the client disconnected
+                return None
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.max_bytes:
+                await self._refuse(
+                    scope, send, 413, f"the request body is larger than {self.max_bytes} bytes"
+                )
+                return None
+            if not message.get("more_body"):
+                return b"".join(chunks)
+
+    @staticmethod
+    async def _refuse(scope: Scope, send: Any, status: int, reason: str, **headers: str) -> None:
+        await send_json(send, status, error_body(scope["path"], status, reason), **headers)
+
+
+def _is_json(content_type: bytes) -> bool:
+    media, _, params = content_type.partition(b";")
+    media = media.strip().lower()
+    if media not in JSON_TYPES and not (
+        media.startswith(b"application/") and media.endswith(JSON_SUFFIX)
+    ):
+        return False
+    charset = params.strip().lower().removeprefix(b"charset=").strip(b'" ')
+    return not params.strip() or charset in (b"utf-8", b"utf8")
+
+
+def _json_problem(body: bytes) -> str | None:
+    """Why ``body`` cannot be JSON a route reads, or None (malformed JSON is left to the
+    route, which names where it fails)."""
+    try:
+        body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"the request body is not UTF-8 text (a bad byte at position {exc.start})"
+    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
+        return None  # cannot nest deeper than it has brackets
+    try:
+        value = json.loads(body)
+    except RecursionError:
+        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
+    except ValueError:
+        return None
+    if _depth(value) > MAX_JSON_DEPTH:
+        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
+    return None
+
+
+def _depth(value: Any) -> int:
+    """How deep lists and objects nest in ``value`` (no recursion: it may be deep)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, level = pending.pop()
+        if isinstance(item, dict):
+            item = list(item.values())
+        if isinstance(item, list):
+            deepest = max(deepest, level)
+            pending.extend((child, level + 1) for child in item)
+    return deepest

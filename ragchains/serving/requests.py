@@ -5,12 +5,13 @@ choices: unknown keys and bad values 422, a domain or prompt version that does n
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from fastapi import HTTPException
-from langchain_core.runnables import Runnable, RunnableBinding
+from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from ragchains.chains.graph import PROMPTS_USED, AskInput, ChatInput
@@ -20,6 +21,9 @@ from ragchains.chains.rewrite import RewriteInput
 from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.settings import Settings
+
+# Characters no typed text holds (tab and line breaks aside): a NUL-only question is not one.
+CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,8 @@ class Limits:
     def text(self, text: str, what: str) -> str:
         if not text.strip():
             raise ValueError(f"the {what} is empty")
+        if CONTROL_CHARACTERS.search(text):
+            raise ValueError(f"the {what} holds control characters (such as NUL)")
         if len(text) > self.question_chars:
             raise ValueError(
                 f"the {what} has {len(text)} characters; the limit is {self.question_chars}"
@@ -79,18 +85,22 @@ def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[
         return validate_filters(value, fields)
 
     class ChatRequest(ChatInput):
+        model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
         _question = field_validator("question")(question)
         _history = field_validator("chat_history")(history)
 
     class AskRequest(AskInput):
+        model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
         _question = field_validator("question")(question)
         _filters = field_validator("filters")(filters)
 
     class RewriteRequest(RewriteInput):
+        model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
         _question = field_validator("question")(question)
         _history = field_validator("chat_history")(history)
 
     class RetrieveRequest(RetrieveInput):
+        model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
         _query = field_validator("query")(lambda text: limits.text(text, "query"))
         _alternatives = field_validator("alternatives")(
             lambda texts: [limits.text(text, "alternative query") for text in texts]
@@ -188,3 +198,78 @@ class Route:
         except OptionsError as exc:
             raise HTTPException(422, str(exc)) from exc
         return values
+
+
+# What each LangServe endpoint's body may hold besides its input (LangServe ignores other
+# keys, so a misspelt one would quietly do nothing).
+_EVENT_FILTERS = frozenset(
+    f"{way}_{what}" for way in ("include", "exclude") for what in ("names", "types", "tags")
+)
+BODY_KEYS: dict[str, frozenset[str]] = {
+    "invoke": frozenset({"input", "config", "kwargs"}),
+    "stream": frozenset({"input", "config", "kwargs"}),
+    "batch": frozenset({"inputs", "config", "kwargs"}),
+    "stream_log": frozenset({"input", "config", "kwargs", "diff"}) | _EVENT_FILTERS,
+    "stream_events": frozenset({"input", "config", "kwargs"}) | _EVENT_FILTERS,
+}
+CONFIG_KEYS = frozenset(RunnableConfig.__annotations__)
+
+
+class BodyProblem(ValueError):
+    """A request body that does not have the shape of its endpoint: ``loc`` names where."""
+
+    def __init__(self, loc: tuple[Any, ...], message: str, kind: str = "value_error") -> None:
+        super().__init__(message)
+        self.error = {"loc": ("body", *loc), "msg": message, "type": kind}
+
+
+def check_body(route: Route, endpoint: str, body: Any, limits: Limits) -> None:
+    """A LangServe request's body checked before LangServe reads it: an object with only its
+    endpoint's keys, configs that are objects with known keys, and for a batch a list of
+    inputs (at most ``limits.batch_inputs``, 413) each valid for the route. LangServe checks
+    batch items and configs only as it runs them, answering a bad one with 500."""
+    if not isinstance(body, dict):
+        raise BodyProblem((), "the body must be a JSON object", "dict_type")
+    unknown = sorted(set(body) - BODY_KEYS[endpoint])
+    if unknown:
+        raise BodyProblem((unknown[0],), f"unknown key(s) {', '.join(map(repr, unknown))}")
+    if "kwargs" in body and not isinstance(body["kwargs"], dict):
+        raise BodyProblem(("kwargs",), "kwargs must be an object", "dict_type")
+    configs = body.get("config", {})
+    if endpoint == "batch" and isinstance(configs, list):
+        for n, config in enumerate(configs):
+            _check_config(route, config, ("config", n))
+    else:
+        _check_config(route, configs, ("config",))
+    if endpoint != "batch":
+        return
+    inputs = body.get("inputs")
+    if not isinstance(inputs, list):
+        raise BodyProblem(("inputs",), "inputs must be a list of inputs", "list_type")
+    if len(inputs) > limits.batch_inputs:
+        raise HTTPException(
+            413, f"a batch holds {len(inputs)} inputs; the limit is {limits.batch_inputs}"
+        )
+    if isinstance(configs, list) and len(configs) != len(inputs):
+        raise BodyProblem(("config",), "a list of configs needs one config per input")
+    for n, item in enumerate(inputs):
+        try:
+            route.request_model.model_validate(item)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            message = str(first.get("msg", "")).removeprefix("Value error, ")
+            raise BodyProblem(("inputs", n, *first.get("loc", ())), message) from exc
+
+
+def _check_config(route: Route, config: Any, loc: tuple[Any, ...]) -> None:
+    """A config as sent: an object of RunnableConfig's keys whose ``configurable`` choices
+    pass the route's check as written (LangServe's own check turns "5" into 5 first)."""
+    if not isinstance(config, dict):
+        raise BodyProblem(loc, "config must be an object", "dict_type")
+    unknown = sorted(set(config) - CONFIG_KEYS)
+    if unknown:
+        raise BodyProblem(
+            (*loc, unknown[0]), f"unknown config key(s) {', '.join(map(repr, unknown))}"
+        )
+    if "configurable" in config:
+        route.check(config["configurable"])
