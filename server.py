@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import posixpath
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
@@ -40,6 +41,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
+from ragchains.chains.options import error_message
 from ragchains.factory import Service, build_service, configure_runtime
 from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError, feedback_path
 from ragchains.llms import LLMFailure
@@ -51,7 +53,6 @@ from ragchains.serving.guards import ApiKeyMiddleware, BodyMiddleware
 from ragchains.serving.openai_api import openai_router
 from ragchains.serving.requests import (
     BODY_KEYS,
-    BodyProblem,
     KnownKeysOnly,
     Limits,
     Route,
@@ -129,7 +130,10 @@ def _config_check(route: Route) -> Any:
     any work, while a stream can still answer with a status (see Route.check)."""
 
     def check(config: dict[str, Any], request: Request) -> dict[str, Any]:
-        route.check(config.get("configurable") or {})
+        # A body's own configurable was checked as sent (check_body); a config link's
+        # (/c/{config_hash}/...) is checked here, merged with it.
+        if request.path_params.get("config_hash"):
+            route.check(config.get("configurable") or {})
         return config
 
     return check
@@ -150,16 +154,16 @@ def _body_check(route: Route, limits: Limits) -> Any:
             body = await request.json()
         except ValueError:
             return  # LangServe answers malformed JSON with 422
-        try:
-            check_body(route, endpoint, body, limits)
-        except BodyProblem as exc:
-            raise RequestValidationError([exc.error]) from exc
+        check_body(route, endpoint, body, limits)
 
     return check
 
 
-# The playground's files as LangServe serves them (the default playground type).
-PLAYGROUND_FILES = (Path(langserve.__file__).parent / "playground" / "dist").resolve()
+# The playground's files as LangServe serves them (the default playground type), by path.
+_PLAYGROUND = Path(langserve.__file__).parent / "playground" / "dist"
+PLAYGROUND_FILES = frozenset(
+    path.relative_to(_PLAYGROUND).as_posix() for path in _PLAYGROUND.rglob("*") if path.is_file()
+)
 
 
 async def _playground_file(request: Request) -> None:
@@ -167,10 +171,7 @@ async def _playground_file(request: Request) -> None:
     it is 404 (LangServe opens any path under its folder, and a folder or a NUL in the
     name is a 500 there)."""
     name = request.path_params.get("file_path")
-    if not name:
-        return  # not a playground route, or its page
-    path = (PLAYGROUND_FILES / name).resolve() if "\x00" not in name else None
-    if path is None or not path.is_relative_to(PLAYGROUND_FILES) or not path.is_file():
+    if name and posixpath.normpath(name) not in PLAYGROUND_FILES:
         raise HTTPException(404, f"the playground has no file {name[:100]!r}")
 
 
@@ -358,6 +359,6 @@ def _problem(err: Any) -> Any:
         return {"msg": str(err)}
     return {
         "loc": err.get("loc"),
-        "msg": str(err.get("msg", "")).removeprefix("Value error, "),
+        "msg": error_message(err),
         "type": err.get("type"),
     }

@@ -32,14 +32,13 @@ import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
-    RunnableGenerator,
     RunnablePassthrough,
 )
 from langchain_core.runnables.utils import AddableDict
@@ -55,7 +54,7 @@ from ragchains.chains.quote import (
     shortlist,
 )
 from ragchains.chains.retrieve import citation_label, compressor_score, to_source
-from ragchains.chains.state import agather, gather, inline, read_input
+from ragchains.chains.state import StreamStep, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 
 DONT_KNOW = "I don't know based on the available documents."
@@ -313,21 +312,7 @@ def create_answer_chain(
     free for others); a request's or domain's ``answer_style`` wins over it."""
     answerer = Answerer(llm=as_llm(llm), history_tokens=history_tokens, answer_style=answer_style)
     choices = Choices(prompts or default_registry(), PROMPTS)
-
-    def stream(inputs: Iterator[Any], config: RunnableConfig) -> Iterator[AddableDict]:
-        yield from answerer.stream(gather(inputs), config)
-
-    async def astream(
-        inputs: AsyncIterator[Any], config: RunnableConfig
-    ) -> AsyncIterator[AddableDict]:
-        async for event in answerer.astream(await agather(inputs), config):
-            yield event
-
-    # RunnableGenerator passes the run's config to functions that take one; its type hints
-    # do not say so.
-    answer: Runnable[Any, Any] = RunnableGenerator(
-        cast(Any, stream), cast(Any, astream), name="answer"
-    )
+    answer = StreamStep(answerer.stream, answerer.astream, name="answer")
     chain = (
         inline(partial(read_input, AnswerInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())

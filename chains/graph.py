@@ -35,7 +35,6 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
-    RunnablePassthrough,
 )
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
@@ -404,7 +403,7 @@ def _parts(
     return _Parts(as_llm(llm), Searcher(retriever), compressor, prompts or default_registry())
 
 
-class _Stage(Step):
+def _stage(name: str, key: str, step: Step) -> Step:
     """A stage of a turn: ``step``'s function on the turn's state, its result added under
     ``key`` (nothing is mutated in place), as one run named after the stage.
 
@@ -412,24 +411,15 @@ class _Stage(Step):
     one-key map and the step itself); each run is work on the event loop that concurrent
     turns queue for. The step's declared choices (``config_specs``) stay declared.
     """
+    call, acall = step.call, step.acall
 
-    def __init__(self, name: str, key: str, step: Step) -> None:
-        call, acall = step.call, step.acall
+    def add(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        return {**state, key: call(state, config)}
 
-        def add(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-            return {**state, key: call(state, config)}
+    async def aadd(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+        return {**state, key: await acall(state, config)}
 
-        async def aadd(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-            return {**state, key: await acall(state, config)}
-
-        super().__init__(add, aadd, name=name, config_specs=lambda: step.config_specs)
-
-
-def _stage(name: str, key: str, step: Runnable[Any, Any]) -> Runnable[Any, Any]:
-    """A stage that adds ``step``'s result to the turn's state under ``key``."""
-    if isinstance(step, Step):
-        return _Stage(name, key, step)
-    return RunnablePassthrough.assign(**{key: step}).with_config(run_name=name)
+    return Step(add, aadd, name=name, config_specs=lambda: step.config_specs)
 
 
 def create_chat_chain(

@@ -359,8 +359,17 @@ def _as_options_error(registry: PromptRegistry, exc: ValidationError) -> ValueEr
         reason = explain_choice(registry, key, err.get("input"))
         if reason is not None:
             return PromptSelectionError(reason)
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc'])}: {err['msg'].removeprefix('Value error, ')}"
-        for err in exc.errors()
-    )
+    problems = "; ".join(problem_text(err) for err in exc.errors())
     return OptionsError(f"invalid configurable value: {problems}")
+
+
+def error_message(err: Mapping[str, Any]) -> str:
+    """A pydantic error's message, without the "Value error, " pydantic puts before ours."""
+    return str(err.get("msg", "")).removeprefix("Value error, ")
+
+
+def problem_text(err: Mapping[str, Any], *, skip: int = 0) -> str:
+    """A pydantic error as one line: where (its ``loc``, the first ``skip`` parts left out)
+    and what."""
+    where = ".".join(str(p) for p in err.get("loc", ())[skip:])
+    return f"{where}: {error_message(err)}" if where else error_message(err)

@@ -359,7 +359,7 @@ def choices_for(
     )
 
 
-def retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]:
+def retrieve_stage(searcher: Searcher) -> Step:
     """The retrieve step over a turn's state: its ``search`` (query, filters, phrasings)
     and ``options`` (k) in, ``Retrieved`` out."""
 
@@ -385,7 +385,7 @@ def retrieve_stage(searcher: Searcher) -> Runnable[Mapping[str, Any], Retrieved]
 
 def compress_stage(
     compressor: BaseDocumentCompressor | None,
-) -> Runnable[Mapping[str, Any], Compressed]:
+) -> Step:
     """The compress step over a turn's state: ``retrieved`` documents, the ``search`` query
     and ``options`` (threshold) in, ``Compressed`` out."""
 

@@ -346,9 +346,7 @@ def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
 PROMPTS = ("rewrite", "multi_query")
 
 
-def rewrite_stage(
-    *, llm: LLM, fields: Mapping[str, str], history_tokens: int = 1024
-) -> Runnable[Mapping[str, Any], RewriteOutput]:
+def rewrite_stage(*, llm: LLM, fields: Mapping[str, str], history_tokens: int = 1024) -> Step:
     """The rewrite step over a turn's state: ``question``, ``chat_history`` and the resolved
     ``options`` in, a ``RewriteOutput`` out."""
     rewriter = _Rewriter(llm, fields, history_tokens)

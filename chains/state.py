@@ -13,6 +13,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
+from contextlib import aclosing, closing
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig, RunnableSequence
@@ -79,7 +80,7 @@ class Step(Runnable[Any, Any]):
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         config = ensure_config(config)
         run = get_callback_manager_for_config(config).on_chain_start(
-            None, input, name=config.get("run_name") or self.name, run_id=config.pop("run_id", None)
+            None, input, **_naming(config, self.get_name())
         )
         child = patch_config(config, callbacks=run.get_child())
         token = var_child_runnable_config.set(child)
@@ -96,7 +97,7 @@ class Step(Runnable[Any, Any]):
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         config = ensure_config(config)
         run = await get_async_callback_manager_for_config(config).on_chain_start(
-            None, input, name=config.get("run_name") or self.name, run_id=config.pop("run_id", None)
+            None, input, **_naming(config, self.get_name())
         )
         child = patch_config(config, callbacks=run.get_child())
         # Set and reset in this task, around the await: nested steps do the same, in order.
@@ -162,46 +163,21 @@ class Settled(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic 
     unchanged otherwise: ``get_graph()`` draws them, and each reports its own run to
     callbacks (``astream_events``) as before.
 
-    A sequence's steps are invoked in the caller's task, one after the other, under the
-    sequence's run (``RunnableSequence.ainvoke`` starts a task and copies the context for
-    each step).
+    Async, a sequence's steps are invoked in the caller's task, one after the other, under
+    the sequence's run (``RunnableSequence.ainvoke`` starts a task and copies the context
+    for each step).
     """
-
-    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        if not isinstance(self.bound, RunnableSequence) or kwargs:
-            return super().invoke(input, config, **kwargs)
-        config = ensure_config(self._merge_configs(config))
-        run = get_callback_manager_for_config(config).on_chain_start(
-            None,
-            input,
-            name=config.get("run_name") or self.bound.get_name(),
-            run_id=config.pop("run_id", None),
-        )
-        try:
-            for i, step in enumerate(self.bound.steps, start=1):
-                input = step.invoke(
-                    input, patch_config(config, callbacks=run.get_child(f"seq:step:{i}"))
-                )
-        except BaseException as exc:
-            run.on_chain_error(exc)
-            raise
-        run.on_chain_end(input)
-        return input
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if not isinstance(self.bound, RunnableSequence) or kwargs:
             return await super().ainvoke(input, config, **kwargs)
         config = ensure_config(self._merge_configs(config))
         run = await get_async_callback_manager_for_config(config).on_chain_start(
-            None,
-            input,
-            name=config.get("run_name") or self.bound.get_name(),
-            run_id=config.pop("run_id", None),
+            None, input, **_naming(config, self.bound.get_name())
         )
         try:
             for i, step in enumerate(self.bound.steps, start=1):
-                child = patch_config(config, callbacks=run.get_child(f"seq:step:{i}"))
-                input = await step.ainvoke(input, child)
+                input = await step.ainvoke(input, _child(config, run, f"seq:step:{i}"))
         except BaseException as exc:
             await run.on_chain_error(exc)
             raise
@@ -227,35 +203,80 @@ class Settled(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic 
         yield await self.ainvoke(await agather(input), config, **kwargs)
 
 
-class StreamStep(Runnable[Any, Any]):
-    """One named run of a generator of a turn's state: what a ``RunnableGenerator`` is to
-    callbacks, ``astream_events`` and ``astream_log``, without a task per chunk.
-
-    ``gen(state, config)`` yields the chunks for sync callers, ``agen(state, config)`` for
-    async ones; the chunks must add up (``AddableDict``): ``invoke`` returns their sum.
+class _StreamedRun(Runnable[Any, Any]):
+    """Chunks that add up, made by ``_produce`` (sync callers) or ``_aproduce`` (async) as
+    one run: started, streamed (a streaming handler, ``astream_events`` or ``astream_log``,
+    sees each chunk), ended with their sum or the error. ``invoke`` returns the sum; a
+    streamed input is gathered into one first. The producer gets the run (to make children
+    of it) and the config; the run's child config is the current one while it works, as
+    LangChain sets it, and it is closed when the consumer stops early. Keyword arguments
+    are not used. LangChain's own streaming runs start a task per chunk at each level.
     """
 
-    def __init__(
-        self,
-        gen: Callable[[Any, RunnableConfig], Iterator[Any]],
-        agen: Callable[[Any, RunnableConfig], AsyncIterator[Any]],
-        *,
-        name: str,
-    ) -> None:
-        self.name = name
-        self.gen, self.agen = gen, agen
+    def _produce(self, input: Any, run: Any, config: RunnableConfig) -> Iterator[Any]:
+        raise NotImplementedError
+
+    def _aproduce(self, input: Any, run: Any, config: RunnableConfig) -> AsyncIterator[Any]:
+        raise NotImplementedError
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return stream_as_run(
-            self.get_name(), input, config, lambda _, child: self.gen(input, child)
+        config = ensure_config(config)
+        run = get_callback_manager_for_config(config).on_chain_start(
+            None, input, **_naming(config, self.get_name())
         )
+        current = patch_config(config, callbacks=run.get_child())
+        produced = self._produce(input, run, config)
+        chunks = _tapped(run, produced, asynchronous=False)
+        total: Any = None
+        try:
+            while True:
+                token = var_child_runnable_config.set(current)
+                try:
+                    chunk = next(chunks)
+                except StopIteration:
+                    break
+                finally:
+                    var_child_runnable_config.reset(token)
+                yield chunk
+                total = _plus(total, chunk)
+        except BaseException as exc:  # the producer ends (its children report) first
+            for iterator in (chunks, produced):
+                getattr(iterator, "close", lambda: None)()
+            run.on_chain_error(exc)
+            raise
+        run.on_chain_end(total)
 
-    def astream(
+    async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        return astream_as_run(
-            self.get_name(), input, config, lambda _, child: self.agen(input, child)
+        config = ensure_config(config)
+        run = await get_async_callback_manager_for_config(config).on_chain_start(
+            None, input, **_naming(config, self.get_name())
         )
+        current = patch_config(config, callbacks=run.get_child())
+        produced = self._aproduce(input, run, config)
+        chunks = _tapped(run, produced, asynchronous=True)
+        total: Any = None
+        try:
+            while True:
+                # Set and reset around each step of the producer, in this task.
+                token = var_child_runnable_config.set(current)
+                try:
+                    chunk = await anext(chunks)
+                except StopAsyncIteration:
+                    break
+                finally:
+                    var_child_runnable_config.reset(token)
+                yield chunk
+                total = _plus(total, chunk)
+        except BaseException as exc:  # the producer ends (its children report) first
+            for iterator in (chunks, produced):
+                close = getattr(iterator, "aclose", None)
+                if close is not None:
+                    await close()
+            await run.on_chain_error(exc)
+            raise
+        await run.on_chain_end(total)
 
     def transform(
         self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any
@@ -275,7 +296,32 @@ class StreamStep(Runnable[Any, Any]):
         return added([chunk async for chunk in self.astream(input, config)])
 
 
-class Turn(Runnable[Any, Any]):
+class StreamStep(_StreamedRun):
+    """One named run of a generator of a turn's state: what a ``RunnableGenerator`` is to
+    callbacks, ``astream_events`` and ``astream_log``, without a task per chunk.
+
+    ``gen(state, config)`` yields the chunks for sync callers, ``agen(state, config)`` for
+    async ones; the chunks must add up (``AddableDict``): ``invoke`` returns their sum.
+    """
+
+    def __init__(
+        self,
+        gen: Callable[[Any, RunnableConfig], Iterator[Any]],
+        agen: Callable[[Any, RunnableConfig], AsyncIterator[Any]],
+        *,
+        name: str,
+    ) -> None:
+        self.name = name
+        self.gen, self.agen = gen, agen
+
+    def _produce(self, input: Any, run: Any, config: RunnableConfig) -> Iterator[Any]:
+        return self.gen(input, _child(config, run))
+
+    def _aproduce(self, input: Any, run: Any, config: RunnableConfig) -> AsyncIterator[Any]:
+        return self.agen(input, _child(config, run))
+
+
+class Turn(_StreamedRun):
     """A turn: ``search`` (steps that stream nothing) invoked, then ``answer`` streamed, as
     one run. What ``settled(search) | answer`` is, with the run's output streamed by the
     answer alone.
@@ -299,121 +345,59 @@ class Turn(Runnable[Any, Any]):
     def get_graph(self, config: RunnableConfig | None = None) -> Graph:
         return (self.search | self.answer).get_graph(config)
 
-    def _steps(self, input: Any) -> Callable[[Any, RunnableConfig], Iterator[Any]]:
-        def run(run: Any, config: RunnableConfig) -> Iterator[Any]:
-            state = self.search.invoke(input, _step(config, run, 1))
-            yield from self.answer.stream(state, _step(config, run, 2))
+    def _produce(self, input: Any, run: Any, config: RunnableConfig) -> Iterator[Any]:
+        state = self.search.invoke(input, _child(config, run, "seq:step:1"))
+        # Closed with the turn: a consumer that stops early stops the answer at once.
+        answer: Any = self.answer.stream(state, _child(config, run, "seq:step:2"))
+        with closing(answer):
+            yield from answer
 
-        return run
-
-    def _asteps(self, input: Any) -> Callable[[Any, RunnableConfig], AsyncIterator[Any]]:
-        async def run(run: Any, config: RunnableConfig) -> AsyncIterator[Any]:
-            state = await self.search.ainvoke(input, _step(config, run, 1))
-            async for chunk in self.answer.astream(state, _step(config, run, 2)):
+    async def _aproduce(self, input: Any, run: Any, config: RunnableConfig) -> AsyncIterator[Any]:
+        state = await self.search.ainvoke(input, _child(config, run, "seq:step:1"))
+        answer: Any = self.answer.astream(state, _child(config, run, "seq:step:2"))
+        async with aclosing(answer):
+            async for chunk in answer:
                 yield chunk
 
-        return run
 
-    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return stream_as_run(self.get_name(), input, config, self._steps(input), child=False)
-
-    def astream(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> AsyncIterator[Any]:
-        return astream_as_run(self.get_name(), input, config, self._asteps(input), child=False)
-
-    def transform(
-        self, input: Iterator[Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
-        yield from self.stream(gather(input), config)
-
-    async def atransform(
-        self, input: AsyncIterator[Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> AsyncIterator[Any]:
-        async for chunk in self.astream(await agather(input), config):
-            yield chunk
-
-    def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return added(self.stream(input, config))
-
-    async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        return added([chunk async for chunk in self.astream(input, config)])
+def _naming(config: RunnableConfig, name: str) -> dict[str, Any]:
+    """The name and id a run starts with: the config's ``run_name`` and ``run_id`` (taken
+    out: they are this run's, not its children's), else ``name``."""
+    return {"name": config.get("run_name") or name, "run_id": config.pop("run_id", None)}
 
 
-def _step(config: RunnableConfig, run: Any, number: int) -> RunnableConfig:
-    """The config of a sequence's step ``number``: a child of its run, tagged as LCEL does."""
-    return patch_config(config, callbacks=run.get_child(f"seq:step:{number}"))
+def _child(config: RunnableConfig, run: Any, tag: str | None = None) -> RunnableConfig:
+    """The config of a run's child (a sequence's step tagged as LCEL tags it)."""
+    return patch_config(config, callbacks=run.get_child(tag))
+
+
+def _plus(total: Any, chunk: Any) -> Any:
+    """``total`` with ``chunk`` added; chunks that do not add up: the last one stands."""
+    if total is None:
+        return chunk
+    try:
+        return total + chunk
+    except TypeError:
+        return chunk
 
 
 def added(chunks: Iterable[Any]) -> Any:
     """A stream's chunks added up, as ``invoke`` returns them."""
     total: Any = None
     for chunk in chunks:
-        total = chunk if total is None else total + chunk
+        total = _plus(total, chunk)
     return total
 
 
-def _tapped(run: Any, iterator: Any) -> Any:
+def _tapped(run: Any, iterator: Any, *, asynchronous: bool) -> Any:
     """``iterator`` as the run's streaming handler (``astream_events``, ``astream_log``)
     sees it, when one is listening; LangChain's own streaming runs do the same."""
     for handler in run.handlers:
         if isinstance(handler, _StreamingCallbackHandler):
-            if hasattr(iterator, "__anext__"):
+            if asynchronous:
                 return handler.tap_output_aiter(run.run_id, iterator)
             return handler.tap_output_iter(run.run_id, iterator)
     return iterator
-
-
-def stream_as_run(
-    name: str,
-    input: Any,
-    config: RunnableConfig | None,
-    produce: Callable[[Any, RunnableConfig], Iterator[Any]],
-    *,
-    child: bool = True,
-) -> Iterator[Any]:
-    """``produce``'s chunks as one run named ``name``: started, streamed, ended with their sum
-    (or the error). ``produce(run, config)`` gets the run's child config (``child``) or the
-    run's own, to make children of its own."""
-    config = ensure_config(config)
-    run = get_callback_manager_for_config(config).on_chain_start(
-        None, input, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
-    )
-    given = patch_config(config, callbacks=run.get_child()) if child else config
-    total: Any = None
-    try:
-        for chunk in _tapped(run, produce(run, given)):
-            yield chunk
-            total = chunk if total is None else total + chunk
-    except BaseException as exc:
-        run.on_chain_error(exc)
-        raise
-    run.on_chain_end(total)
-
-
-async def astream_as_run(
-    name: str,
-    input: Any,
-    config: RunnableConfig | None,
-    produce: Callable[[Any, RunnableConfig], AsyncIterator[Any]],
-    *,
-    child: bool = True,
-) -> AsyncIterator[Any]:
-    """``stream_as_run`` for async callers."""
-    config = ensure_config(config)
-    run = await get_async_callback_manager_for_config(config).on_chain_start(
-        None, input, name=config.get("run_name") or name, run_id=config.pop("run_id", None)
-    )
-    given = patch_config(config, callbacks=run.get_child()) if child else config
-    total: Any = None
-    try:
-        async for chunk in _tapped(run, produce(run, given)):
-            yield chunk
-            total = chunk if total is None else total + chunk
-    except BaseException as exc:
-        await run.on_chain_error(exc)
-        raise
-    await run.on_chain_end(total)
 
 
 def settled(steps: Runnable[Any, Any]) -> Runnable[Any, Any]:

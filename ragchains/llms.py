@@ -328,7 +328,7 @@ def explain_failure(exc: BaseException) -> LLMFailure | None:
             status = error.status_code
             meaning = _STATUS_MEANING.get(status, "failed" if status >= 500 else "refused")
             body = error.body if isinstance(error.body, dict) else {}
-            said = str(body.get("message") or "") or _short(error)
+            said = _short(body["message"]) if body.get("message") else _short(error)
             return LLMFailure(False, f"the chat model's server {meaning} ({status})", masked(said))
         if isinstance(error, openai.APIConnectionError | httpx.TransportError):
             return LLMFailure(False, "the chat model's server cannot be reached")
@@ -343,7 +343,7 @@ def explain_failure(exc: BaseException) -> LLMFailure | None:
 
 
 # Credentials an upstream's error text may echo: bearer tokens, OpenAI-style keys.
-_CREDENTIALS = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"']?\s*[:=]\s*[\"']?)\S+|sk-[\w-]{6,}")
+_CREDENTIALS = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"']?\s*[:=]\s*[\"']?)\S+|\bsk-[\w-]{6,}")
 
 
 def masked(text: str) -> str:
@@ -367,6 +367,6 @@ def _causes(exc: BaseException) -> Iterator[BaseException]:
             pending.append(error.__cause__)
 
 
-def _short(error: BaseException, limit: int = 200) -> str:
+def _short(error: object, limit: int = 200) -> str:
     text = " ".join(str(getattr(error, "message", None) or error).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"

@@ -51,7 +51,6 @@ class SentenceTransformerEmbedder(Embeddings):
         self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU of query vectors
         self._waiting: dict[str, Future[np.ndarray]] = {}  # queries for the next batch
         self._encoding_now: dict[str, Future[np.ndarray]] = {}  # the batch being encoded
-        self._encoding = False  # a batch is being encoded (in an executor thread)
         self._queue_lock = threading.Lock()
 
     # -- lazy loading -------------------------------------------------------------------
@@ -122,20 +121,31 @@ class SentenceTransformerEmbedder(Embeddings):
         vector = self._remembered(text)
         if vector is not None:
             return vector
-        future = self._queued(text, executor)
+        queued = self._queued(text, executor)
+        if isinstance(queued, np.ndarray):  # remembered meanwhile, by a batch that just ended
+            return queued
         # Shielded: a caller that goes away (a closed connection) must not cancel the future
         # other callers of the same query wait on, nor the batch that resolves it.
-        return await asyncio.shield(asyncio.wrap_future(future))
+        return await asyncio.shield(asyncio.wrap_future(queued))
 
-    def _queued(self, text: str, executor: Executor | None) -> Future[np.ndarray]:
-        """The future of ``text``'s vector: queued for the next batch unless it already is."""
+    def _queued(self, text: str, executor: Executor | None) -> Future[np.ndarray] | np.ndarray:
+        """The future of ``text``'s vector, queued for the next batch unless it already is
+        (or the vector, when a batch has just remembered it)."""
         with self._queue_lock:
+            if (vector := self._recent.get(text)) is not None:
+                return vector
             future = self._waiting.get(text) or self._encoding_now.get(text)
-            if future is None:
-                future = self._waiting[text] = Future()
-                if not self._encoding:  # nobody is encoding: this waiter starts
-                    self._encoding = True
+            if future is not None:
+                return future
+            # A batch runs while either holds a query; with neither, this waiter starts one.
+            idle = not self._waiting and not self._encoding_now
+            future = self._waiting[text] = Future()
+            if idle:
+                try:
                     asyncio.get_running_loop().run_in_executor(executor, self._encode_waiting)
+                except BaseException:  # no batch will run: leave nothing for others to wait on
+                    del self._waiting[text]
+                    raise
         return future
 
     def _encode_waiting(self) -> None:
@@ -145,7 +155,6 @@ class SentenceTransformerEmbedder(Embeddings):
                 batch, self._waiting = self._waiting, {}
                 self._encoding_now = batch  # a query asked for again meanwhile waits on it
                 if not batch:
-                    self._encoding = False
                     return
             self._encode_batch(batch)
 

@@ -15,7 +15,7 @@ the compressor, CLI and evaluation read them unchanged.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -30,9 +30,9 @@ from pydantic import ConfigDict, Field
 
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import (
-    GLOB_FIELDS,
     MetadataFilter,
     Scalar,
+    is_glob,
     validate_filters,
 )
 from ragchains.retrievers.fusion import (
@@ -51,7 +51,6 @@ LEXICAL_RANK = "ts_rank(c.tsv, q.tsq, 1)"
 # As on disk (retrievers.dense): below this many rows passing the filters, the vector half
 # scores them exactly.
 EXACT_SUBSET_MAX = 20_000
-_GLOB_CHARS = set("*?[")
 _NUMBER_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "<>"}
 
 
@@ -133,10 +132,6 @@ def glob_regex(pattern: str) -> str | None:
             out.append(_escape(char))
     out.append("$")
     return "".join(out)
-
-
-def is_glob(field: str, value: Scalar) -> bool:
-    return field in GLOB_FIELDS and isinstance(value, str) and bool(_GLOB_CHARS & set(value))
 
 
 # ----------------------------------------------------------------------------- filters
@@ -261,14 +256,16 @@ def search_sql(
     query: str,
     vector: np.ndarray | None,
     filters: Sequence[MetadataFilter],
+    fields: Mapping[str, str],
     fusion: FusionConfig,
     fetch: int,
     k: int,
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """One statement returning the top ``k`` rows (id, text, metadata, fused score, each
-    half's rank and score) and its parameters."""
+    half's rank and score) and its parameters; ``filters`` are compiled for the ``fields``
+    they were checked against."""
     params = Params()
-    where = filter_sql(filters, dict(store.known_meta().get("fields") or {}), params)
+    where = filter_sql(filters, dict(fields), params)
     chunks = store.table("chunks")
     lex = sql.SQL(
         "lex AS (SELECT id, score AS lex_score, row_number() OVER (ORDER BY score DESC, id) "
@@ -353,6 +350,10 @@ def search_sql(
     return statement, params.values
 
 
+def _fields(meta: Mapping[str, Any]) -> dict[str, str]:
+    return dict(meta.get("fields") or {})
+
+
 def documents(rows: Sequence[tuple[Any, ...]], mode: SearchMode, method: str) -> list[Document]:
     """Documents from ``search_sql``'s rows, with the same metadata keys as on disk."""
     out = []
@@ -402,7 +403,12 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         return dict(self.store.fields)
 
     def _statement(
-        self, query: str, vector: np.ndarray | None, k: int, filters: list[MetadataFilter]
+        self,
+        query: str,
+        vector: np.ndarray | None,
+        k: int,
+        filters: list[MetadataFilter],
+        fields: Mapping[str, str],
     ) -> tuple[sql.Composed, dict[str, Any]]:
         return search_sql(
             self.store,
@@ -410,6 +416,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
             query=query,
             vector=vector,
             filters=filters,
+            fields=fields,
             fusion=self.fusion_config,
             fetch=max(self.candidates, k),
             k=k,
@@ -418,9 +425,8 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     def _vector(self, query: str) -> np.ndarray | None:
         return None if self.search == "fulltext" else self.embedder.encode_query(query)
 
-    def _checked(self, filters: Any) -> list[MetadataFilter]:
-        fields = self.store.known_meta().get("fields") or {}
-        return validate_filters(self.filters if filters is None else filters, fields)
+    def _checked(self, filters: Any, meta: Mapping[str, Any]) -> list[MetadataFilter]:
+        return validate_filters(self.filters if filters is None else filters, _fields(meta))
 
     def _get_relevant_documents(
         self,
@@ -430,9 +436,12 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         k: int | None = None,
         filters: Any = None,
     ) -> list[Document]:
-        self.store.meta()  # field types as of the last commit (re-read once per META_TTL)
-        checked, k = self._checked(filters), k or self.k
-        statement, params = self._statement(query, self._vector(query), k, checked)
+        # Field types as of the last commit (re-read once per META_TTL), read once: the
+        # filters are checked and compiled against the same ones.
+        meta = self.store.meta()
+        checked, k = self._checked(filters, meta), k or self.k
+        vector = self._vector(query)
+        statement, params = self._statement(query, vector, k, checked, _fields(meta))
         with self.store.connection() as conn:
             rows = conn.execute(statement, params).fetchall()
         return documents(rows, self.search, self.fusion_config.fusion)
@@ -445,14 +454,14 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         k: int | None = None,
         filters: Any = None,
     ) -> list[Document]:
-        await self.store.ameta()
-        checked, k = self._checked(filters), k or self.k
+        meta = await self.store.ameta()
+        checked, k = self._checked(filters, meta), k or self.k
         vector = (
             None
             if self.search == "fulltext"
             else await self.embedder.aencode_query(query, self.executor)
         )
-        statement, params = self._statement(query, vector, k, checked)
+        statement, params = self._statement(query, vector, k, checked, _fields(meta))
         async with self.store.aconnection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()

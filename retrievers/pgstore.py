@@ -24,7 +24,7 @@ from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qsl, unquote, urlsplit, urlunsplit
 
 import numpy as np
 import psycopg
@@ -65,7 +65,8 @@ def split_schema(url: str) -> tuple[str, str]:
     parts = urlsplit(url)
     query = parse_qsl(parts.query, keep_blank_values=True)
     schema = next((v for k, v in query if k == "schema"), DEFAULT_SCHEMA)
-    rest = urlencode([(k, v) for k, v in query if k != "schema"])
+    # The rest as written: re-encoding would turn %20 into "+", which libpq keeps as "+".
+    rest = "&".join(p for p in parts.query.split("&") if p.partition("=")[0] != "schema")
     if not schema or len(schema) > 63:
         raise StoreError(f"schema name {schema!r} must be 1 to 63 characters")
     return urlunsplit(parts._replace(query=rest)), schema

@@ -20,9 +20,7 @@ def redact(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
         return url
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
+    host = parts.netloc.rpartition("@")[2]  # as written: IPv6 keeps its brackets
     user = f"{parts.username}:***@" if parts.username else ""
     return urlunsplit(parts._replace(netloc=user + host))
 

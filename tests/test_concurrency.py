@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -27,10 +28,11 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
+from langchain_core.runnables.utils import AddableDict
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM, PromptedModel
-from ragchains.chains.state import Step, settled
+from ragchains.chains.state import Step, StreamStep, Turn, settled
 from ragchains.factory import Service, build_service
 from ragchains.llms import ChatLlamaCpp, LockedChatLlamaCpp
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -320,12 +322,69 @@ def test_a_step_is_one_named_run_whose_children_nest_under_it() -> None:
     assert step.invoke(1) == 4 and asyncio.run(step.ainvoke(1)) == 4
     seen = asyncio.run(events(step))
     assert ("on_chain_start", "adding", 0) in seen and ("on_chain_end", "adding", 0) in seen
+    assert [e[1] for e in seen].count("adding") == 2  # a start and an end
     assert [e for e in seen if e[1] == "inner" and e[0] == "on_chain_end"] == [
         ("on_chain_end", "inner", 1)
     ] * 2
+    errors = ErrorNames()
     with pytest.raises(ValueError, match="no"):
-        asyncio.run(events(failing))
-    assert [e[1] for e in seen].count("adding") == 2  # a start and an end
+        failing.invoke(1, {"callbacks": [errors]})
+    with pytest.raises(ValueError, match="no"):
+        asyncio.run(failing.ainvoke(1, {"callbacks": [errors]}))
+    assert errors.names == ["failing", "failing"]
+
+
+class ErrorNames(BaseCallbackHandler):
+    """The names of the runs that reported a failure."""
+
+    def __init__(self) -> None:
+        self.names: list[str] = []
+        self.started: dict[Any, str] = {}
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any, **kw: Any) -> None:
+        self.started[run_id] = kw.get("name", "")
+
+    def on_chain_error(self, error: BaseException, *, run_id: Any, **kw: Any) -> None:
+        self.names.append(self.started[run_id])
+
+
+def test_a_streamed_turn_sets_the_current_config_and_closes_what_it_stops() -> None:
+    """Inside a StreamStep (and so a Turn) a runnable called without the config is still a
+    child run, as under LangChain's own streaming runs; a consumer that stops early closes
+    the generator at once, and the run reports the stop."""
+    inner = RunnableLambda(lambda x: x, name="inner")
+    closed: list[str] = []
+
+    async def agen(state: Any, config: Any) -> AsyncIterator[AddableDict]:
+        try:
+            for n in range(3):
+                yield AddableDict(n=await inner.ainvoke(n))  # no config given
+        finally:
+            closed.append("answer")
+
+    def gen(state: Any, config: Any) -> Iterator[AddableDict]:
+        yield from (AddableDict(n=n) for n in range(3))
+
+    answer = StreamStep(gen, agen, name="answer")
+    turn = Turn(RunnableLambda(lambda x: x, name="search"), answer, name="turn")
+
+    async def children() -> list[int]:
+        events = turn.astream_events(1, version="v2")
+        return [len(e["parent_ids"]) async for e in events if e["name"] == "inner"]
+
+    assert set(asyncio.run(children())) == {2}  # under the answer, under the turn
+
+    errors = ErrorNames()
+
+    async def stop_early() -> None:
+        chunks = turn.astream(1, {"callbacks": [errors]})
+        await anext(chunks)
+        await chunks.aclose()
+
+    asyncio.run(stop_early())
+    assert closed == ["answer", "answer"]
+    assert errors.names == ["answer", "turn"]  # the answer stopped, then the turn
+    assert turn.invoke(1) == {"n": 3}  # 0 + 1 + 2, added as invoke returns them
 
 
 def test_each_stage_of_a_turn_is_one_run(
@@ -384,3 +443,18 @@ def test_concurrent_query_embeddings_are_batched_and_a_cancelled_caller_harms_no
     assert first.tolist() == [5.0, 1.0] and bb.tolist() == [2.0, 1.0]
     assert a.tolist() == a_again.tolist() == [1.0, 1.0]
     assert encoder.encode_query("bb") is bb  # remembered for the search that follows
+
+
+def test_a_batch_that_cannot_start_leaves_no_query_waiting_forever() -> None:
+    encoder = CountedEncoder()
+    gone = ThreadPoolExecutor(1)
+    gone.shutdown()
+
+    async def run() -> Any:
+        with pytest.raises(RuntimeError):
+            await encoder.aencode_query("a", gone)
+        with ThreadPoolExecutor(1) as pool:  # the next caller starts a batch of its own
+            return await asyncio.wait_for(encoder.aencode_query("a", pool), 10)
+
+    assert asyncio.run(run()).tolist() == [1.0, 1.0]
+    assert encoder.batches == [["a"]]

@@ -4,8 +4,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import fnmatch
 import json
+import socket
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -19,6 +25,7 @@ from ragchains.retrievers.filters import (
     MetadataFilter,
     validate_filters,
 )
+from ragchains.serving.guards import BodyMiddleware
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +43,8 @@ def test_a_huge_in_list_is_refused_at_once_and_a_full_one_is_answered(sample_ser
     """16,000 values took 37.5 s (the list formatted once per item) and blocked /healthz."""
     huge = retrieve(sample_server, [{"field": "price", "op": "in", "value": list(range(16000))}])
     assert huge.status_code == 422
-    assert str(MAX_IN_VALUES) in huge.text and len(huge.text) < 2000  # not the list echoed
+    assert f"at most {MAX_IN_VALUES} items" in huge.text
+    assert len(huge.text) < 2000  # not the list echoed
     full = [*range(MAX_IN_VALUES - 1), 34.0]  # the auger's price, last of 1,000
     in_full = [{"field": "price", "op": "in", "value": full}]
     answered = retrieve(sample_server, in_full, "probe installation auger")
@@ -59,10 +67,14 @@ def test_a_bad_value_at_the_end_of_a_long_list_is_named_briefly() -> None:
 # ----------------------------------------------------------------------------- 2. glob memory
 def test_long_globs_are_refused_and_globs_do_not_grow_fnmatchs_cache(sample_server: str) -> None:
     """30 distinct 200 KB globs kept 34 MB in fnmatch's pattern cache (32,768 entries)."""
-    for size, limit in ((200_000, MAX_VALUE_CHARS), (MAX_GLOB_CHARS + 1, MAX_GLOB_CHARS)):
+    refusals = (
+        (200_000, f"at most {MAX_VALUE_CHARS} characters"),
+        (MAX_GLOB_CHARS + 1, f"the limit is {MAX_GLOB_CHARS}"),
+    )
+    for size, reason in refusals:
         glob = "*" + "a" * (size - 1)
         refused = retrieve(sample_server, [{"field": "source", "op": "=", "value": glob}])
-        assert refused.status_code == 422 and str(limit) in refused.text, size
+        assert refused.status_code == 422 and reason in refused.text, size
         assert len(refused.text) < 2000
 
     columns = MetadataColumns(
@@ -93,67 +105,57 @@ def post_raw(
     )
 
 
+Q = {"query": "x"}
+HISTORY_NOT_A_TURN = "is not a turn of the conversation"
+
+
+def turn_with(message: dict[str, object]) -> dict[str, object]:
+    return {"input": {"question": "hi", "chat_history": [message]}}
+
+
+def configured(**configurable: object) -> dict[str, object]:
+    return {"input": Q, "config": {"configurable": configurable}}
+
+
 @pytest.mark.parametrize(
-    ("path", "body"),
+    ("path", "body", "reason"),
     [
-        ("/retrieve/batch", {"inputs": [{"query": ""}]}),
-        ("/ask/batch", {"inputs": [{"question": ""}]}),
-        ("/chat/batch", {"inputs": [{"question": "x", "chat_history": "no"}]}),
-        ("/retrieve/batch", {"inputs": None}),
-        ("/retrieve/batch", {"inputs": 0}),
-        ("/retrieve/batch", {"inputs": [None]}),
-        ("/retrieve/batch", {"inputs": {}}),
-        ("/retrieve/invoke", {"input": {"query": "x"}, "config": None}),
-        ("/retrieve/stream", {"input": {"query": "x"}, "config": None}),
-        ("/retrieve/batch", {"inputs": [{"query": "x"}], "config": [None]}),
-        ("/retrieve/invoke", {"input": {"query": "x"}, "kwargs": 1}),
-        ("/retrieve/invoke", {"input": {"query": "x"}, "prompt_version": "1; rm -rf /"}),
-        ("/retrieve/invoke", {"input": {"query": "x", "prompt_version": "1; rm -rf /"}}),
-        ("/retrieve/invoke", {"input": {"query": "x"}, "config": {"prompt_version": "1"}}),
-        (
-            "/retrieve/invoke",
-            {"input": {"query": "x"}, "config": {"configurable": {"domain": ["default"]}}},
-        ),
-        (
-            "/retrieve/invoke",
-            {"input": {"query": "x"}, "config": {"configurable": {"domain": {"a": 1}}}},
-        ),
-        ("/retrieve/invoke", {"input": {"query": "x"}, "config": {"configurable": {"k": "5"}}}),
-        ("/retrieve/invoke", {"input": {"query": "x"}, "config": {"configurable": {"k": True}}}),
-        (
-            "/retrieve/invoke",
-            {"input": {"query": "x"}, "config": {"configurable": {"threshold": -1}}},
-        ),
-        (
-            "/retrieve/invoke",
-            {"input": {"query": "x"}, "config": {"configurable": {"threshold": 2}}},
-        ),
-        ("/ask/invoke", {"input": {"question": "\u0000"}}),
+        ("/retrieve/batch", {"inputs": [{"query": ""}]}, "at least 1 character"),
+        ("/ask/batch", {"inputs": [{"question": ""}]}, "at least 1 character"),
+        ("/chat/batch", {"inputs": [{"question": "x", "chat_history": "no"}]}, "chat_history"),
+        ("/retrieve/batch", {"inputs": None}, "inputs must be a list"),
+        ("/retrieve/batch", {"inputs": 0}, "inputs must be a list"),
+        ("/retrieve/batch", {"inputs": [None]}, "valid dictionary"),
+        ("/retrieve/batch", {"inputs": {}}, "inputs must be a list"),
+        ("/retrieve/invoke", {"input": Q, "config": None}, "config must be an object"),
+        ("/retrieve/stream", {"input": Q, "config": None}, "config must be an object"),
+        ("/retrieve/batch", {"inputs": [Q], "config": [None]}, "config must be an object"),
+        ("/retrieve/invoke", {"input": Q, "kwargs": 1}, "kwargs must be an object"),
+        ("/retrieve/invoke", {"input": Q, "prompt_version": "1; rm"}, "unknown key(s)"),
+        ("/retrieve/invoke", {"input": {**Q, "prompt_version": "1; rm"}}, "Extra inputs"),
+        ("/retrieve/invoke", {"input": Q, "config": {"prompt_version": "1"}}, "config key(s)"),
+        ("/retrieve/invoke", configured(domain=["default"]), "domain"),
+        ("/retrieve/invoke", configured(domain={"a": 1}), "domain"),
+        ("/retrieve/invoke", configured(k="5"), "k: must be a number"),
+        ("/retrieve/invoke", configured(k=True), "k: must be a number"),
+        ("/retrieve/invoke", configured(threshold=-1), "threshold: Input should be greater"),
+        ("/retrieve/invoke", configured(threshold=2), "threshold: Input should be less"),
+        ("/ask/invoke", {"input": {"question": "\u0000"}}, "control characters"),
+        ("/chat/invoke", turn_with({"type": "system", "content": "x"}), HISTORY_NOT_A_TURN),
+        ("/chat/invoke", turn_with({"role": "tool", "content": "x"}), HISTORY_NOT_A_TURN),
         (
             "/chat/invoke",
-            {"input": {"question": "hi", "chat_history": [{"type": "system", "content": "x"}]}},
-        ),
-        (
-            "/chat/invoke",
-            {"input": {"question": "hi", "chat_history": [{"role": "tool", "content": "x"}]}},
-        ),
-        (
-            "/chat/invoke",
-            {
-                "input": {
-                    "question": "hi",
-                    "chat_history": [{"role": "user", "content": [{"type": "text", "text": "x"}]}],
-                }
-            },
+            turn_with({"role": "user", "content": [{"type": "text", "text": "x"}]}),
+            HISTORY_NOT_A_TURN,
         ),
     ],
 )
 def test_a_malformed_request_gets_422_with_its_reason(
-    sample_server: str, path: str, body: object
+    sample_server: str, path: str, body: object, reason: str
 ) -> None:
     reply = httpx.post(f"{sample_server}{path}", json=body, timeout=60)
     assert reply.status_code == 422, (reply.status_code, reply.text)
-    assert "internal error" not in reply.text
+    assert reason in reply.text, reply.text
 
 
 @pytest.mark.parametrize("number", ["NaN", "Infinity", "-Infinity", "1e999"])
@@ -212,13 +214,64 @@ def test_a_body_that_is_not_json_by_its_type_gets_415(
 def test_health_checks_answer_head(sample_server: str) -> None:
     for path in ("/healthz", "/readyz"):
         reply = httpx.head(f"{sample_server}{path}")
-        assert reply.status_code == 200 and reply.content == b""
+        assert reply.status_code == 200, path
+        assert reply.headers["content-type"] == "application/json"
 
 
-def test_a_body_shorter_than_its_length_is_cut_off_with_408(serve_samples) -> None:  # type: ignore[no-untyped-def]
-    import socket
-    from urllib.parse import urlsplit
+JSON = [(b"content-type", b"application/json")]
 
+
+def through_body_check(
+    chunks: list[bytes], *, max_bytes: int = 100, timeout: float = 5.0, pause: float = 0.0
+) -> tuple[int | None, bytes | None]:
+    """``chunks`` sent as one request body (no Content-Length: as a chunked upload, each
+    after ``pause`` seconds) through BodyMiddleware: the status answered, and the body the
+    app behind it read (None when it was not called)."""
+    read: list[bytes] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        read.append((await receive())["body"])
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"ok"})
+
+    messages = [
+        {"type": "http.request", "body": chunk, "more_body": n < len(chunks) - 1}
+        for n, chunk in enumerate(chunks)
+    ]
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        await asyncio.sleep(pause)
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/retrieve/invoke", "headers": JSON}
+    asyncio.run(BodyMiddleware(app, max_bytes, timeout)(scope, receive, send))
+    status = next((m["status"] for m in sent if m["type"] == "http.response.start"), None)
+    return status, read[0] if read else None
+
+
+def test_a_chunked_body_is_read_whole_bounded_and_handed_on() -> None:
+    assert through_body_check([b'{"a": ', b"[1, 2]", b"}"]) == (200, b'{"a": [1, 2]}')
+    assert through_body_check([b"[" + b"1," * 30, b"1," * 30, b"1]"]) == (413, None)
+
+
+def test_the_body_timeout_is_for_the_whole_body_not_each_chunk() -> None:
+    """A client sending a chunk just before each timeout would hold the request forever."""
+    chunks = [b"[1", b",2", b",3", b",4", b"]"]
+    assert through_body_check(chunks, timeout=0.5, pause=0.2) == (408, None)
+    assert through_body_check(chunks, timeout=5.0, pause=0.01) == (200, b"[1,2,3,4]")
+
+
+def test_a_client_that_goes_away_mid_body_gets_nothing_and_reaches_no_route() -> None:
+    assert through_body_check([]) == (None, None)
+
+
+def test_a_body_shorter_than_its_length_is_cut_off_with_408(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+) -> None:
     with serve_samples(body_timeout=0.5) as base:
         where = urlsplit(base)
         with socket.create_connection((where.hostname, where.port), timeout=10) as conn:

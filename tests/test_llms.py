@@ -125,3 +125,23 @@ def test_credentials_in_an_upstreams_words_are_masked() -> None:
 
     said = masked("bad key sk-abc123DEF456 for Authorization: Bearer tok.en-1; api_key='k3y' rest")
     assert said == "bad key *** for Authorization: Bearer *** api_key='*** rest"
+    assert masked("a risk-assessment-note") == "a risk-assessment-note"
+
+
+@pytest.mark.parametrize("behaviour", ["garbled", "hollow"])
+def test_an_upstream_200_that_is_no_chat_completion_is_the_upstreams_failure(
+    behaviour: str,
+) -> None:
+    """Plain and streamed: an HTML page or JSON without choices is UpstreamReplyError (502),
+    not a ValueError or TypeError that looks like ragchains' own."""
+    from ragchains.llms import UpstreamReplyError, explain_failure, openai_llm
+    from tests.servers import fake_openai_server
+
+    with fake_openai_server() as upstream:
+        llm = openai_llm(model=behaviour, base_url=upstream.base_url, timeout=5, max_retries=0)
+        for call in (llm.model.invoke, lambda text: list(llm.model.stream(text))):
+            with pytest.raises(UpstreamReplyError) as failed:
+                call("hi")
+            failure = explain_failure(failed.value)
+            assert failure is not None and not failure.timed_out
+            assert "not a chat completion" in failure.message

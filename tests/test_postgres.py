@@ -475,13 +475,17 @@ def price_of(source: dict[str, Any]) -> float:
 
 
 def test_build_retriever_picks_the_store_by_its_url(
-    sample_store: str, settings: Settings, embedder: SentenceTransformerEmbedder
+    sample_store: str,
+    sample_index: Path,
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
 ) -> None:
     store = open_index(sample_store, embedder)
     try:
         retriever = build_retriever(settings, store, embedder)
         assert isinstance(retriever, PostgresRetriever)
-        assert retriever.fields == dict(store.fields) and "price" in retriever.fields
+        # The fields a filter may name: the same as the index folder of the same files.
+        assert retriever.fields == load_index(sample_index).fields
     finally:
         store.close()
 
@@ -540,3 +544,20 @@ def test_a_rebuild_for_another_embedder_replaces_the_vectors(
     assert report.wrote and len(report.added) == 6
     rows = store_rows(pg_url)
     assert "c1" not in rows and len(rows) == report.chunks_total
+
+
+def test_a_store_urls_own_settings_reach_libpq_as_written() -> None:
+    """Only ?schema= is ours: the rest of the query goes to libpq untouched (re-encoded, a
+    space became "+", which libpq keeps), and a shown URL keeps an IPv6 host's brackets."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    from ragchains.retrievers.pgstore import split_schema
+    from ragchains.retrievers.storeurl import redact
+
+    query = "options=-c%20statement_timeout%3D5000&schema=s1&application_name=my%20app"
+    url, schema = split_schema(f"postgresql://u:p@db.example/rag?{query}")
+    settings = conninfo_to_dict(url)
+    assert schema == "s1" and "schema" not in settings
+    assert settings["options"] == "-c statement_timeout=5000"
+    assert settings["application_name"] == "my app"
+    assert redact("postgresql://u:secret@[::1]:5432/db") == "postgresql://u:***@[::1]:5432/db"

@@ -7,6 +7,7 @@ upstream (tests/servers.py) that can be told to fail or stall; an API key and CO
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 
@@ -75,32 +76,49 @@ def test_cors_preflight_for_an_allowed_origin(guarded_url: str) -> None:
     assert "access-control-allow-origin" not in other.headers
 
 
+def ask(base: str) -> httpx.Response:
+    return httpx.post(
+        f"{base}/ask/invoke", json={"input": {"question": QUESTION}}, headers={"X-API-Key": KEY}
+    )
+
+
+def streamed_error(base: str) -> httpx.HTTPStatusError:
+    """What RemoteRunnable raises when an /ask stream fails (its status is already sent:
+    the error event carries the real one)."""
+    remote = RemoteRunnable(f"{base}/ask/", headers={"X-API-Key": KEY})
+    with pytest.raises(httpx.HTTPStatusError) as streamed:
+        list(remote.stream({"question": QUESTION}))
+    return streamed.value
+
+
+def sdk_stream_status(base: str) -> int:
+    """The status the OpenAI SDK raises for a failed streamed /v1 chat completion."""
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key=KEY, max_retries=0)
+    with pytest.raises(openai.APIStatusError) as sdk:
+        client.chat.completions.create(
+            model="default", messages=[{"role": "user", "content": QUESTION}], stream=True
+        )
+    return sdk.value.status_code
+
+
+def last_failure(base: str) -> str:
+    return str(httpx.get(f"{base}/readyz").json()["llm"]["last_failure"]["message"])
+
+
 def test_failing_llm_is_502_and_the_next_request_is_served(
     guarded_url: str, upstream: FakeOpenAI
 ) -> None:
-    headers = {"X-API-Key": KEY}
-    body = {"input": {"question": QUESTION}}
     upstream.behave_as = "down"
     try:
-        failed = httpx.post(f"{guarded_url}/ask/invoke", json=body, headers=headers)
+        failed = ask(guarded_url)
         assert failed.status_code == 502
         assert failed.json() == {"detail": "the chat model's server failed (503)"}
-        # In a stream the status is already sent: the error event carries it.
-        remote = RemoteRunnable(f"{guarded_url}/ask/", headers=headers)
-        with pytest.raises(httpx.HTTPStatusError) as streamed:
-            list(remote.stream({"question": QUESTION}))
-        assert streamed.value.response.status_code == 502
-        client = openai.OpenAI(base_url=f"{guarded_url}/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.APIStatusError) as sdk:
-            client.chat.completions.create(
-                model="default", messages=[{"role": "user", "content": QUESTION}], stream=True
-            )
-        assert sdk.value.status_code == 502
-        ready = httpx.get(f"{guarded_url}/readyz").json()
-        assert "503" in ready["llm"]["last_failure"]["message"]
+        assert streamed_error(guarded_url).response.status_code == 502
+        assert sdk_stream_status(guarded_url) == 502
+        assert "503" in last_failure(guarded_url)
     finally:
         upstream.behave_as = None
-    served = httpx.post(f"{guarded_url}/ask/invoke", json=body, headers=headers)
+    served = ask(guarded_url)
     assert served.status_code == 200
     assert served.json()["output"]["answer"].strip() == "answer from ok-main"
 
@@ -110,40 +128,28 @@ def test_an_upstream_200_that_is_no_chat_completion_is_502_and_recorded(
     guarded_url: str, upstream: FakeOpenAI, behaviour: str
 ) -> None:
     """An HTML page (a proxy's login) or JSON without choices, answered 200: it was a 500."""
-    headers = {"X-API-Key": KEY}
     upstream.behave_as = behaviour
     try:
-        plain = httpx.post(
-            f"{guarded_url}/ask/invoke", json={"input": {"question": QUESTION}}, headers=headers
-        )
+        plain = ask(guarded_url)
         assert plain.status_code == 502
         assert "not a chat completion" in plain.json()["detail"]
-        client = openai.OpenAI(base_url=f"{guarded_url}/v1", api_key=KEY, max_retries=0)
-        with pytest.raises(openai.APIStatusError) as sdk:
-            client.chat.completions.create(
-                model="default", messages=[{"role": "user", "content": QUESTION}], stream=True
-            )
-        assert sdk.value.status_code == 502
-        ready = httpx.get(f"{guarded_url}/readyz").json()
-        assert "not a chat completion" in ready["llm"]["last_failure"]["message"]
+        assert sdk_stream_status(guarded_url) == 502
+        assert "not a chat completion" in last_failure(guarded_url)
     finally:
         upstream.behave_as = None
 
 
 def test_an_upstream_error_that_echoes_credentials_reaches_no_caller(
-    guarded_url: str, upstream: FakeOpenAI
+    guarded_url: str, upstream: FakeOpenAI, caplog: pytest.LogCaptureFixture
 ) -> None:
     """An upstream 401 echoing 'Authorization: Bearer ...' reached the caller and /readyz
-    (which needs no key): callers get the status and what it means, the log the rest."""
-    headers = {"X-API-Key": KEY}
+    (which needs no key): callers get the status and what it means, the log the rest with
+    the credential masked."""
     upstream.behave_as = "leaky"
     try:
-        plain = httpx.post(
-            f"{guarded_url}/ask/invoke", json={"input": {"question": QUESTION}}, headers=headers
-        )
-        remote = RemoteRunnable(f"{guarded_url}/ask/", headers=headers)
-        with pytest.raises(httpx.HTTPStatusError) as streamed:
-            list(remote.stream({"question": QUESTION}))
+        with caplog.at_level(logging.WARNING, logger="ragchains.server"):
+            plain = ask(guarded_url)
+            streamed = streamed_error(guarded_url)
         ready = httpx.get(f"{guarded_url}/readyz").text
     finally:
         upstream.behave_as = None
@@ -151,8 +157,11 @@ def test_an_upstream_error_that_echoes_credentials_reaches_no_caller(
     assert plain.json() == {
         "detail": "the chat model's server refused the server's credentials (401)"
     }
-    said = [plain.text, streamed.value.response.text, str(streamed.value), ready]
+    said = [plain.text, streamed.response.text, str(streamed), ready]
     assert not [text for text in said if "Bearer" in text or "bad credentials" in text]
+    logged = [r.getMessage() for r in caplog.records if "bad credentials" in r.getMessage()]
+    assert logged and all("Bearer ***" in line for line in logged)
+    assert not [line for line in logged if "not-needed" in line]  # the key the server sent
 
 
 def test_llm_timeout_is_504(guarded_url: str, upstream: FakeOpenAI) -> None:

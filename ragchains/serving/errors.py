@@ -27,7 +27,6 @@ STORE_UNREACHABLE = "the document store cannot be reached; the server log has th
 
 def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
     if isinstance(exc, StoreError):  # the database is down or unreachable: not the caller's
-        log.warning("store failure: %s", exc)
         return 503, STORE_UNREACHABLE, None
     failure = explain_failure(exc)
     if failure is None:
@@ -91,6 +90,8 @@ class ErrorMiddleware:
                 # The upstream's own words go to the log only (credentials masked).
                 said = f" ({failure.detail})" if failure.detail else ""
                 log.warning("%s %s: %s%s", scope.get("method"), scope.get("path"), reason, said)
+            elif status == 503:
+                log.warning("%s %s: store failure: %s", scope.get("method"), scope.get("path"), exc)
             else:
                 log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:

@@ -39,8 +39,7 @@ class ApiKeyMiddleware:
                 "missing or wrong API key: send it as 'X-API-Key: <key>' or "
                 "'Authorization: Bearer <key>'"
             )
-            body = error_body(scope["path"], 401, reason)
-            await send_json(send, 401, body, **{"WWW-Authenticate": "Bearer"})
+            await refuse(scope, send, 401, reason, **{"WWW-Authenticate": "Bearer"})
             return
         await self.app(scope, receive, send)
 
@@ -81,13 +80,11 @@ class BodyMiddleware:
         headers = dict(scope["headers"])
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
-            await self._refuse(
-                scope, send, 413, f"the request body is larger than {self.max_bytes} bytes"
-            )
+            await refuse(scope, send, 413, self._too_large)
             return
         if not _is_json(headers.get(b"content-type", b"")):
             reason = "send the request body as JSON, with 'Content-Type: application/json'"
-            await self._refuse(scope, send, 415, reason)
+            await refuse(scope, send, 415, reason)
             return
         body = await self._read(scope, receive, send)
         if body is None:
@@ -99,7 +96,7 @@ class BodyMiddleware:
             else _json_problem(body)
         )
         if problem is not None:
-            await self._refuse(scope, send, 400, problem)
+            await refuse(scope, send, 400, problem)
             return
         replay = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -113,28 +110,29 @@ class BodyMiddleware:
         or the client went away)."""
         chunks: list[bytes] = []
         size = 0
+        deadline = asyncio.get_running_loop().time() + self.timeout  # for the whole body
         while True:
             try:
-                message = await asyncio.wait_for(receive(), self.timeout)
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
             except TimeoutError:
                 reason = f"the request body did not arrive within {self.timeout:g} seconds"
-                await self._refuse(scope, send, 408, reason, Connection="close")
+                await refuse(scope, send, 408, reason, Connection="close")
                 return None
             if message["type"] != "http.request":  # the client disconnected
                 return None
             chunks.append(message.get("body", b""))
             size += len(chunks[-1])
             if size > self.max_bytes:
-                await self._refuse(
-                    scope, send, 413, f"the request body is larger than {self.max_bytes} bytes"
-                )
+                await refuse(scope, send, 413, self._too_large)
                 return None
             if not message.get("more_body"):
                 return b"".join(chunks)
 
-    @staticmethod
-    async def _refuse(scope: Scope, send: Any, status: int, reason: str, **headers: str) -> None:
-        await send_json(send, status, error_body(scope["path"], status, reason), **headers)
+
+async def refuse(scope: Scope, send: Any, status: int, reason: str, **headers: str) -> None:
+    """Answer the request with ``status`` and ``reason`` before any route sees it."""
+    await send_json(send, status, error_body(scope["path"], status, reason), **headers)
 
 
 def _is_json(content_type: bytes) -> bool:

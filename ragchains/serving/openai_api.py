@@ -21,6 +21,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from ragchains.chains.options import problem_text
 from ragchains.factory import Service
 from ragchains.serving.errors import classify, error_body
 from ragchains.serving.requests import Route
@@ -131,10 +132,7 @@ def openai_router(service: Service, chat: Route) -> APIRouter:
 
 
 def _first_problem(exc: ValidationError) -> str:
-    err = exc.errors()[0]
-    where = ".".join(str(p) for p in err["loc"])
-    message = str(err["msg"]).removeprefix("Value error, ")
-    return f"{where}: {message}" if where else message
+    return problem_text(exc.errors()[0])
 
 
 class _Reply:

@@ -11,11 +11,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi import HTTPException
+from fastapi.exceptions import RequestValidationError
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
 from ragchains.chains.graph import PROMPTS_USED, AskInput, ChatInput
-from ragchains.chains.options import Choices, OptionsError, explain_choice
+from ragchains.chains.options import Choices, OptionsError, explain_choice, problem_text
 from ragchains.chains.retrieve import RetrieveInput
 from ragchains.chains.rewrite import RewriteInput
 from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
@@ -151,7 +152,7 @@ def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTP
         reason = explain_choice(prompts, key, err.get("input"))
         if reason is not None:
             return HTTPException(400, reason)
-        bad.append(f"{'.'.join(str(p) for p in err['loc'][1:])}: {err['msg']}")
+        bad.append(problem_text(err, skip=1))
     if unknown:
         return HTTPException(
             422, f"unknown configurable key(s) {', '.join(map(repr, sorted(unknown)))}"
@@ -215,26 +216,24 @@ BODY_KEYS: dict[str, frozenset[str]] = {
 CONFIG_KEYS = frozenset(RunnableConfig.__annotations__)
 
 
-class BodyProblem(ValueError):
-    """A request body that does not have the shape of its endpoint: ``loc`` names where."""
-
-    def __init__(self, loc: tuple[Any, ...], message: str, kind: str = "value_error") -> None:
-        super().__init__(message)
-        self.error = {"loc": ("body", *loc), "msg": message, "type": kind}
+def _invalid(loc: tuple[Any, ...], message: str, kind: str = "value_error") -> Exception:
+    """A 422 naming where in the body the problem is, as FastAPI reports its own."""
+    return RequestValidationError([{"loc": ("body", *loc), "msg": message, "type": kind}])
 
 
 def check_body(route: Route, endpoint: str, body: Any, limits: Limits) -> None:
     """A LangServe request's body checked before LangServe reads it: an object with only its
     endpoint's keys, configs that are objects with known keys, and for a batch a list of
     inputs (at most ``limits.batch_inputs``, 413) each valid for the route. LangServe checks
-    batch items and configs only as it runs them, answering a bad one with 500."""
+    batch items and configs only as it runs them, answering a bad one with 500. A problem
+    is a RequestValidationError (422) naming where."""
     if not isinstance(body, dict):
-        raise BodyProblem((), "the body must be a JSON object", "dict_type")
+        raise _invalid((), "the body must be a JSON object", "dict_type")
     unknown = sorted(set(body) - BODY_KEYS[endpoint])
     if unknown:
-        raise BodyProblem((unknown[0],), f"unknown key(s) {', '.join(map(repr, unknown))}")
+        raise _invalid((unknown[0],), f"unknown key(s) {', '.join(map(repr, unknown))}")
     if "kwargs" in body and not isinstance(body["kwargs"], dict):
-        raise BodyProblem(("kwargs",), "kwargs must be an object", "dict_type")
+        raise _invalid(("kwargs",), "kwargs must be an object", "dict_type")
     configs = body.get("config", {})
     if endpoint == "batch" and isinstance(configs, list):
         for n, config in enumerate(configs):
@@ -245,31 +244,28 @@ def check_body(route: Route, endpoint: str, body: Any, limits: Limits) -> None:
         return
     inputs = body.get("inputs")
     if not isinstance(inputs, list):
-        raise BodyProblem(("inputs",), "inputs must be a list of inputs", "list_type")
+        raise _invalid(("inputs",), "inputs must be a list of inputs", "list_type")
     if len(inputs) > limits.batch_inputs:
         raise HTTPException(
             413, f"a batch holds {len(inputs)} inputs; the limit is {limits.batch_inputs}"
         )
     if isinstance(configs, list) and len(configs) != len(inputs):
-        raise BodyProblem(("config",), "a list of configs needs one config per input")
+        raise _invalid(("config",), "a list of configs needs one config per input")
     for n, item in enumerate(inputs):
         try:
             route.request_model.model_validate(item)
         except ValidationError as exc:
-            first = exc.errors()[0]
-            message = str(first.get("msg", "")).removeprefix("Value error, ")
-            raise BodyProblem(("inputs", n, *first.get("loc", ())), message) from exc
+            errors = [{**err, "loc": ("body", "inputs", n, *err["loc"])} for err in exc.errors()]
+            raise RequestValidationError(errors) from exc
 
 
 def _check_config(route: Route, config: Any, loc: tuple[Any, ...]) -> None:
     """A config as sent: an object of RunnableConfig's keys whose ``configurable`` choices
     pass the route's check as written (LangServe's own check turns "5" into 5 first)."""
     if not isinstance(config, dict):
-        raise BodyProblem(loc, "config must be an object", "dict_type")
+        raise _invalid(loc, "config must be an object", "dict_type")
     unknown = sorted(set(config) - CONFIG_KEYS)
     if unknown:
-        raise BodyProblem(
-            (*loc, unknown[0]), f"unknown config key(s) {', '.join(map(repr, unknown))}"
-        )
+        raise _invalid((*loc, unknown[0]), f"unknown config key(s) {', '.join(map(repr, unknown))}")
     if "configurable" in config:
         route.check(config["configurable"])
