@@ -25,13 +25,18 @@ import numpy as np
 from langchain_core.documents import Document
 
 from bench.common import REPO, machine_line, synthetic_run, write_section
-from bench.retrieval_latency import K, PrecomputedQueries, measure, recall_at_10
+from bench.retrieval_latency import (
+    K,
+    PrecomputedQueries,
+    build_ours,
+    measure,
+    recall_at_10,
+    synthetic_chunks,
+)
 from bench.synthetic import Corpus, cached_embeddings, make_corpus
-from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
-from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import Chunk, IndexContents, load_index, write_index
+from ragchains.retrievers.index import Chunk
 from ragchains.retrievers.pgsearch import PostgresRetriever
 from ragchains.retrievers.pgstore import PostgresStore, StoreDelta
 from ragchains.settings import Settings
@@ -43,45 +48,6 @@ SELECTIVE = [{"field": "group", "op": "=", "value": "g7"}]
 FIELDS = {"source": "string", "filename": "string", "group": "string"}
 RPS_SECONDS = 20
 RPS_CONCURRENCY = 16
-
-
-def chunks_of(corpus: Corpus) -> list[Chunk]:
-    return [
-        Chunk(
-            id=f"d{i}",
-            text=text,
-            metadata={
-                "source": "synthetic.txt",
-                "filename": "synthetic.txt",
-                "citation": f"synthetic.txt#row={i + 1}",
-                "group": f"g{i % GROUPS}",
-            },
-        )
-        for i, text in enumerate(corpus.texts)
-    ]
-
-
-def build_disk(
-    chunks: list[Chunk], vectors: np.ndarray, name: str, folder: Path, hnsw_min_chunks: int
-) -> float:
-    start = time.perf_counter()
-    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min_chunks)
-    write_index(
-        folder,
-        IndexContents(
-            chunks=chunks,
-            vectors=vectors,
-            files=[],
-            fields=FIELDS,
-            embedder={"name": name, "dimension": int(vectors.shape[1])},
-            chunking={},
-        ),
-        bm25=build_bm25([c.text for c in chunks]),
-        dense=dense,
-        dense_info=dense_info,
-        bm25_info=BM25_PARAMS,
-    )
-    return time.perf_counter() - start
 
 
 def build_store(url: str, chunks: list[Chunk], vectors: np.ndarray, name: str) -> float:
@@ -124,14 +90,17 @@ def latency_rows(
 ) -> list[str]:
     table = dict(zip(corpus.queries, q_vectors, strict=True))
     lookup = PrecomputedQueries(embedder, table)
-    chunks = chunks_of(corpus)
+    chunks = synthetic_chunks(corpus.texts, GROUPS)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        disk_build = build_disk(
-            chunks, vectors, embedder.name, Path(tmp) / "idx", settings.hnsw_min_chunks
+        index, disk_build = build_ours(
+            corpus,
+            vectors,
+            embedder.name,
+            Path(tmp) / "idx",
+            settings.hnsw_min_chunks,
+            groups=GROUPS,
         )
-        index = load_index(Path(tmp) / "idx")
-        _ = index.columns
         disk = HybridRetriever(index=index, embedder=lookup, k=K, candidates=CANDIDATES)
         store_build = build_store(url, chunks, vectors, embedder.name)
         pg = PostgresRetriever(
@@ -231,7 +200,7 @@ def rps_rows(
 ) -> list[str]:
     """/retrieve/invoke from 1 and 2 server processes on one database (the 10k store)."""
     url = f"{server.url}?schema=rps"
-    build_store(url, chunks_of(corpus), vectors, embedder_name)
+    build_store(url, synthetic_chunks(corpus.texts, GROUPS), vectors, embedder_name)
     rows, one = [], 0.0
     for processes in (1, 2):
         with serving(url) as first, serving(url) if processes == 2 else nullcontext() as second:

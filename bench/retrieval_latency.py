@@ -71,31 +71,45 @@ class LookupEmbeddings(Embeddings):
         return self.table[text].tolist()
 
 
-def build_ours(
-    corpus: Corpus, vectors: np.ndarray, name: str, folder: Path, hnsw_min: int
-) -> tuple[SearchIndex, float]:
-    start = time.perf_counter()
-    chunks = [
+def synthetic_chunks(texts: list[str], groups: int | None = None) -> list[Chunk]:
+    """One chunk per synthetic text; with ``groups``, each in one of that many groups (a
+    ``group`` field a filter can keep one of)."""
+    return [
         Chunk(
             id=f"d{i}",
-            text=t,
+            text=text,
             metadata={
                 "source": "synthetic.txt",
                 "filename": "synthetic.txt",
                 "citation": f"synthetic.txt#row={i + 1}",
+                **({"group": f"g{i % groups}"} if groups else {}),
             },
         )
-        for i, t in enumerate(corpus.texts)
+        for i, text in enumerate(texts)
     ]
+
+
+def build_ours(
+    corpus: Corpus,
+    vectors: np.ndarray,
+    name: str,
+    folder: Path,
+    hnsw_min: int,
+    *,
+    groups: int | None = None,
+) -> tuple[SearchIndex, float]:
+    start = time.perf_counter()
+    chunks = synthetic_chunks(corpus.texts, groups)
     bm25 = build_bm25(corpus.texts)
     dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min)
+    fields = {"source": "string", "filename": "string"}
     write_index(
         folder,
         IndexContents(
             chunks=chunks,
             vectors=vectors,
             files=[],
-            fields={"source": "string", "filename": "string"},
+            fields={**fields, "group": "string"} if groups else fields,
             embedder={"name": name, "dimension": int(vectors.shape[1])},
             chunking={},
         ),

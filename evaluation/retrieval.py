@@ -48,6 +48,10 @@ RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
 BEIR_CHUNKING = {"beir": "one chunk per document: title + newline + text"}
 
 
+# How the store ranks the lexical half (its BM25 is PostgreSQL's full-text ranking).
+STORE_LEXICAL = f"postgresql full-text: {LEXICAL_RANK} over an OR of the query's words"
+
+
 def default_index_dir(dataset: BeirDataset) -> Path:
     """A cache folder per corpus content, outside the dataset (which may be read-only)."""
     root = Path(
@@ -234,9 +238,7 @@ def build_setup(
         )
         params["store"] = "postgresql"
         if name == "bm25":
-            params["lexical"] = (
-                f"postgresql full-text: {LEXICAL_RANK} over an OR of the query's words"
-            )
+            params["lexical"] = STORE_LEXICAL
         else:
             params.update(embedder=embedder.name, dense="pgvector hnsw (cosine)")
         return RetrieverSetup(name, params, lambda q: ids(half.invoke(q)))
@@ -253,7 +255,11 @@ def build_setup(
         params["dense"] = index.manifest.get("dense")
         return RetrieverSetup(name, params, lambda q: ids(dense.invoke(q)))
     deep = hybrid.model_copy(update={"k": depth, "candidates": max(hybrid.candidates, depth)})
-    params.update(embedder=embedder.name, bm25=BM25_PARAMS, **hybrid_params(deep))
+    if isinstance(hybrid, PostgresRetriever):
+        params.update(store="postgresql", lexical=STORE_LEXICAL)
+    else:
+        params["bm25"] = BM25_PARAMS
+    params.update(embedder=embedder.name, **hybrid_params(deep))
     if name == "hybrid":
         return RetrieverSetup(name, params, lambda q: ids(deep.invoke(q)))
     if name == "rewrite+hybrid":

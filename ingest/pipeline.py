@@ -295,16 +295,38 @@ def ingest(
         raise IngestError(str(exc)) from exc
 
 
-def _chunking(
-    embedder: SentenceTransformerEmbedder, chunk_size: int, chunk_overlap: int, options: LoadOptions
-) -> dict[str, Any]:
-    return {
+@dataclass(frozen=True)
+class _Setup:
+    """How a run reads and cuts files, and the record of it an index or store keeps (a
+    change of it re-chunks every file)."""
+
+    chunker: Chunker
+    options: LoadOptions
+    chunking: dict[str, Any]
+
+
+def _setup(
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    text_columns: Sequence[str] | None,
+    progress: bool,
+) -> _Setup:
+    """The run's chunker and load options, with the embedder loaded now (so the progress
+    bars time the real work)."""
+    if progress:
+        tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
+    embedder.count_tokens("")
+    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
+    chunking = {
         "chunker_version": CHUNKER_VERSION,
         "chunk_size": chunk_size,
         "chunk_overlap": chunk_overlap,
         "tokenizer": embedder.name,
         "text_columns": options.text_columns,
     }
+    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    return _Setup(chunker, options, chunking)
 
 
 @dataclass
@@ -407,12 +429,6 @@ def _vectors(
     return vectors
 
 
-def _start(embedder: SentenceTransformerEmbedder, progress: bool) -> None:
-    if progress:
-        tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
-    embedder.count_tokens("")  # load now, so the progress bars time the real work
-
-
 def _ingest_locked(
     found: Discovered,
     index_dir: Path,
@@ -427,10 +443,8 @@ def _ingest_locked(
 ) -> IngestReport:
     report = IngestReport(index=index_dir)
     report.skipped.extend(found.skipped)
-    _start(embedder, progress)
-    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
-    chunking = _chunking(embedder, chunk_size, chunk_overlap, options)
+    setup = _setup(embedder, chunk_size, chunk_overlap, text_columns, progress)
+    chunker, options, chunking = setup.chunker, setup.options, setup.chunking
 
     previous = _open_previous(index_dir, embedder, rebuild)
     try:
@@ -504,12 +518,8 @@ def ingest_to_store(
                     )
                 except StoreError as exc:
                     raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
-            _start(embedder, progress)
-            chunker = Chunker(
-                embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap
-            )
-            options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
-            chunking = _chunking(embedder, chunk_size, chunk_overlap, options)
+            setup = _setup(embedder, chunk_size, chunk_overlap, text_columns, progress)
+            chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking
             read = _read_files(

@@ -338,7 +338,7 @@ class PostgresStore:
         return int(self.meta().get("generation") or 0)
 
     def __len__(self) -> int:
-        return self.count()
+        return self._chunks(self.meta())
 
     def count(self) -> int:
         with self.connection() as conn:
@@ -382,25 +382,32 @@ class PostgresStore:
     def describe(self) -> dict[str, Any]:
         """What /readyz reports: the server, pgvector and the contents; never the password."""
         with self.connection() as conn:
-            server = conn.execute("SHOW server_version").fetchone()
-            standby = conn.execute("SELECT pg_is_in_recovery()").fetchone()
-            vector = conn.execute(
-                "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+            server, standby, vector = conn.execute(  # type: ignore[misc]
+                "SELECT current_setting('server_version'), pg_is_in_recovery(), "
+                "(SELECT extversion FROM pg_extension WHERE extname = 'vector')"
             ).fetchone()
         meta = self.meta()
         return {
             "kind": "postgresql",
             "url": self.redacted,
             "schema": self.schema,
-            "server_version": server[0] if server else None,
-            "pgvector_version": vector[0] if vector else None,
-            "replica": bool(standby and standby[0]),  # a read-only standby
+            "server_version": server,
+            "pgvector_version": vector,
+            "replica": bool(standby),  # a read-only standby
             "schema_version": meta.get("schema_version"),
             "generation": meta.get("generation"),
             "built_at": meta.get("built_at"),
-            "chunks": self.count() if meta else 0,
+            "chunks": self._chunks(meta),
             "fields": dict(meta.get("fields") or {}),
         }
+
+    def _chunks(self, meta: Mapping[str, Any]) -> int:
+        """The chunk count the last write recorded with its rows (a probe need not count
+        them); counted for a store written before it was recorded."""
+        if not meta:
+            return 0
+        recorded = meta.get("chunks")
+        return int(recorded) if recorded is not None else self.count()
 
     # ------------------------------------------------------------------ writing
     @contextmanager
@@ -492,6 +499,7 @@ class StoreWriter:
                     [(f.source, f.sha256, f.size, f.chunk_count, f.format) for f in delta.files],
                 )
             fields, notes = self._field_types(conn, delta.base_fields, delta.not_filterable)
+            counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(chunks)).fetchone()
             self._set_meta(
                 conn,
                 {
@@ -501,6 +509,7 @@ class StoreWriter:
                     "fields": fields,
                     "generation": int(meta.get("generation") or 0) + 1,
                     "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+                    "chunks": int(counted[0]) if counted else 0,
                 },
             )
         self.store.forget()
