@@ -34,6 +34,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from langserve import add_routes
 from langserve.callbacks import AsyncEventAggregatorCallback
 from starlette.concurrency import run_in_threadpool
@@ -251,7 +252,10 @@ def create_app(
             await service.index.aclose()
             service.index.close()
 
-    app = FastAPI(
+    # The API docs (/docs) from files served here: no CDN, the machine may be offline. (No
+    # /redoc: its page loads its logo from Redocly's CDN.)
+    app = FastAPIOffline(
+        redoc_url=None,
         title="ragchains",
         version=__version__,
         description="Grounded, cited answers over your own documents.",
@@ -295,18 +299,21 @@ def create_app(
     # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
     app.router.on_startup.clear()
 
-    # Load balancers probe with HEAD as often as with GET.
-    @app.api_route("/healthz", methods=["GET", "HEAD"], tags=["health"])
+    @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
         """The process is up."""
         return {"status": "ok"}
 
-    @app.api_route("/readyz", methods=["GET", "HEAD"], tags=["health"])
+    @app.get("/readyz", tags=["health"])
     async def readyz() -> JSONResponse:
         """Models and index are loaded; what each is, and any fallback in use (503 when the
         store cannot be reached)."""
         body = await run_in_threadpool(_readiness, service, health, limits)
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
+
+    # Load balancers probe with HEAD as often as with GET (one operation each in the docs).
+    for path, probe in (("/healthz", healthz), ("/readyz", readyz)):
+        app.add_api_route(path, probe, methods=["HEAD"], include_in_schema=False)
 
     @app.post("/feedback", tags=["feedback"], status_code=201)
     async def feedback(body: FeedbackIn) -> dict[str, Any]:

@@ -94,6 +94,21 @@ def test_retrieve_playground_returns_documents(url: str, browser: Any) -> None:
     watched.assert_clean()
 
 
+def test_the_api_docs_render_without_a_cdn(url: str, browser: Any) -> None:
+    """/docs loads its scripts from this server (the machine has no network):
+    the routes are listed, and a try-out of /healthz answers."""
+    watched = open_page(browser, f"{url}/docs")
+    page = watched.page
+    health = page.locator(".opblock", has_text="/healthz").first
+    health.wait_for(timeout=30_000)
+    assert page.locator(".opblock", has_text="/chat/invoke").count() >= 1
+    health.locator(".opblock-summary").first.click()
+    page.get_by_role("button", name="Try it out").first.click()
+    page.get_by_role("button", name="Execute").first.click()
+    page.locator(".live-responses-table .response-col_status", has_text="200").first.wait_for()
+    watched.assert_clean()
+
+
 def test_a_console_error_or_an_uncaught_error_fails_a_page(url: str, browser: Any) -> None:
     """The guard every browser test ends with: it must not pass a page that logged an error."""
     watched = open_page(browser, f"{url}/chat/playground/")

@@ -13,7 +13,7 @@ from ragchains.serving.errors import Message, Scope, error_body, send_json
 # page and its files hold no data; the page asks for the key and sends it on each call.
 # Only reads are open (GET, HEAD): nothing that runs a model or stores anything.
 OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
-OPEN_PREFIXES = ("/ui/",)
+OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs' files
 OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 
