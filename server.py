@@ -51,7 +51,8 @@ from ragchains.retrievers.index import IndexLoadError
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body
 from ragchains.serving.guards import ApiKeyMiddleware, BodyMiddleware
-from ragchains.serving.openai_api import openai_router
+from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
+from ragchains.serving.openapi import truthful_openapi
 from ragchains.serving.requests import (
     BODY_KEYS,
     KnownKeysOnly,
@@ -294,7 +295,17 @@ def create_app(
             per_req_config_modifier=_config_check(route),
             dependencies=[Depends(_body_check(route, limits)), Depends(_playground_file)],
             enable_feedback_endpoint=False,
+            # Token feedback needs LangSmith, which this server never talks to.
+            # (LangServe accepts the name but leaves it out of its Literal type.)
+            disabled_endpoints=["token_feedback"],  # type: ignore[list-item]
         )
+
+    app.openapi = truthful_openapi(  # type: ignore[method-assign]
+        app,
+        chat_request=ChatCompletionRequest,
+        domains=service.prompts.domains,
+        keyed=settings.api_key is not None,
+    )
 
     # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
     app.router.on_startup.clear()

@@ -210,6 +210,23 @@ def test_a_body_that_is_not_json_by_its_type_gets_415(
     assert reply.status_code == 415 and "application/json" in reply.text
 
 
+def test_a_body_without_a_type_gets_415_and_no_body_goes_on_to_its_route(
+    sample_server: str,
+) -> None:
+    """No Content-Type is no JSON either; a request with no body at all has nothing to
+    parse, so its route answers it (405 for a method it does not take, as OpenAPI
+    clients expect, not 415)."""
+    untyped = httpx.post(f"{sample_server}/retrieve/invoke", content=b'{"input": {}}')
+    assert untyped.status_code == 415 and "application/json" in untyped.text
+    for method, path, status in (
+        ("PUT", "/chat/input_schema", 405),
+        ("POST", "/healthz", 405),
+        ("POST", "/retrieve/invoke", 422),
+    ):
+        reply = httpx.request(method, f"{sample_server}{path}")
+        assert reply.status_code == status, (method, path, reply.text)
+
+
 # ----------------------------------------------------------------------------- 8. HEAD, slow bodies
 def test_health_checks_answer_head(sample_server: str) -> None:
     for path in ("/healthz", "/readyz"):

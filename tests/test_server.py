@@ -15,7 +15,7 @@ import pytest
 from langchain_core.documents import Document
 from langserve import RemoteRunnable
 
-from ragchains.serving.openai_api import ChatMessage, to_chat_input
+from ragchains.serving.openai_api import OpenAIMessage, to_chat_input
 
 pytestmark = pytest.mark.slow
 
@@ -166,10 +166,10 @@ def test_openai_sdk_streams_sources_first_and_citations_last(url: str) -> None:
 
 def test_openai_messages_become_question_and_history() -> None:
     messages = [
-        ChatMessage(role="system", content="be brief"),
-        ChatMessage(role="user", content=[{"type": "text", "text": "first"}]),  # type: ignore[list-item]
-        ChatMessage(role="assistant", content="reply"),
-        ChatMessage(role="user", content="second"),
+        OpenAIMessage(role="system", content="be brief"),
+        OpenAIMessage(role="user", content=[{"type": "text", "text": "first"}]),  # type: ignore[list-item]
+        OpenAIMessage(role="assistant", content="reply"),
+        OpenAIMessage(role="user", content="second"),
     ]
     turn = to_chat_input(messages)
     assert turn["question"] == "second"

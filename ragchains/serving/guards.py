@@ -58,6 +58,7 @@ JSON_SUFFIX = b"+json"
 # input); a body nested a thousand deep only exhausts the parsers' recursion.
 MAX_JSON_DEPTH = 64
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+_NOT_JSON = "send the request body as JSON, with 'Content-Type: application/json'"
 
 
 class BodyMiddleware:
@@ -82,12 +83,17 @@ class BodyMiddleware:
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             await refuse(scope, send, 413, self._too_large)
             return
-        if not _is_json(headers.get(b"content-type", b"")):
-            reason = "send the request body as JSON, with 'Content-Type: application/json'"
-            await refuse(scope, send, 415, reason)
+        content_type = headers.get(b"content-type")
+        if content_type is not None and not _is_json(content_type):
+            await refuse(scope, send, 415, _NOT_JSON)
             return
         body = await self._read(scope, receive, send)
         if body is None:
+            return
+        # A request without a body (and so without its type) goes on to its route, which
+        # answers it: 405 for a method the route does not take, 422 for a missing input.
+        if content_type is None and body:
+            await refuse(scope, send, 415, _NOT_JSON)
             return
         # A large body is parsed off the event loop (small ones take microseconds).
         problem = (

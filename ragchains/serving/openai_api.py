@@ -27,18 +27,18 @@ from ragchains.serving.errors import classify, error_body
 from ragchains.serving.requests import Route
 
 
-class ContentPart(BaseModel):
+class OpenAIContentPart(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     type: str
     text: str | None = None
 
 
-class ChatMessage(BaseModel):
+class OpenAIMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, tool_calls, ... are accepted and unused
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[ContentPart] | None = None
+    content: str | list[OpenAIContentPart] | None = None
 
     def text(self) -> str:
         if self.content is None or isinstance(self.content, str):
@@ -52,7 +52,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # temperature, max_tokens, ...: the prompt decides
 
     model: str = Field(description="the prompt domain, e.g. default or hr")
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[OpenAIMessage] = Field(min_length=1)
     stream: bool = False
     configurable: dict[str, Any] = Field(
         default_factory=dict,
@@ -60,7 +60,7 @@ class ChatCompletionRequest(BaseModel):
     )
 
 
-def to_chat_input(messages: list[ChatMessage]) -> dict[str, Any]:
+def to_chat_input(messages: list[OpenAIMessage]) -> dict[str, Any]:
     """The last message is the question; earlier user/assistant turns are the history."""
     *earlier, last = messages
     if last.role != "user":

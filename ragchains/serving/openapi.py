@@ -1,0 +1,211 @@
+"""The OpenAPI document as the server behaves: every status a route can answer, with the
+body it carries, event streams as ``text/event-stream``, and only the routes a client calls.
+
+FastAPI documents each route from its handler's signature, and LangServe documents its
+routes through stand-in handlers: neither knows the replies made before a route runs (the
+key, the body's checks) or after it has started (a failed model, an unreachable store), nor
+that LangServe streams events. A client generated from the document must work, so the
+document is amended once, when first asked for.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from fastapi import FastAPI
+from pydantic import BaseModel
+
+from ragchains.serving.errors import OPENAI_PREFIX
+from ragchains.serving.guards import OPEN_METHODS, OPEN_PATHS
+
+# LangServe's endpoints that stream server-sent events, by the last part of their path.
+STREAMING = frozenset({"stream", "stream_log", "stream_events"})
+# LangServe's endpoints that run a chain, so a model or the store can fail under them.
+RUNNING = frozenset({"invoke", "batch"}) | STREAMING
+# What a status means, as each response says it.
+MEANING = {
+    400: "Bad request: the body is not UTF-8 or nests too deep, or a domain or prompt "
+    "version that does not exist was chosen",
+    401: "Missing or wrong API key",
+    408: "The request body did not arrive in time",
+    413: "The request body, or a batch, is too large",
+    415: "The request body is not JSON (send Content-Type: application/json)",
+    422: "The request is invalid; the reason names where",
+    502: "The chat model failed or answered something that is not a reply",
+    503: "The document store cannot be reached",
+    504: "The chat model timed out",
+}
+BODY_CHECKS = (400, 408, 413, 415, 422)  # BodyMiddleware and the routes' own checks
+RUN_FAILURES = (502, 503, 504)  # serving.errors.classify
+
+PROBLEM = {
+    "title": "Problem",
+    "description": "Why the request failed: a sentence, or for invalid input a list of "
+    "problems, each naming where (loc) when it can.",
+    "type": "object",
+    "required": ["detail"],
+    "properties": {
+        "detail": {
+            "anyOf": [
+                {"type": "string"},
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["msg"],
+                        "properties": {
+                            "loc": {
+                                "type": "array",
+                                "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]},
+                            },
+                            "msg": {"type": "string"},
+                            "type": {"type": "string"},
+                        },
+                    },
+                },
+            ]
+        }
+    },
+}
+OPENAI_ERROR = {
+    "title": "OpenAIError",
+    "description": "An error as OpenAI's API reports it, which OpenAI SDKs read.",
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type", "code"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": "null"},
+                "code": {"type": "integer"},
+            },
+        }
+    },
+}
+# Server-sent events, each as a client parses it (clients, schemathesis among them, check
+# every event against this).
+EVENT_STREAM = {
+    "text/event-stream": {
+        "schema": {
+            "type": "object",
+            "properties": {
+                "event": {"type": "string"},
+                "data": {"type": "string"},
+                "id": {"type": "string"},
+            },
+        }
+    }
+}
+# LangServe's request bodies, by the end of their schemas' names (e.g. chatInvokeRequest).
+_ENVELOPES = tuple(
+    f"{kind}Request" for kind in ("Invoke", "Batch", "Stream", "StreamLog", "StreamEvents")
+)
+# FastAPI's own 422 body, which the server never sends (see server.invalid_input).
+_FASTAPI_422 = ("HTTPValidationError", "ValidationError")
+
+
+def truthful_openapi(
+    app: FastAPI, *, chat_request: type[BaseModel], domains: Iterable[str], keyed: bool
+) -> Callable[[], dict[str, Any]]:
+    """``app.openapi``: FastAPI's document, amended once. ``chat_request`` is the body
+    /v1/chat/completions reads (its handler parses it itself, to answer in OpenAI's error
+    format), whose ``model`` is one of ``domains``; ``keyed``: the server needs an API key."""
+    models = sorted(domains)
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            document = FastAPI.openapi(app)
+            _amend(document, chat_request, keyed)
+            schemas = document["components"]["schemas"]
+            schemas[chat_request.__name__]["properties"]["model"]["enum"] = models
+            app.openapi_schema = document
+        return app.openapi_schema
+
+    return openapi
+
+
+def _amend(document: dict[str, Any], chat_request: type[BaseModel], keyed: bool) -> None:
+    schemas = document.setdefault("components", {}).setdefault("schemas", {})
+    for name in _FASTAPI_422:
+        schemas.pop(name, None)
+    schemas["Problem"] = PROBLEM
+    schemas["OpenAIError"] = OPENAI_ERROR
+    for name, schema in schemas.items():
+        if name.endswith(_ENVELOPES):  # check_body refuses other keys (LangServe ignores them)
+            schema["additionalProperties"] = False
+    _add_models(schemas, chat_request)
+    if keyed:
+        document["components"]["securitySchemes"] = {
+            "bearer": {"type": "http", "scheme": "bearer"},
+            "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+        }
+    paths = document["paths"]
+    for path in list(paths):
+        # The playground's share links (/c/{config_hash}/...) are for the playground alone.
+        if "/c/{config_hash}/" in path:
+            del paths[path]
+            continue
+        for method, operation in paths[path].items():
+            _amend_operation(path, method.upper(), operation, chat_request, keyed)
+
+
+def _amend_operation(
+    path: str, method: str, operation: dict[str, Any], chat_request: type[BaseModel], keyed: bool
+) -> None:
+    endpoint = path.rsplit("/", 1)[-1]
+    # LangServe's stand-in handlers take a config_hash argument the real ones never read.
+    parameters = [p for p in operation.get("parameters", []) if p.get("name") != "config_hash"]
+    if parameters:
+        operation["parameters"] = parameters
+    else:
+        operation.pop("parameters", None)
+    responses = operation.setdefault("responses", {})
+    problem = _ref("OpenAIError" if path.startswith(OPENAI_PREFIX) else "Problem")
+    statuses: list[int] = []
+    if method == "POST":
+        statuses += BODY_CHECKS
+    if endpoint in RUNNING or path == f"{OPENAI_PREFIX}chat/completions":
+        statuses += RUN_FAILURES
+    if path == "/feedback":
+        statuses.append(503)  # the feedback store cannot be written
+    if keyed and not (method in OPEN_METHODS and path in OPEN_PATHS):
+        statuses.append(401)
+        operation["security"] = [{"bearer": []}, {"apiKey": []}]
+    _declare(responses, statuses, problem)
+    if path == "/readyz":  # not ready: the same report, saying what is not
+        responses["503"] = {"description": "Not ready", "content": responses["200"]["content"]}
+    if endpoint in STREAMING:
+        responses["200"]["content"] = EVENT_STREAM
+    if path == f"{OPENAI_PREFIX}chat/completions":
+        operation["requestBody"] = {
+            "required": True,
+            "content": {"application/json": {"schema": _ref(chat_request.__name__)}},
+        }
+        responses["200"]["content"] = {
+            "application/json": {"schema": {"type": "object"}},
+            **EVENT_STREAM,
+        }
+
+
+def _declare(responses: dict[str, Any], statuses: Iterable[int], problem: dict[str, str]) -> None:
+    for status in sorted(set(statuses)):
+        responses[str(status)] = {
+            "description": MEANING[status],
+            "content": {"application/json": {"schema": problem}},
+        }
+
+
+def _add_models(schemas: dict[str, Any], model: type[BaseModel]) -> None:
+    """``model``'s JSON schema, and the models it uses, among the document's schemas."""
+    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    for name, nested in schema.pop("$defs", {}).items():
+        schemas.setdefault(name, nested)
+    schemas[model.__name__] = schema
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": f"#/components/schemas/{name}"}

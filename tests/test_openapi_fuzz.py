@@ -1,0 +1,154 @@
+"""The OpenAPI document is what the server does: schemathesis (issue 15) generates requests
+from /openapi.json, valid and hostile, against the real app under uvicorn, and checks every
+reply: never a server error, only declared statuses and content types, bodies and each
+streamed event as declared, 405 for a method a route does not take.
+
+The chat model is an OpenAI-compatible upstream on this machine (tests/servers.FakeOpenAI):
+the subject here is the HTTP surface, and thousands of requests must stay within minutes.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import SecretStr
+
+from tests.servers import FakeOpenAI, fake_openai_server
+
+pytestmark = pytest.mark.slow
+
+KEY = "fuzz-key"
+# What the fuzzer checks of each reply. Not run: the request-side checks (a schema-valid
+# request rejected, an invalid one accepted): some of the server's rules are not JSON
+# Schema's to state (a filter's value type follows its field's type in the loaded index;
+# a batch's list of configs has one per input).
+CHECKS = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_headers_conformance",
+    "response_schema_conformance",
+    "unsupported_method",
+)
+SECONDS = 150  # the whole run's budget; examples and coverage come first, then fuzzing
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeOpenAI]:
+    with fake_openai_server() as server:
+        yield server
+
+
+def _server(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    upstream: FakeOpenAI,
+    tmp: Any,
+    **changes: Any,
+) -> AbstractContextManager[str]:
+    return serve_samples(  # type: ignore[no-any-return]
+        llm_provider="openai",
+        openai_base_url=upstream.base_url,
+        openai_api_key=SecretStr("upstream-key"),
+        openai_model="ok-fuzz",
+        llm_max_retries=0,
+        feedback_db=tmp / "feedback.sqlite",
+        **changes,
+    )
+
+
+def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_declare(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    upstream: FakeOpenAI,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    with _server(serve_samples, upstream, tmp_path_factory.mktemp("fuzz")) as base:
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "schemathesis.cli",
+                "run",
+                f"{base}/openapi.json",
+                "--checks",
+                ",".join(CHECKS),
+                "--phases",
+                "examples,coverage,fuzzing",
+                "--max-examples",
+                "8",
+                "--max-time",
+                str(SECONDS),
+                "--seed",
+                "20261124",  # the same requests on every run: a failure can be replayed
+                "--request-timeout",
+                "60",
+                "--no-shrink",
+                "--suppress-health-check",
+                "all",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=SECONDS + 300,
+            cwd=tmp_path_factory.mktemp("schemathesis"),  # its cache folder goes there
+        )
+        healthy = httpx.get(f"{base}/healthz").status_code
+    report = run.stdout[-6000:] + run.stderr[-2000:]
+    assert run.returncode == 0, report
+    assert "API Operations" in run.stdout and "Tested: 0" not in run.stdout, report
+    assert healthy == 200
+
+
+def test_the_document_lists_what_works_and_declares_each_reply(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    upstream: FakeOpenAI,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """With a key required: 401 declared with the key's schemes on every closed route; no
+    playground share links, no token feedback (it needs LangSmith); streams as events;
+    /v1/chat/completions with its body and its models; errors in the format each route
+    sends them, and a real reply of each kind matching its declaration."""
+    with _server(
+        serve_samples, upstream, tmp_path_factory.mktemp("doc"), api_key=SecretStr(KEY)
+    ) as base:
+        headers = {"X-API-Key": KEY}
+        document = httpx.get(f"{base}/openapi.json", headers=headers).json()
+        bad_json = httpx.post(
+            f"{base}/chat/invoke",
+            content=b"{",
+            headers={**headers, "content-type": "application/json"},
+        )
+        no_key = httpx.post(f"{base}/v1/chat/completions", json={})
+        text = httpx.post(f"{base}/ask/invoke", content=b"x", headers=headers)
+        put = httpx.put(f"{base}/chat/input_schema", headers=headers)
+    paths = document["paths"]
+    assert not [p for p in paths if "config_hash" in p or "token_feedback" in p]
+    schemes = document["components"]["securitySchemes"]
+    assert schemes["apiKey"] == {"type": "apiKey", "in": "header", "name": "X-API-Key"}
+    assert "401" in paths["/chat/invoke"]["post"]["responses"]
+    assert "401" not in paths["/healthz"]["get"]["responses"]
+    stream = paths["/chat/stream"]["post"]
+    assert list(stream["responses"]["200"]["content"]) == ["text/event-stream"]
+    assert not stream.get("parameters")  # LangServe's unused config_hash query parameter
+    completions = paths["/v1/chat/completions"]["post"]
+    body = completions["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    model = document["components"]["schemas"][body.rsplit("/", 1)[-1]]["properties"]["model"]
+    assert model["enum"] == ["catalog", "default", "hr"]
+    assert set(completions["responses"]["200"]["content"]) == {
+        "application/json",
+        "text/event-stream",
+    }
+    error = completions["responses"]["502"]["content"]["application/json"]["schema"]["$ref"]
+    assert error.endswith("/OpenAIError")
+    assert "HTTPValidationError" not in document["components"]["schemas"]
+
+    assert bad_json.status_code == 422 and isinstance(bad_json.json()["detail"], list)
+    assert no_key.status_code == 401 and no_key.json()["error"]["code"] == 401
+    assert text.status_code == 415 and "application/json" in text.json()["detail"]
+    assert put.status_code == 405  # no body: the route answers, not the body's checks
+    for reply, path in ((bad_json, "/chat/invoke"), (text, "/ask/invoke")):
+        assert str(reply.status_code) in paths[path]["post"]["responses"]
