@@ -31,6 +31,7 @@ from ragchains.retrievers.index import (
     FileRecord,
     IndexBusyError,
     IndexContents,
+    IndexDamagedError,
     IndexLoadError,
     IndexNotFoundError,
     SearchIndex,
@@ -245,6 +246,8 @@ def _open_previous(
                 "choose another --index folder"
             ) from None
         return None
+    except IndexDamagedError as exc:  # its message already says how to mend it
+        raise IngestError(str(exc)) from exc
     except IndexLoadError as exc:
         raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
 
@@ -457,6 +460,8 @@ def _ingest_locked(
                 old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
                 old_vectors[chunk.id] = vectors[row]
         same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
+    except IndexLoadError as exc:  # damage found reading the chunks (the message says what to do)
+        raise IngestError(str(exc)) from exc
     finally:
         if previous is not None:
             previous.close()

@@ -197,11 +197,11 @@ def test_ingest_with_other_embedder_asks_for_rebuild(
     ("damage", "message"),
     [
         (lambda g: (g / "dense.faiss").unlink(), "dense.faiss is missing"),
-        (lambda g: (g / "dense.faiss").write_bytes(b"junk"), "dense.faiss cannot be read"),
+        (lambda g: (g / "dense.faiss").write_bytes(b"junk"), "dense.faiss does not match"),
         (lambda g: (g / "chunks.sqlite").write_bytes(b"not sqlite at all" * 100), "chunks.sqlite"),
         (lambda g: (g / "manifest.json").write_text("{"), "manifest.json is not valid JSON"),
         (lambda g: (g / "manifest.json").unlink(), "manifest.json is missing"),
-        (lambda g: (g / "bm25" / "params.index.json").unlink(), "bm25/ cannot be read"),
+        (lambda g: (g / "bm25" / "params.index.json").unlink(), "params.index.json is missing"),
         (lambda g: (g.parent / "CURRENT").write_text("gen-missing\n"), "names 'gen-missing'"),
     ],
     ids=[

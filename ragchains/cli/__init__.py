@@ -1,6 +1,6 @@
 """The `ragchains` command line: the group, the console entry point and its commands.
 
-One module per command group (ingest, query, serve, eval, feedback), each importing only
+One module per command group (ingest, query, serve, eval, feedback, index), each importing only
 ``ragchains.cli.common``; this module imports them to register their commands.
 """
 
@@ -13,9 +13,10 @@ import sys
 import click
 
 from ragchains import __version__
-from ragchains.cli.common import EXIT_INTERNAL, EXIT_INTERRUPTED
+from ragchains.cli.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
 from ragchains.cli.eval import eval_group
 from ragchains.cli.feedback import feedback_group
+from ragchains.cli.index import index_group
 from ragchains.cli.ingest import ingest_command
 from ragchains.cli.query import ask_command, chat_command, retrieve_command
 from ragchains.cli.serve import serve_command
@@ -47,6 +48,7 @@ for _command in (
     serve_command,
     eval_group,
     feedback_group,
+    index_group,
 ):
     app.add_command(_command)
 
@@ -61,5 +63,13 @@ def run() -> None:
     except Exception as exc:  # last resort: one line, non-zero exit
         if os.environ.get("RAGCHAINS_DEBUG"):
             raise
+        # Imported here: `ragchains --help` should not wait for FAISS.
+        from ragchains.retrievers.index import IndexLoadError, IndexWriteError
+
+        # An index found damaged in the middle of a command (a chunk store page read late,
+        # a full disk while writing): the message names the file and says what to do.
+        if isinstance(exc, IndexLoadError | IndexWriteError):
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
         click.echo(f"error: unexpected {type(exc).__name__}: {exc}", err=True)
         sys.exit(EXIT_INTERNAL)

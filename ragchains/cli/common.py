@@ -21,6 +21,7 @@ from ragchains.retrievers.storeurl import is_store_url
 
 EXIT_NOTHING_INGESTED = 1
 EXIT_FAILED = 1
+EXIT_DAMAGED = 1  # `index verify`: the index is damaged
 EXIT_USAGE = 2
 EXIT_INTERNAL = 70
 EXIT_INTERRUPTED = 130
