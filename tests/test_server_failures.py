@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 
 import httpx
 import openai
@@ -177,3 +179,25 @@ def test_llm_timeout_is_504(guarded_url: str, upstream: FakeOpenAI) -> None:
         upstream.behave_as = None
     assert response.status_code == 504
     assert json.loads(response.text)["detail"] == "the chat model did not answer in time"
+
+
+def test_an_index_file_found_damaged_by_a_query_is_503_and_the_log_names_it(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    sample_index: Path,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Damage after the load (a stray write to chunks.sqlite) reaches the first query that
+    reads it: a 503 saying the index cannot be read, the file named in the log only."""
+    index = tmp_path / "idx"
+    shutil.copytree(sample_index, index)
+    with serve_samples(index=index) as base:
+        body = {"input": {"query": "soil moisture sensor"}}
+        assert httpx.post(f"{base}/retrieve/invoke", json=body).status_code == 200
+        chunks = next(index.glob("gen-*")) / "chunks.sqlite"
+        chunks.write_bytes(b"\xff" * chunks.stat().st_size)  # every page garbage
+        with caplog.at_level(logging.WARNING, logger="ragchains.server"):
+            damaged = httpx.post(f"{base}/retrieve/invoke", json={"input": {"query": "auger"}})
+    assert damaged.status_code == 503, damaged.text
+    assert damaged.json() == {"detail": "the index cannot be read; the server log has the details"}
+    assert "chunks.sqlite" in caplog.text

@@ -2,7 +2,7 @@
 
 Bad input is answered before any work (400/413/422, raised as HTTPException). What fails
 during a run is either the chat model (504 when it timed out, 502 otherwise), the document
-store (503, a database that cannot be reached), or a bug (500, logged with its traceback here
+store (503, a database that cannot be reached, or an index file found damaged), or a bug (500, logged with its traceback here
 and nowhere else).
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ragchains.llms import LLMFailure, explain_failure
+from ragchains.retrievers.index import IndexLoadError
 from ragchains.retrievers.pgstore import StoreError
 
 log = logging.getLogger("ragchains.server")
@@ -23,11 +24,14 @@ Message = dict[str, Any]
 
 OPENAI_PREFIX = "/v1/"
 STORE_UNREACHABLE = "the document store cannot be reached; the server log has the details"
+INDEX_UNREADABLE = "the index cannot be read; the server log has the details"
 
 
 def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
     if isinstance(exc, StoreError):  # the database is down or unreachable: not the caller's
         return 503, STORE_UNREACHABLE, None
+    if isinstance(exc, IndexLoadError):  # damage found by a query (the log names the file)
+        return 503, INDEX_UNREADABLE, None
     failure = explain_failure(exc)
     if failure is None:
         return 500, "internal error; the server log has the details", None
@@ -91,7 +95,9 @@ class ErrorMiddleware:
                 said = f" ({failure.detail})" if failure.detail else ""
                 log.warning("%s %s: %s%s", scope.get("method"), scope.get("path"), reason, said)
             elif status == 503:
-                log.warning("%s %s: store failure: %s", scope.get("method"), scope.get("path"), exc)
+                log.warning(
+                    "%s %s: store or index failure: %s", scope.get("method"), scope.get("path"), exc
+                )
             else:
                 log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:

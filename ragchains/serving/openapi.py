@@ -33,7 +33,7 @@ MEANING = {
     415: "The request body is not JSON (send Content-Type: application/json)",
     422: "The request is invalid; the reason names where",
     502: "The chat model failed or answered something that is not a reply",
-    503: "The document store cannot be reached",
+    503: "The document store cannot be reached, or an index file was found damaged",
     504: "The chat model timed out",
 }
 BODY_CHECKS = (400, 408, 413, 415, 422)  # BodyMiddleware and the routes' own checks
