@@ -48,9 +48,10 @@ from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError, fe
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.index import IndexLoadError
+from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body
-from ragchains.serving.guards import ApiKeyMiddleware, BodyMiddleware
+from ragchains.serving.guards import ApiKeyMiddleware, BodyMiddleware, GenerationMiddleware
 from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
 from ragchains.serving.openapi import truthful_openapi
 from ragchains.serving.requests import (
@@ -65,6 +66,12 @@ from ragchains.serving.requests import (
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
+
+# How long an idle connection is kept open (uvicorn's default is 5 s). Longer than the idle
+# timeout of the proxies and load balancers that keep connections to a server (60 s is
+# common): one that reuses a connection just as the server closes it fails the request
+# (a 502 at the proxy; a reset at a busy client that read its last reply late).
+KEEP_ALIVE_SECONDS = 75
 
 # The chat page: plain files, no build step; /ui/ serves them, / the page itself.
 WEB = Path(str(resources.files("ragchains") / "web"))
@@ -226,7 +233,7 @@ def create_app(
             raise ValueError(
                 "no index to serve: set RAGCHAINS_INDEX or RAGCHAINS_STORE (or serve --index)"
             )
-        service = build_service(settings, target, llm=llm, embedder=embedder)
+        service = build_service(settings, target, llm=llm, embedder=embedder, live=True)
     limits = Limits.from_settings(settings)
     requests = request_models(limits, service.index.fields)
     health = _Health()
@@ -247,8 +254,12 @@ def create_app(
         gc.collect()
         gc.freeze()
         log.info("ready: %d chunks from %s", len(service.index), service.index.location)
+        if isinstance(service.index, LiveIndex):
+            service.index.watch()  # ingests are served as they commit, without a restart
         yield
         gc.unfreeze()
+        if isinstance(service.index, LiveIndex):
+            service.index.close()
         if isinstance(service.index, PostgresStore):
             await service.index.aclose()
             service.index.close()
@@ -355,7 +366,10 @@ def create_app(
 
     app.mount("/ui", _PageFiles(directory=WEB), name="ui")
 
-    # The last added runs first: CORS, then the key, then the body's checks, then errors.
+    # The last added runs first: CORS, then the key, then the body's checks, then errors,
+    # then (an index folder) the generation each request keeps to.
+    if isinstance(service.index, LiveIndex):
+        app.add_middleware(GenerationMiddleware, index=service.index)
     app.add_middleware(ErrorMiddleware, on_llm_failure=health.record)
     app.add_middleware(
         BodyMiddleware, max_bytes=limits.request_bytes, timeout=settings.body_timeout

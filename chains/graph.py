@@ -446,7 +446,7 @@ def create_chat_chain(
     grammar, free for others), ``quote`` or ``free``; a request's or domain's wins over it.
     """
     parts = _parts(llm, retriever, compressor, prompts)
-    fields = dict(fields) if fields is not None else retriever_fields(parts.searcher.retriever)
+    fields = fields if fields is not None else retriever_fields(parts.searcher.retriever)
     policy = requery or RequeryPolicy()
     requery_step = _Requery(parts.llm, parts.searcher, parts.compressor, policy)
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
@@ -524,7 +524,7 @@ def create_chains(
     """The chat and ask chains and each stage on its own, over the same parts."""
     llm = as_llm(llm)
     prompts = prompts or default_registry()
-    fields = dict(fields) if fields is not None else retriever_fields(retriever)
+    fields = fields if fields is not None else retriever_fields(retriever)
     return Chains(
         chat=create_chat_chain(
             llm=llm,

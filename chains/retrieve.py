@@ -35,6 +35,7 @@ from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import Reranked, ScoringCompressor
 from ragchains.retrievers.filters import MAX_FILTERS, MetadataFilter
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
+from ragchains.retrievers.live import LiveFields
 
 log = logging.getLogger(__name__)
 
@@ -127,11 +128,12 @@ def default_k(retriever: Any) -> int | None:
     return int(getattr(retriever, "k", 10))
 
 
-def retriever_fields(retriever: Any) -> dict[str, str]:
-    """The metadata fields (name -> type) a filtering retriever can filter on."""
+def retriever_fields(retriever: Any) -> Mapping[str, str]:
+    """The metadata fields (name -> type) a filtering retriever can filter on, as they are
+    whenever read (an index that follows ingests gains fields)."""
     if "filters" not in search_keywords(retriever):
         return {}
-    return dict(getattr(retriever, "fields", None) or {})
+    return LiveFields(lambda: getattr(retriever, "fields", None) or {})
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ import json
 import re
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -353,6 +354,16 @@ def rewrite_stage(*, llm: LLM, fields: Mapping[str, str], history_tokens: int = 
     return Step(rewriter.run, rewriter.arun, name="rewrite")
 
 
+@dataclass(frozen=True)
+class _FieldsUse:
+    """What the rewrite makes of the index's fields: the model's tools, the call grammar and
+    the prompt's description of them."""
+
+    tools: list[dict[str, Any]]
+    grammar: str
+    text: str
+
+
 class _Rewriter:
     """One rewrite: the model's call, read into a query and filters, then (multi-query) more
     phrasings, then the glossary. Sync and async differ only in how the model is called; the
@@ -360,17 +371,27 @@ class _Rewriter:
 
     def __init__(self, llm: LLM, fields: Mapping[str, str], history_tokens: int) -> None:
         self.llm = llm
-        self.fields = fields
+        self.fields = fields  # may follow the index (a LiveFields): read on each turn
         self.history_tokens = history_tokens
-        self.tools = build_tools(fields)
-        self.grammar = call_grammar(fields)
-        self.field_text = describe_fields(fields)
+        self._made: tuple[tuple[tuple[str, str], ...], _FieldsUse] | None = None
+
+    def _uses(self) -> _FieldsUse:
+        """The tools, grammar and description of the fields as they are now, made again
+        only when they change (an ingest that brings a new field)."""
+        now = tuple(sorted(self.fields.items()))
+        made = self._made
+        if made is None or made[0] != now:
+            fields = dict(now)
+            use = _FieldsUse(build_tools(fields), call_grammar(fields), describe_fields(fields))
+            made = self._made = (now, use)
+        return made[1]
 
     def _call(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, Any], dict[str, Any]]:
         prompt = state["options"].prompt("rewrite")
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
-        variables = {"question": state["question"], "fields": self.field_text}
-        model = self.llm.prompted(prompt, tools=self.tools, grammar=self.grammar)
+        use = self._uses()
+        variables = {"question": state["question"], "fields": use.text}
+        model = self.llm.prompted(prompt, tools=use.tools, grammar=use.grammar)
         return model, {**variables, "chat_history": history}
 
     def _read(self, state: Mapping[str, Any], reply: Any, notes: list[str]) -> RewriteOutput:

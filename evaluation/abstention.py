@@ -51,7 +51,7 @@ def best_scores(
 ) -> tuple[list[float], list[float]]:
     """The best compressor score over the retriever's top k for each query, with and without
     its relevant documents (-inf when nothing is retrieved)."""
-    index = retriever.index
+    index = retriever.index.pinned()
     rows = index.store.rows(dataset.doc_ids)
     answerable: list[float] = []
     unanswerable: list[float] = []

@@ -123,7 +123,7 @@ def collect_split(
 ) -> Split:
     """Every judged query's BM25 and dense lists, fetched as ``eval retrieval`` fetches them
     (``max(candidates, depth)`` from each retriever)."""
-    index = retriever.index
+    index = retriever.index.pinned()
     fetch = max(retriever.candidates, depth)
     candidates = {}
     for qid, query in tqdm(

@@ -26,6 +26,7 @@ from ragchains.retrievers.compressors import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import SearchIndex, load_index
+from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgsearch import PostgresRetriever
 from ragchains.retrievers.pgstore import PostgresStore, is_store_url
 from ragchains.retrievers.workers import cpu_pool
@@ -59,16 +60,21 @@ def build_embedder(settings: Settings) -> SentenceTransformerEmbedder:
 
 # Where chunks live: an index folder on disk, or a PostgreSQL store (its URL).
 Target = str | Path
-Store = SearchIndex | PostgresStore
+Store = SearchIndex | LiveIndex | PostgresStore
 
 
-def open_index(index_dir: Target, embedder: SentenceTransformerEmbedder) -> Store:
+def open_index(
+    index_dir: Target, embedder: SentenceTransformerEmbedder, *, live: bool = False
+) -> Store:
     """Load an index folder or connect to a PostgreSQL store (a ``postgresql://`` URL),
-    refusing one built with another embedder."""
+    refusing one built with another embedder. ``live``: the folder as a ``LiveIndex``, which
+    can serve each generation an ingest commits (a store always serves what is committed)."""
     if is_store_url(str(index_dir)):
         store = PostgresStore(str(index_dir))
         store.check(embedder_name=embedder.name, dimension=embedder.dimension)
         return store
+    if live:
+        return LiveIndex(index_dir, embedder_name=embedder.name)
     index = load_index(index_dir, embedder_name=embedder.name)
     _ = index.columns  # build the filter columns now, not during the first query
     return index
@@ -77,7 +83,7 @@ def open_index(index_dir: Target, embedder: SentenceTransformerEmbedder) -> Stor
 @overload
 def build_retriever(
     settings: Settings,
-    index: SearchIndex,
+    index: SearchIndex | LiveIndex,
     embedder: SentenceTransformerEmbedder,
     *,
     executor: Executor | None = None,
@@ -194,8 +200,11 @@ def build_service(
     llm: LLM | None = None,
     embedder: SentenceTransformerEmbedder | None = None,
     prompts: PromptRegistry | None = None,
+    live: bool = False,
 ) -> Service:
     """Load the index and every model, check the prompt files, and build the chains.
+    ``live``: an index folder is served as a ``LiveIndex`` (the server: ingests are served
+    without a restart).
 
     Fails early (IndexLoadError, PromptFileError, LLMConfigError) rather than at the first
     request.
@@ -203,7 +212,7 @@ def build_service(
     prompts = prompts or default_registry()
     llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
-    index = open_index(index_dir, embedder)
+    index = open_index(index_dir, embedder, live=live)
     # Retrieval's CPU work gets a pool of its own, one thread per core: on async calls it
     # then never waits behind threads blocked on something else, nor adds to the GIL's
     # contention with more threads than cores.

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from typing import Any
 
@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field
 
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.workers import run_off_loop
 
 FilterArg = Sequence[MetadataFilter | dict[str, Any]] | None
@@ -31,7 +32,8 @@ class IndexRetriever(BaseRetriever):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    index: SearchIndex
+    # A LiveIndex follows ingests; each search keeps to one generation (``pin``).
+    index: SearchIndex | LiveIndex
     k: int = Field(10, ge=1)
     filters: list[MetadataFilter] = Field(default_factory=list)
     executor: Executor | None = Field(
@@ -42,7 +44,7 @@ class IndexRetriever(BaseRetriever):
     )
 
     @property
-    def fields(self) -> dict[str, str]:
+    def fields(self) -> Mapping[str, str]:
         """The metadata fields (name -> type) ``filters`` may name."""
         return self.index.fields
 
@@ -72,8 +74,11 @@ class IndexRetriever(BaseRetriever):
         k: int | None = None,
         filters: FilterArg = None,
     ) -> list[Document]:
-        checked = validate_filters(self.filters if filters is None else filters, self.index.fields)
-        return self._search(query, k=k or self.k, filters=checked)
+        with self.index.pin():  # the filters' fields and the search: one generation
+            checked = validate_filters(
+                self.filters if filters is None else filters, self.index.fields
+            )
+            return self._search(query, k=k or self.k, filters=checked)
 
     async def _aget_relevant_documents(
         self,

@@ -125,7 +125,7 @@ class HybridRetriever(IndexRetriever, FusionFields):
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         fusion = self.fusion_config
         hits = hybrid_search(
-            self.index,
+            self.index.pinned(),
             query,
             self.embedder.encode_query(query),
             k=k,

@@ -35,7 +35,7 @@ import sqlite3
 import threading
 import uuid
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from functools import cached_property
@@ -622,6 +622,13 @@ class SearchIndex:
 
     def close(self) -> None:
         self.store.close()
+
+    # A loaded generation never changes: it is its own pinned generation (see LiveIndex).
+    def pinned(self) -> SearchIndex:
+        return self
+
+    def pin(self) -> AbstractContextManager[SearchIndex]:
+        return nullcontext(self)
 
 
 def embedder_mismatch(

@@ -34,6 +34,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
+from ragchains.retrievers.live import LiveFields
 from ragchains.retrievers.storeurl import is_store_url, redact
 
 SCHEMA_VERSION = 1
@@ -101,27 +102,6 @@ class StoreDelta:
     rebuild: bool = False
     base_fields: Mapping[str, str] = field(default_factory=dict)
     not_filterable: Collection[str] = ()
-
-
-class LiveFields(Mapping[str, str]):
-    """The store's field types as a mapping that follows committed ingests (re-read at most
-    once per ``META_TTL``), for code that holds on to ``fields`` (request validation)."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self._store = store
-
-    def _now(self) -> dict[str, str]:
-        fields: dict[str, str] = self._store.known_meta().get("fields") or {}
-        return fields
-
-    def __getitem__(self, key: str) -> str:
-        return self._now()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._now())
-
-    def __len__(self) -> int:
-        return len(self._now())
 
 
 class PostgresStore:
@@ -331,7 +311,8 @@ class PostgresStore:
 
     @property
     def fields(self) -> Mapping[str, str]:
-        return LiveFields(self)
+        # Follows committed ingests: the meta last read, re-read at most once per META_TTL.
+        return LiveFields(lambda: self.known_meta().get("fields") or {})
 
     @property
     def generation(self) -> int:

@@ -2,8 +2,8 @@
 
 Bad input is answered before any work (400/413/422, raised as HTTPException). What fails
 during a run is either the chat model (504 when it timed out, 502 otherwise), the document
-store (503, a database that cannot be reached, or an index file found damaged), or a bug (500, logged with its traceback here
-and nowhere else).
+store (503: a database that cannot be reached, or an index file found damaged), or a bug
+(500, logged with its traceback here and nowhere else).
 """
 
 from __future__ import annotations

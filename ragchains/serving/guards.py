@@ -1,4 +1,5 @@
-"""Checks made before a request reaches any route: the API key and the body."""
+"""What runs before a request reaches any route: the API key and the body checked, and
+the index generation the request keeps to."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hmac
 import json
 from typing import Any
 
+from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import Message, Scope, error_body, send_json
 
 # Probes must work without the key: load balancers and orchestrators call them. The chat
@@ -183,3 +185,19 @@ def _depth(value: Any) -> int:
             deepest = max(deepest, level)
             pending.extend((child, level + 1) for child in item)
     return deepest
+
+
+class GenerationMiddleware:
+    """Each request keeps to the index generation current when it arrived, to its last
+    streamed byte, while ingests commit new ones (see ``retrievers.live``)."""
+
+    def __init__(self, app: Any, index: LiveIndex) -> None:
+        self.app = app
+        self.index = index
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with self.index.pin():
+            await self.app(scope, receive, send)
