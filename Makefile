@@ -58,6 +58,8 @@ bench: setup
 	$(BIN)/python -m bench.ingest_throughput
 	$(BIN)/python -m bench.server_overhead
 	$(BIN)/python -m bench.postgres_store
+	$(BIN)/python -m bench.hostile_filters
+	$(BIN)/python -m bench.soak
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache

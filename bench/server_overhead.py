@@ -109,10 +109,16 @@ def sample_index() -> Path:
 def serve(index: Path, port: int, delay: float) -> None:
     import uvicorn
 
-    from ragchains.server import create_app
+    from ragchains.server import KEEP_ALIVE_SECONDS, create_app
 
     app = create_app(bench_settings(index), llm=stub_llm(delay))
-    uvicorn.run(app, host="127.0.0.1", port=port, log_level="warning")
+    uvicorn.run(
+        app,
+        host="127.0.0.1",
+        port=port,
+        log_level="warning",
+        timeout_keep_alive=KEEP_ALIVE_SECONDS,  # as `ragchains serve` runs it
+    )
 
 
 class Server:

@@ -35,7 +35,7 @@ def serve_command(
 
     import uvicorn
 
-    from ragchains.server import create_app
+    from ragchains.server import KEEP_ALIVE_SECONDS, create_app
 
     settings = load_settings()
     index = target_of(index, settings)
@@ -57,6 +57,7 @@ def serve_command(
             create_app(settings, service=service),
             log_level="info" if verbose else "warning",
             timeout_graceful_shutdown=5,
+            timeout_keep_alive=KEEP_ALIVE_SECONDS,
         )
     )
     shown_host = "localhost" if settings.host in ("0.0.0.0", "::", "127.0.0.1") else settings.host
