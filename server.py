@@ -194,7 +194,9 @@ def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, A
         index_info, ready = {"error": STORE_UNREACHABLE}, False
     return {
         "ready": ready,
-        "degraded": bool(compressor["fallback"]) or health.llm_failure is not None,
+        "degraded": bool(compressor["fallback"])
+        or health.llm_failure is not None
+        or "refused" in index_info,  # a newer generation committed but not served
         "llm": {
             "provider": settings.llm_provider,
             "model": service.llm.name,

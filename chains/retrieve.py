@@ -33,9 +33,8 @@ from ragchains.chains.rewrite import RewriteOutput, expand_glossary
 from ragchains.chains.state import Step, inline, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import Reranked, ScoringCompressor
-from ragchains.retrievers.filters import MAX_FILTERS, MetadataFilter
+from ragchains.retrievers.filters import MAX_FILTERS, LiveFields, MetadataFilter
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
-from ragchains.retrievers.live import LiveFields
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import fnmatch
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
 import numpy as np
@@ -266,3 +266,34 @@ class MetadataColumns:
             elif text in vocab:
                 wanted.add(vocab[text])
         return np.array(sorted(wanted), dtype=np.int32)
+
+
+class LiveFields(Mapping[str, str]):
+    """Metadata field types as a mapping that follows its source (``read`` gives them as
+    they are now: an index that follows ingests, a store), for code that holds on to
+    ``fields``: request validation, the rewriter's tools. Each whole-mapping read (items,
+    a copy, a lookup) reads the source once, so it never mixes two versions."""
+
+    def __init__(self, read: Callable[[], Mapping[str, str]]) -> None:
+        self._read = read
+
+    def __getitem__(self, key: str) -> str:
+        return self._read()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._read()))
+
+    def __len__(self) -> int:
+        return len(self._read())
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._read()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self._read().get(key, default)
+
+    def items(self) -> ItemsView[str, str]:
+        return dict(self._read()).items()
+
+    def keys(self) -> KeysView[str]:
+        return dict(self._read()).keys()

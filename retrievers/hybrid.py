@@ -123,17 +123,18 @@ class HybridRetriever(IndexRetriever, FusionFields):
         return self.index.fusion
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
+        index = self.index.pinned()  # one generation throughout
         fusion = self.fusion_config
         hits = hybrid_search(
-            self.index.pinned(),
+            index,
             query,
             self.embedder.encode_query(query),
             k=k,
             candidates=self.candidates,
             fusion=fusion,
-            mask=self.index.columns.mask(filters),
+            mask=index.columns.mask(filters),
         )
-        docs = self.index.store.documents([h.row for h in hits])
+        docs = index.store.documents([h.row for h in hits])
         for doc, hit in zip(docs, hits, strict=True):
             doc.metadata.update(
                 {

@@ -34,6 +34,7 @@ import shutil
 import sqlite3
 import threading
 import uuid
+import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
@@ -487,9 +488,13 @@ class ChunkStore:
         self._where = index_dir if index_dir is not None else path.parent.parent
         self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
+        # Closed as soon as the store is dropped: a connection is otherwise freed only by
+        # the cycle collector, never for one loaded before the server's gc.freeze(), and a
+        # replaced generation's deleted file would keep its disk space until shutdown.
+        self._closer = weakref.finalize(self, self._con.close)
 
     def close(self) -> None:
-        self._con.close()
+        self._closer()
 
     @contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
@@ -700,6 +705,16 @@ def _recorded_checksums(index_dir: str | Path, manifest: dict[str, Any]) -> dict
         for name, value in checksums.items()
     ):
         raise IndexDamagedError(_damaged(index_dir, f"{MANIFEST_FILE} has malformed checksums"))
+    # Every part must be covered: a list that leaves one out would vouch for it unchecked.
+    uncovered = [
+        part
+        for part in (CHUNKS_FILE, DENSE_FILE, f"{BM25_DIR}/")
+        if not any(name == part or name.startswith(part) for name in checksums)
+    ]
+    if uncovered:
+        raise IndexDamagedError(
+            _damaged(index_dir, f"{MANIFEST_FILE} records no checksum for {', '.join(uncovered)}")
+        )
     return dict(sorted(checksums.items()))
 
 

@@ -15,19 +15,22 @@ from __future__ import annotations
 import contextvars
 import logging
 import threading
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import bm25s
+import faiss
 import numpy as np
 
+from ragchains.retrievers.filters import LiveFields, MetadataColumns
 from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.index import (
     CURRENT_FILE,
     FUSION_FILE,
-    IndexLoadError,
+    ChunkStore,
     SearchIndex,
     load_index,
     read_fusion,
@@ -36,23 +39,8 @@ from ragchains.retrievers.index import (
 log = logging.getLogger(__name__)
 
 POLL_SECONDS = 1.0
-
-
-class LiveFields(Mapping[str, str]):
-    """Metadata field types as a mapping that follows the index (``read`` gives them now),
-    for code that holds on to ``fields``: request validation, the rewriter's tools."""
-
-    def __init__(self, read: Callable[[], Mapping[str, str]]) -> None:
-        self._read = read
-
-    def __getitem__(self, key: str) -> str:
-        return self._read()[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._read())
-
-    def __len__(self) -> int:
-        return len(self._read())
+# Loads in a row of a generation that an ingest replaced (and deleted) while it loaded.
+_SUPERSEDED_RETRIES = 3
 
 
 class LiveIndex:
@@ -71,11 +59,17 @@ class LiveIndex:
         poll: float = POLL_SECONDS,
     ) -> None:
         self._folder = Path(folder)
-        self._load_args = {"embedder_name": embedder_name, "embedder_dimension": embedder_dimension}
+        self._embedder_name = embedder_name
+        self._dimension = embedder_dimension
         self.poll = poll
         self._current = self._load()
-        self._seen = (self._current.path.name, _fusion_stamp(self._folder))
-        self._failed: str | None = None  # the generation that last failed to load (logged once)
+        self._seen: tuple[str | None, tuple[int, int] | None] = (
+            self._current.path.name,
+            _fusion_stamp(self._folder),
+        )
+        # The newer generation (or fusion.json) last refused, with why, for /readyz.
+        self._refused: dict[str, str] | None = None
+        self._unreadable = False  # CURRENT could not be read (said once)
         self._pin: contextvars.ContextVar[SearchIndex | None] = contextvars.ContextVar(
             f"ragchains-generation-{id(self)}", default=None
         )
@@ -84,59 +78,91 @@ class LiveIndex:
         self._watcher: threading.Thread | None = None
 
     def _load(self) -> SearchIndex:
-        index = load_index(self._folder, **self._load_args)  # type: ignore[arg-type]
+        index = load_index(
+            self._folder, embedder_name=self._embedder_name, embedder_dimension=self._dimension
+        )
         _ = index.columns  # the filter columns now, not in the first request after the swap
         return index
 
     # -- generations ------------------------------------------------------------------
     def pinned(self) -> SearchIndex:
         """The generation this context is pinned to, else the current one."""
-        return self._pin.get() or self._current
+        pinned = self._pin.get()
+        return pinned if pinned is not None else self._current
 
     @contextmanager
     def pin(self) -> Iterator[SearchIndex]:
         """Keep this context (a request, and the tasks and threads it starts) on the
         generation it reads now, whatever an ingest commits meanwhile; a context already
         pinned keeps its generation."""
-        if self._pin.get() is not None:
-            yield self.pinned()
+        pinned = self._pin.get()
+        if pinned is not None:
+            yield pinned
             return
-        token = self._pin.set(self._current)
+        current = self._current  # once: the watcher may swap it at any moment
+        token = self._pin.set(current)
         try:
-            yield self._current
+            yield current
         finally:
             self._pin.reset(token)
 
     def refresh(self) -> bool:
         """Serve the generation CURRENT names (and fusion.json as it is) if either changed
-        since last seen; True when something new is served. A generation that cannot be
-        loaded is logged and the current one kept: the next ingest may mend it."""
+        since last seen; True when something new is served. What cannot be served is
+        logged once and not tried again until CURRENT or fusion.json changes (the next
+        ingest may mend it); the current generation stays."""
         with self._swap:
-            try:
-                name = (self._folder / CURRENT_FILE).read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                log.warning("index %s: cannot read %s (%s)", self._folder, CURRENT_FILE, exc)
+            if self._stop.is_set():
                 return False
-            seen = (name, _fusion_stamp(self._folder))
-            if seen == self._seen:
+            for _ in range(_SUPERSEDED_RETRIES):
+                seen = (self._current_name(), _fusion_stamp(self._folder))
+                if seen[0] is None or seen == self._seen:
+                    return False
+                try:
+                    fresh = self._fresh(seen[0])
+                except Exception as exc:  # IndexLoadError, or MemoryError with two loaded
+                    if self._current_name() != seen[0]:
+                        continue  # superseded while loading (its files deleted): the newer
+                    self._seen = seen
+                    self._refused = {"generation": seen[0], "error": str(exc)}
+                    what = (
+                        "keeping the previous fusion settings"
+                        if seen[0] == self._current.path.name
+                        else f"not serving generation {seen[0]}"
+                    )
+                    log.error("index %s: %s: %s", self._folder, what, exc)
+                    return False
+                # Seen as loaded: load_index reads CURRENT again, and an ingest may have
+                # switched once more meanwhile, which the next refresh then finds.
+                self._current, self._seen = fresh, (fresh.path.name, seen[1])
+                self._refused = None
+                break
+            else:
                 return False
-            try:
-                if name != self._current.path.name:
-                    fresh = self._load()
-                else:  # the same generation, a new fusion.json (`ragchains eval tune --apply`)
-                    fresh = replace(self._current, fusion=read_fusion(self._folder))
-            except IndexLoadError as exc:
-                if self._failed != name:
-                    log.error("index %s: not serving generation %s: %s", self._folder, name, exc)
-                    self._failed = name
-                return False
-            # Seen as loaded (load_index reads CURRENT again: an ingest may have switched
-            # once more meanwhile, which the next refresh then finds).
-            self._current, self._seen, self._failed = fresh, (fresh.path.name, seen[1]), None
-        log.info(
-            "index %s: serving generation %s (%d chunks)", self._folder, fresh.path.name, len(fresh)
-        )
+        log.info("index %s: serving %s (%d chunks)", self._folder, fresh.path.name, len(fresh))
         return True
+
+    def _current_name(self) -> str | None:
+        """The generation CURRENT names, or None when it cannot be read (logged once)."""
+        try:
+            name = (self._folder / CURRENT_FILE).read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            if not self._unreadable:
+                log.warning("index %s: cannot read %s (%s)", self._folder, CURRENT_FILE, exc)
+            self._unreadable = True
+            return None
+        self._unreadable = False
+        return name
+
+    def _fresh(self, name: str) -> SearchIndex:
+        if name != self._current.path.name:
+            return self._load()
+        # The same generation, a new fusion.json (`ragchains eval tune --apply`): the
+        # loaded parts and their filter columns carry over.
+        fresh = replace(self._current, fusion=read_fusion(self._folder))
+        if "columns" in self._current.__dict__:  # a cached_property's value
+            fresh.__dict__["columns"] = self._current.__dict__["columns"]
+        return fresh
 
     def watch(self) -> None:
         """Refresh every ``poll`` seconds in a thread of its own, until ``close``."""
@@ -159,7 +185,8 @@ class LiveIndex:
         if self._watcher is not None:
             self._watcher.join(timeout=10)
             self._watcher = None
-        self._current.close()
+        with self._swap:  # after any load under way: none swaps in once closed
+            self._current.close()
 
     # -- what a SearchIndex offers, from the pinned generation ------------------------
     @property
@@ -167,19 +194,19 @@ class LiveIndex:
         return LiveFields(lambda: self.pinned().fields)
 
     @property
-    def columns(self) -> Any:
+    def columns(self) -> MetadataColumns:
         return self.pinned().columns
 
     @property
-    def store(self) -> Any:
+    def store(self) -> ChunkStore:
         return self.pinned().store
 
     @property
-    def bm25(self) -> Any:
+    def bm25(self) -> bm25s.BM25:
         return self.pinned().bm25
 
     @property
-    def dense(self) -> Any:
+    def dense(self) -> faiss.Index:
         return self.pinned().dense
 
     @property
@@ -206,7 +233,11 @@ class LiveIndex:
         return len(self.pinned())
 
     def describe(self) -> dict[str, Any]:
-        return self.pinned().describe()
+        """The served generation's report, and a newer one refused (and why), if any."""
+        described = self.pinned().describe()
+        if self._refused is not None:
+            described["refused"] = dict(self._refused)
+        return described
 
     def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return self.pinned().stored_vectors(ids)

@@ -33,8 +33,8 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ragchains.retrievers.filters import LiveFields
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
-from ragchains.retrievers.live import LiveFields
 from ragchains.retrievers.storeurl import is_store_url, redact
 
 SCHEMA_VERSION = 1

@@ -508,3 +508,16 @@ def test_cli_ingest_on_a_full_disk_is_one_line(index: Path, docs_dir: Path) -> N
     ]
     assert sorted(p.name for p in index.iterdir()) == [".lock", "CURRENT", previous.name]
     assert load_index(index).store.count() == 15
+
+
+@pytest.mark.parametrize("keep", [(), ("chunks.sqlite", "dense.faiss")])
+def test_checksums_that_leave_a_part_out_are_damage_not_a_pass(
+    index: Path, embedder: SentenceTransformerEmbedder, keep: tuple[str, ...]
+) -> None:
+    """An empty or partial list would vouch for the parts it leaves out, unchecked (and,
+    being no legacy index, skip the NaN scan too)."""
+    manifest = _manifest(index)
+    manifest["checksums"] = {k: v for k, v in manifest["checksums"].items() if k in keep}
+    (_gen(index) / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    with pytest.raises(IndexDamagedError, match="records no checksum for"):
+        load_index(index, embedder_name=embedder.name)

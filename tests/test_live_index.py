@@ -5,6 +5,8 @@ served."""
 
 from __future__ import annotations
 
+import gc
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -17,7 +19,8 @@ import pytest
 
 from ragchains.factory import build_retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.index import CURRENT_FILE
+from ragchains.retrievers.fusion import FusionConfig
+from ragchains.retrievers.index import CURRENT_FILE, write_fusion
 from ragchains.retrievers.live import LiveIndex
 from ragchains.settings import Settings
 
@@ -85,11 +88,73 @@ def test_a_generation_that_cannot_be_loaded_is_not_served_and_the_current_one_st
     first, count = live.path.name, len(live)
     (docs_dir / "zanzibarite.md").write_text(NEW_DOC, encoding="utf-8")
     ingest_into(docs_dir, index)
-    damaged = index / (index / CURRENT_FILE).read_text().strip() / "dense.faiss"
+    refused = (index / CURRENT_FILE).read_text().strip()
+    damaged = index / refused / "dense.faiss"
     damaged.write_bytes(damaged.read_bytes()[:-64] + b"\xff" * 64)
+    loads = []
+    real_load = live._load
+    live._load = lambda: loads.append(1) or real_load()  # type: ignore[method-assign]
     assert live.refresh() is False
+    assert live.refresh() is False  # not loaded (and hashed) again until CURRENT changes
+    assert len(loads) == 1
     assert live.path.name == first and len(live) == count
     assert "not serving generation" in caplog.text and "dense.faiss" in caplog.text
+    assert live.describe()["refused"]["generation"] == refused  # /readyz says so
+    ingest_into(docs_dir, index, rebuild=True)  # the next ingest mends it
+    assert live.refresh() is True and "refused" not in live.describe()
+    live.close()
+
+
+def _open_files(folder: Path) -> list[str]:
+    """The files of ``folder`` this process holds open."""
+    links = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            links.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:  # closed meanwhile (the listing's own descriptor)
+            continue
+    return [link for link in links if str(folder) in link]
+
+
+def test_a_replaced_generation_is_closed_once_no_request_holds_it(
+    docs_dir: Path,
+    tmp_path: Path,
+    embedder: SentenceTransformerEmbedder,
+    ingest_into: Callable[..., Any],
+) -> None:
+    """Its deleted chunks.sqlite would keep its disk space while the server runs: freed
+    only by the cycle collector, never for the generation loaded before gc.freeze()."""
+    index = tmp_path / "idx"
+    ingest_into(docs_dir, index)
+    live = LiveIndex(index, embedder_name=embedder.name)
+    old = live.path
+    (docs_dir / "zanzibarite.md").write_text(NEW_DOC, encoding="utf-8")
+    gc.freeze()  # as the server does once loaded
+    try:
+        with live.pin():
+            ingest_into(docs_dir, index)
+            assert live.refresh() is True
+            assert _open_files(old), "a request in flight still reads its generation"
+        assert not _open_files(old)
+    finally:
+        gc.unfreeze()
+    live.close()
+
+
+def test_new_fusion_settings_are_served_with_the_filter_columns_kept(
+    docs_dir: Path,
+    tmp_path: Path,
+    embedder: SentenceTransformerEmbedder,
+    ingest_into: Callable[..., Any],
+) -> None:
+    index = tmp_path / "idx"
+    ingest_into(docs_dir, index)
+    live = LiveIndex(index, embedder_name=embedder.name)
+    columns = live.columns
+    write_fusion(index, FusionConfig(fusion="rrf", rrf_k=10))
+    assert live.refresh() is True
+    assert live.fusion is not None and live.fusion.fusion == "rrf"
+    assert live.columns is columns  # not built again by the first filtered request
     live.close()
 
 
