@@ -51,7 +51,12 @@ from ragchains.retrievers.index import IndexLoadError
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body
-from ragchains.serving.guards import ApiKeyMiddleware, BodyMiddleware, GenerationMiddleware
+from ragchains.serving.guards import (
+    PARSED_BODY,
+    ApiKeyMiddleware,
+    BodyMiddleware,
+    GenerationMiddleware,
+)
 from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
 from ragchains.serving.openapi import truthful_openapi
 from ragchains.serving.requests import (
@@ -148,6 +153,9 @@ def _config_check(route: Route) -> Any:
     return check
 
 
+_NOT_PARSED = object()
+
+
 def _body_check(route: Route, limits: Limits) -> Any:
     """A dependency of every LangServe route: the body's shape checked before LangServe
     reads it (``check_body``); a problem is a 422 naming where (413 for a large batch).
@@ -159,6 +167,9 @@ def _body_check(route: Route, limits: Limits) -> Any:
         endpoint = request.url.path.rsplit("/", 1)[-1]
         if request.method != "POST" or endpoint not in BODY_KEYS:
             return
+        parsed = request.scope.get("state", {}).get(PARSED_BODY, _NOT_PARSED)
+        if parsed is not _NOT_PARSED:
+            request._json = parsed  # Starlette's own cache of request.json(): LangServe's too
         try:
             body = await request.json()
         except ValueError:

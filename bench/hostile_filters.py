@@ -24,6 +24,7 @@ import httpx
 
 from bench.common import machine_line, percentile_ms, write_section
 from bench.server_overhead import Server, sample_index
+from ragchains.retrievers.filters import MAX_FILTERS, MAX_GLOB_CHARS, MAX_IN_VALUES, MAX_VALUE_CHARS
 
 REPEATS = 5
 CALLS = 20
@@ -52,39 +53,46 @@ def request_times(client: httpx.Client, values: int | None) -> tuple[list[float]
     return times, status
 
 
-def load(url: str, values: int, seconds: float) -> None:
-    """``CONCURRENT`` clients posting the list back to back (bodies encoded once), in a
-    process of its own: the probe's own process must not be the one that is busy."""
+def load(url: str, values: int, started: Any, done: Any) -> None:
+    """``CONCURRENT`` clients posting the list back to back (bodies encoded once) until
+    ``done`` is set, in a process of its own: the probe's own process must not be the one
+    that is busy. ``started`` is set once every client has had a reply."""
 
     async def run() -> None:
-        payload, stop = body(values), time.perf_counter() + seconds
+        payload = body(values)
         limits = httpx.Limits(max_connections=CONCURRENT)
+        answered: set[int] = set()
         async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as client:
 
-            async def hammer() -> None:
-                while time.perf_counter() < stop:
+            async def hammer(n: int) -> None:
+                while not done.is_set():
                     await client.post("/retrieve/invoke", content=payload, headers=JSON)
+                    answered.add(n)
+                    if len(answered) == CONCURRENT:
+                        started.set()
 
-            await asyncio.gather(*(hammer() for _ in range(CONCURRENT)))
+            await asyncio.gather(*(hammer(n) for n in range(CONCURRENT)))
 
     asyncio.run(run())
 
 
 def health_under_load(client: httpx.Client, url: str, values: int | None) -> list[float]:
     """/healthz every 20 ms, alone (``values`` None: the baseline) or while the load runs."""
+    spawn = multiprocessing.get_context("spawn")
+    started, done = spawn.Event(), spawn.Event()
     loader = None
     if values is not None:
-        loader = multiprocessing.get_context("spawn").Process(
-            target=load, args=(url, values, LOAD_SECONDS + 0.5)
-        )
+        loader = spawn.Process(target=load, args=(url, values, started, done))
         loader.start()
-        time.sleep(0.5)  # the load under way first
+        if not started.wait(60):  # the load fully under way before the first probe
+            raise RuntimeError("the load did not start")
     times, stop = [], time.perf_counter() + LOAD_SECONDS
     while time.perf_counter() < stop:
         start = time.perf_counter()
         client.get("/healthz").raise_for_status()
         times.append(time.perf_counter() - start)
         time.sleep(0.02)
+    done.set()
     if loader is not None:
         loader.join()
     return times
@@ -99,7 +107,12 @@ def one_repeat(url: str) -> dict[str, Any]:
             out[name] = (percentile_ms(times, 50), status)
         for name, values in (("idle", None), ("10000", 10_000), ("1000", 1_000)):
             times = health_under_load(client, url, values)
-            out[f"health-{name}"] = (percentile_ms(times, 50), percentile_ms(times, 100))
+            out[f"health-{name}"] = (
+                percentile_ms(times, 50),
+                percentile_ms(times, 99),
+                percentile_ms(times, 100),
+                len(times),
+            )
     return out
 
 
@@ -114,7 +127,8 @@ def main() -> None:
         return statistics.median(run[key][part] for run in runs)
 
     refused = med("10000")
-    health_worst = max(med("health-10000", 1), med("health-1000", 1))
+    # The slowest reply over every repeat, not a median of them.
+    worst = max(run[key][2] for run in runs for key in ("health-10000", "health-1000"))
     lines = [
         "## Worst-case filters (`python -m bench.hostile_filters`)",
         "",
@@ -129,32 +143,37 @@ def main() -> None:
     for name, label in (
         ("none", "no filter (baseline)"),
         ("10000", "`price in` 10,000 values"),
-        ("1000", "`price in` 1,000 values (the limit)"),
+        ("1000", f"`price in` {MAX_IN_VALUES:,} values (the limit)"),
     ):
         status = runs[-1][name][1]
         lines.append(f"| {label} | {status} | {med(name):.1f} | {med(name) / med('none'):.2f} |")
+    probes = sum(run["health-10000"][3] for run in runs)
     lines += [
         "",
-        f"| `GET /healthz` every 20 ms for {LOAD_SECONDS:.0f} s, while {CONCURRENT} clients "
-        "(another process) post back to back | p50 ms | max ms |",
-        "|---|---:|---:|",
+        f"`GET /healthz` every 20 ms for {LOAD_SECONDS:.0f} s, from the moment all "
+        f"{CONCURRENT} clients (another process) posting the list back to back have had a "
+        f"reply; about {probes // REPEATS} probes per repeat. p50 and p99: medians over the "
+        "repeats; max: the slowest of all.",
+        "",
+        "| while | p50 ms | p99 ms | max ms |",
+        "|---|---:|---:|---:|",
     ]
     for name, label in (
         ("health-idle", "nothing else running (baseline)"),
         ("health-10000", "the 10,000-value list"),
-        ("health-1000", "the 1,000-value list"),
+        ("health-1000", f"the {MAX_IN_VALUES:,}-value list"),
     ):
-        lines.append(f"| {label} | {med(name):.1f} | {med(name, 1):.1f} |")
+        slowest = max(run[name][2] for run in runs)
+        lines.append(f"| {label} | {med(name):.1f} | {med(name, 1):.1f} | {slowest:.1f} |")
     lines += [
         "",
         f"- The 10,000-value list is answered ({runs[-1]['10000'][1]}) in {refused:.1f} ms at "
         f"p50; target < {TARGET_MS:.0f} ms: {'meets' if refused < TARGET_MS else 'misses'}.",
-        f"- /healthz under either load: slowest {health_worst:.1f} ms (median over repeats of "
-        f"each repeat's maximum); target < {TARGET_MS:.0f} ms: "
-        f"{'meets' if health_worst < TARGET_MS else 'misses'}.",
-        "- Filters are checked in one pass (at most 16 filters, 1,000 values, 1,000 "
-        "characters per value, 256 per glob) and requests' search work runs in a worker pool, "
-        "never on the event loop.",
+        f"- /healthz under either load: slowest of all {worst:.1f} ms; target < "
+        f"{TARGET_MS:.0f} ms: {'meets' if worst < TARGET_MS else 'misses'}.",
+        f"- Filters are checked in one pass (at most {MAX_FILTERS} filters, {MAX_IN_VALUES:,} "
+        f"values, {MAX_VALUE_CHARS:,} characters per value, {MAX_GLOB_CHARS} per glob) and "
+        "requests' search work runs in a worker pool, never on the event loop.",
     ]
     write_section("hostile_filters", "\n".join(lines))
 

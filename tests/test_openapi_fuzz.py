@@ -9,11 +9,14 @@ the subject here is the HTTP surface, and thousands of requests must stay within
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -62,45 +65,93 @@ def _server(
     )
 
 
+def _fuzz(base: str, workdir: Path, seconds: int, *headers: str) -> tuple[str, dict[str, Any]]:
+    """schemathesis against ``base``: its exit status must be 0; returns its output and the
+    HAR record of every request and reply."""
+    har = workdir / "run.har"
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "schemathesis.cli",
+            "run",
+            f"{base}/openapi.json",
+            "--checks",
+            ",".join(CHECKS),
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--max-examples",
+            "8",
+            "--max-time",
+            str(seconds),
+            "--seed",
+            "20261124",  # replayable (the count of cases still follows the machine's speed)
+            "--request-timeout",
+            "60",
+            "--no-shrink",
+            "--suppress-health-check",
+            "all",
+            "--report",
+            "har",
+            "--report-har-path",
+            str(har),
+            *(arg for header in headers for arg in ("-H", header)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 300,
+        cwd=workdir,  # schemathesis keeps its cache folder there
+    )
+    report = run.stdout[-6000:] + run.stderr[-2000:]
+    assert run.returncode == 0, report
+    return report, json.loads(har.read_text())
+
+
+def _answered_per_operation(har: dict[str, Any]) -> dict[tuple[str, str], int]:
+    """How many 2xx replies each (method, path) got."""
+    answered: dict[tuple[str, str], int] = {}
+    for entry in har["log"]["entries"]:
+        key = (entry["request"]["method"], urlsplit(entry["request"]["url"]).path)
+        ok = 200 <= entry["response"]["status"] < 300
+        answered[key] = answered.get(key, 0) + ok
+    return answered
+
+
 def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_declare(
     serve_samples: Callable[..., AbstractContextManager[str]],
     upstream: FakeOpenAI,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    with _server(serve_samples, upstream, tmp_path_factory.mktemp("fuzz")) as base:
-        run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "schemathesis.cli",
-                "run",
-                f"{base}/openapi.json",
-                "--checks",
-                ",".join(CHECKS),
-                "--phases",
-                "examples,coverage,fuzzing",
-                "--max-examples",
-                "8",
-                "--max-time",
-                str(SECONDS),
-                "--seed",
-                "20261124",  # the same requests on every run: a failure can be replayed
-                "--request-timeout",
-                "60",
-                "--no-shrink",
-                "--suppress-health-check",
-                "all",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=SECONDS + 300,
-            cwd=tmp_path_factory.mktemp("schemathesis"),  # its cache folder goes there
-        )
+    """And every operation is answered for real (2xx) at least once: a run where every
+    request was refused would prove nothing."""
+    workdir = tmp_path_factory.mktemp("schemathesis")
+    with _server(serve_samples, upstream, workdir) as base:
+        operations = {
+            (method.upper(), path)
+            for path, methods in httpx.get(f"{base}/openapi.json").json()["paths"].items()
+            for method in methods
+        }
+        report, har = _fuzz(base, workdir, SECONDS)
         healthy = httpx.get(f"{base}/healthz").status_code
-    report = run.stdout[-6000:] + run.stderr[-2000:]
-    assert run.returncode == 0, report
-    assert "API Operations" in run.stdout and "Tested: 0" not in run.stdout, report
+    answered = _answered_per_operation(har)
+    assert not [op for op in operations if not answered.get(op)], (answered, report)
     assert healthy == 200
+
+
+def test_schemathesis_with_a_key_required(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    upstream: FakeOpenAI,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """With the key sent, as a client generated from the document sends it; without it
+    every closed route is a declared 401."""
+    workdir = tmp_path_factory.mktemp("schemathesis-keyed")
+    with _server(serve_samples, upstream, workdir, api_key=SecretStr(KEY)) as base:
+        _, har = _fuzz(base, workdir, 30, f"X-API-Key: {KEY}")
+        _, refused = _fuzz(base, workdir, 20)
+    assert any(200 <= e["response"]["status"] < 300 for e in har["log"]["entries"])
+    statuses = {e["response"]["status"] for e in refused["log"]["entries"]}
+    assert 401 in statuses
 
 
 def test_the_document_lists_what_works_and_declares_each_reply(
@@ -116,7 +167,8 @@ def test_the_document_lists_what_works_and_declares_each_reply(
         serve_samples, upstream, tmp_path_factory.mktemp("doc"), api_key=SecretStr(KEY)
     ) as base:
         headers = {"X-API-Key": KEY}
-        document = httpx.get(f"{base}/openapi.json", headers=headers).json()
+        document = httpx.get(f"{base}/openapi.json").json()  # open: a browser opens /docs
+        docs_page = httpx.get(f"{base}/docs")
         bad_json = httpx.post(
             f"{base}/chat/invoke",
             content=b"{",
@@ -125,7 +177,9 @@ def test_the_document_lists_what_works_and_declares_each_reply(
         no_key = httpx.post(f"{base}/v1/chat/completions", json={})
         text = httpx.post(f"{base}/ask/invoke", content=b"x", headers=headers)
         put = httpx.put(f"{base}/chat/input_schema", headers=headers)
+    assert docs_page.status_code == 200
     paths = document["paths"]
+    assert "502" not in paths["/retrieve/invoke"]["post"]["responses"]  # calls no model
     assert not [p for p in paths if "config_hash" in p or "token_feedback" in p]
     schemes = document["components"]["securitySchemes"]
     assert schemes["apiKey"] == {"type": "apiKey", "in": "header", "name": "X-API-Key"}

@@ -12,9 +12,13 @@ from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import Message, Scope, error_body, send_json
 
 # Probes must work without the key: load balancers and orchestrators call them. The chat
-# page and its files hold no data; the page asks for the key and sends it on each call.
+# page and its files hold no data; the page asks for the key and sends it on each call. The
+# API's document and its page likewise (a browser opening /docs cannot send a key; the page
+# then asks for it): they name the routes and the domains, which /readyz names too.
 # Only reads are open (GET, HEAD): nothing that runs a model or stores anything.
-OPEN_PATHS = frozenset({"/healthz", "/readyz", "/"})
+OPEN_PATHS = frozenset(
+    {"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+)
 OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs' files
 OPEN_METHODS = frozenset({"GET", "HEAD"})
 
@@ -28,7 +32,11 @@ class ApiKeyMiddleware:
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or _is_open(scope):
+        if (
+            scope["type"] != "http"
+            or scope["method"] == "OPTIONS"
+            or is_open(scope["method"], scope["path"])
+        ):
             await self.app(scope, receive, send)
             return
         headers = dict(scope["headers"])
@@ -46,11 +54,9 @@ class ApiKeyMiddleware:
         await self.app(scope, receive, send)
 
 
-def _is_open(scope: Scope) -> bool:
-    path = scope["path"]
-    return scope["method"] in OPEN_METHODS and (
-        path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
-    )
+def is_open(method: str, path: str) -> bool:
+    """Whether a request needs no key (see OPEN_PATHS)."""
+    return method in OPEN_METHODS and (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES))
 
 
 # The media types a body may have: JSON, the only one any route reads.
@@ -60,6 +66,11 @@ JSON_SUFFIX = b"+json"
 # input); a body nested a thousand deep only exhausts the parsers' recursion.
 MAX_JSON_DEPTH = 64
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+# Bodies larger than this are parsed in a thread (a 10,000-value filter list is ~50 KB:
+# half a millisecond of the event loop otherwise, for each such request).
+PARSE_OFF_LOOP = 16_384
+# Where a body parsed by BodyMiddleware waits for its route (in the request's state).
+PARSED_BODY = "ragchains_parsed_body"
 _NOT_JSON = "send the request body as JSON, with 'Content-Type: application/json'"
 
 
@@ -97,15 +108,18 @@ class BodyMiddleware:
         if content_type is None and body:
             await refuse(scope, send, 415, _NOT_JSON)
             return
-        # A large body is parsed off the event loop (small ones take microseconds).
-        problem = (
-            await asyncio.to_thread(_json_problem, body)
-            if len(body) > 65_536
-            else _json_problem(body)
-        )
+        # A body of some size is parsed here, off the event loop, once: the route reads the
+        # parsed value (``parsed_body``). Small ones take microseconds to parse, less than
+        # the hand-off to a thread; the route parses those itself.
+        if len(body) > PARSE_OFF_LOOP:
+            problem, parsed = await asyncio.to_thread(_json_problem, body, True)
+        else:
+            problem, parsed = _json_problem(body, False)
         if problem is not None:
             await refuse(scope, send, 400, problem)
             return
+        if parsed is not _UNPARSED:
+            scope.setdefault("state", {})[PARSED_BODY] = parsed
         replay = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed() -> Message:
@@ -150,28 +164,37 @@ def _is_json(content_type: bytes) -> bool:
         media.startswith(b"application/") and media.endswith(JSON_SUFFIX)
     ):
         return False
-    charset = params.strip().lower().removeprefix(b"charset=").strip(b'" ')
-    return not params.strip() or charset in (b"utf-8", b"utf8")
+    # Parameters other than charset say nothing about how to read the body.
+    for param in params.split(b";"):
+        name, _, value = param.strip().lower().partition(b"=")
+        if name == b"charset" and value.strip(b'" ') not in (b"utf-8", b"utf8"):
+            return False
+    return True
 
 
-def _json_problem(body: bytes) -> str | None:
+_UNPARSED = object()
+
+
+def _json_problem(body: bytes, parse: bool) -> tuple[str | None, Any]:
     """Why ``body`` cannot be JSON a route reads, or None (malformed JSON is left to the
-    route, which names where it fails)."""
+    route, which names where it fails); and the parsed body when it was parsed (``parse``,
+    or to measure its depth), else _UNPARSED."""
     try:
         body.decode("utf-8")
     except UnicodeDecodeError as exc:
-        return f"the request body is not UTF-8 text (a bad byte at position {exc.start})"
-    if body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH:
-        return None  # cannot nest deeper than it has brackets
+        return f"the request body is not UTF-8 text (a bad byte at position {exc.start})", None
+    shallow = body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH
+    if shallow and not parse:
+        return None, _UNPARSED  # cannot nest deeper than it has brackets
     try:
         value = json.loads(body)
     except RecursionError:
-        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
+        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", None
     except ValueError:
-        return None
-    if _depth(value) > MAX_JSON_DEPTH:
-        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
-    return None
+        return None, _UNPARSED
+    if not shallow and _depth(value) > MAX_JSON_DEPTH:
+        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", None
+    return None, value
 
 
 def _depth(value: Any) -> int:

@@ -10,6 +10,7 @@ document is amended once, when first asked for.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -17,7 +18,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from ragchains.serving.errors import OPENAI_PREFIX
-from ragchains.serving.guards import OPEN_METHODS, OPEN_PATHS
+from ragchains.serving.guards import is_open
 
 # LangServe's endpoints that stream server-sent events, by the last part of their path.
 STREAMING = frozenset({"stream", "stream_log", "stream_events"})
@@ -37,7 +38,8 @@ MEANING = {
     504: "The chat model timed out",
 }
 BODY_CHECKS = (400, 408, 413, 415, 422)  # BodyMiddleware and the routes' own checks
-RUN_FAILURES = (502, 503, 504)  # serving.errors.classify
+MODEL_FAILURES = (502, 504)  # serving.errors.classify: the chat model failed, timed out
+MODEL_FREE = frozenset({"retrieve"})  # routes whose chain calls no model
 
 PROBLEM = {
     "title": "Problem",
@@ -100,6 +102,13 @@ EVENT_STREAM = {
         }
     }
 }
+# A request each route answers, shown in /docs ("Try it out") and sent first by fuzzers.
+EXAMPLE_INPUTS = {
+    "chat": {"question": "What does the standard plan cost?"},
+    "ask": {"question": "What does the standard plan cost?"},
+    "rewrite": {"question": "And the premium one?"},
+    "retrieve": {"query": "standard plan cost"},
+}
 # LangServe's request bodies, by the end of their schemas' names (e.g. chatInvokeRequest).
 _ENVELOPES = tuple(
     f"{kind}Request" for kind in ("Invoke", "Batch", "Stream", "StreamLog", "StreamEvents")
@@ -117,27 +126,32 @@ def truthful_openapi(
     models = sorted(domains)
 
     def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            document = FastAPI.openapi(app)
-            _amend(document, chat_request, keyed)
-            schemas = document["components"]["schemas"]
-            schemas[chat_request.__name__]["properties"]["model"]["enum"] = models
-            app.openapi_schema = document
-        return app.openapi_schema
+        document = app.openapi_schema
+        if document is None:
+            try:
+                document = FastAPI.openapi(app)
+                _amend(document, chat_request, models, keyed)
+            except BaseException:  # FastAPI cached its own document: never serve that one
+                app.openapi_schema = None
+                raise
+        return document
 
     return openapi
 
 
-def _amend(document: dict[str, Any], chat_request: type[BaseModel], keyed: bool) -> None:
+def _amend(
+    document: dict[str, Any], chat_request: type[BaseModel], models: list[str], keyed: bool
+) -> None:
     schemas = document.setdefault("components", {}).setdefault("schemas", {})
     for name in _FASTAPI_422:
         schemas.pop(name, None)
-    schemas["Problem"] = PROBLEM
-    schemas["OpenAIError"] = OPENAI_ERROR
+    schemas["Problem"] = copy.deepcopy(PROBLEM)
+    schemas["OpenAIError"] = copy.deepcopy(OPENAI_ERROR)
     for name, schema in schemas.items():
         if name.endswith(_ENVELOPES):  # check_body refuses other keys (LangServe ignores them)
             schema["additionalProperties"] = False
     _add_models(schemas, chat_request)
+    schemas[chat_request.__name__]["properties"]["model"]["enum"] = models
     if keyed:
         document["components"]["securitySchemes"] = {
             "bearer": {"type": "http", "scheme": "bearer"},
@@ -150,11 +164,16 @@ def _amend(document: dict[str, Any], chat_request: type[BaseModel], keyed: bool)
             del paths[path]
             continue
         for method, operation in paths[path].items():
-            _amend_operation(path, method.upper(), operation, chat_request, keyed)
+            _amend_operation(path, method.upper(), operation, chat_request, models, keyed)
 
 
 def _amend_operation(
-    path: str, method: str, operation: dict[str, Any], chat_request: type[BaseModel], keyed: bool
+    path: str,
+    method: str,
+    operation: dict[str, Any],
+    chat_request: type[BaseModel],
+    models: list[str],
+    keyed: bool,
 ) -> None:
     endpoint = path.rsplit("/", 1)[-1]
     # LangServe's stand-in handlers take a config_hash argument the real ones never read.
@@ -169,25 +188,37 @@ def _amend_operation(
     if method == "POST":
         statuses += BODY_CHECKS
     if endpoint in RUNNING or path == f"{OPENAI_PREFIX}chat/completions":
-        statuses += RUN_FAILURES
+        statuses.append(503)  # the store or the index
+        if path.strip("/").split("/")[0] not in MODEL_FREE:
+            statuses += MODEL_FAILURES
     if path == "/feedback":
         statuses.append(503)  # the feedback store cannot be written
-    if keyed and not (method in OPEN_METHODS and path in OPEN_PATHS):
+    if keyed and not is_open(method, path):
         statuses.append(401)
         operation["security"] = [{"bearer": []}, {"apiKey": []}]
     _declare(responses, statuses, problem)
     if path == "/readyz":  # not ready: the same report, saying what is not
         responses["503"] = {"description": "Not ready", "content": responses["200"]["content"]}
     if endpoint in STREAMING:
-        responses["200"]["content"] = EVENT_STREAM
+        responses["200"]["content"] = copy.deepcopy(EVENT_STREAM)
+    example = EXAMPLE_INPUTS.get(path.strip("/").split("/")[0])
+    if example is not None and endpoint in RUNNING:
+        body = {"inputs": [example]} if endpoint == "batch" else {"input": example}
+        operation["requestBody"]["content"]["application/json"]["example"] = body
     if path == f"{OPENAI_PREFIX}chat/completions":
+        question = {"role": "user", "content": EXAMPLE_INPUTS["chat"]["question"]}
         operation["requestBody"] = {
             "required": True,
-            "content": {"application/json": {"schema": _ref(chat_request.__name__)}},
+            "content": {
+                "application/json": {
+                    "schema": _ref(chat_request.__name__),
+                    "example": {"model": _default(models), "messages": [question]},
+                }
+            },
         }
         responses["200"]["content"] = {
             "application/json": {"schema": {"type": "object"}},
-            **EVENT_STREAM,
+            **copy.deepcopy(EVENT_STREAM),
         }
 
 
@@ -209,3 +240,7 @@ def _add_models(schemas: dict[str, Any], model: type[BaseModel]) -> None:
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
+
+
+def _default(models: list[str]) -> str:
+    return "default" if "default" in models else models[0]
