@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker, chunk_file
 from ragchains.ingest.loaders import LOADERS, LoadOptions, SkipFile, load_file
+from ragchains.retrievers.access import AccessRule, AccessRuleError, groups_for, sidecar_rules
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -82,6 +83,7 @@ class IngestReport:
     unchanged: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     kept_previous: list[str] = field(default_factory=list)  # skipped now, old version kept
+    relabelled: list[str] = field(default_factory=list)  # unchanged, but new access groups
     chunks_total: int = 0
     chunks_embedded: int = 0
     wrote: bool = False
@@ -89,7 +91,7 @@ class IngestReport:
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.updated or self.removed)
+        return bool(self.added or self.updated or self.removed or self.relabelled)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -98,6 +100,7 @@ class IngestReport:
             "removed": len(self.removed),
             "unchanged": len(self.unchanged),
             "skipped": len(self.skipped),
+            **({"relabelled": len(self.relabelled)} if self.relabelled else {}),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,6 +120,16 @@ class IngestReport:
 class Discovered:
     files: dict[str, Path] = field(default_factory=dict)  # source name -> path
     skipped: list[Skipped] = field(default_factory=list)
+    rules: list[AccessRule] = field(default_factory=list)  # who may read which (in order)
+
+
+def _sidecar_rules(paths: Sequence[str | Path]) -> list[AccessRule]:
+    """The rules of each input folder's ``.ragchains-access.toml``, for its files' sources."""
+    rules: list[AccessRule] = []
+    for root in map(Path, paths):
+        if root.is_dir():
+            rules += sidecar_rules(root, root.name or root.resolve().name)
+    return rules
 
 
 def _within(path: Path, roots: Sequence[Path]) -> bool:
@@ -277,10 +290,17 @@ def ingest(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
+    access: Sequence[AccessRule] = (),
 ) -> IngestReport:
-    """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring."""
+    """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring.
+    ``access``: who may read which files (``--access``), before the input folders' own
+    ``.ragchains-access.toml``; the first rule that matches a file decides."""
     index_dir = Path(index_dir)
     found = discover(paths)  # before locking: a typo in a path must not create the folder
+    try:
+        found.rules = [*access, *_sidecar_rules(paths)]
+    except AccessRuleError as exc:
+        raise IngestError(str(exc)) from exc
     try:
         with writer_lock(index_dir):
             return _ingest_locked(
@@ -367,9 +387,12 @@ def _read_files(
         else:
             failure = None
         old = old_files.get(source)
+        groups = groups_for(source, found.rules)
         if failure is None and old and same_chunking and old.sha256 == sha:
+            if old.access != groups:
+                report.relabelled.append(source)  # new readers only: its chunks stay
             read.kept.add(source)
-            read.records[source] = old
+            read.records[source] = replace(old, access=groups)
             report.unchanged.append(source)
             continue
         if failure is None:
@@ -387,10 +410,10 @@ def _read_files(
             report.skipped.append(Skipped(source, failure))
             if old is not None:
                 read.kept.add(source)
-                read.records[source] = old
+                read.records[source] = replace(old, access=groups)
                 report.kept_previous.append(source)
             continue
-        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format)
+        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format, groups)
         if (
             old is not None
             and old.sha256 == sha
@@ -506,11 +529,21 @@ def ingest_to_store(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
+    access: Sequence[AccessRule] = (),
 ) -> IngestReport:
     """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
     one transaction that deletes the chunks of changed and removed files and adds the new
     ones (unchanged files are not read back)."""
     found = discover(paths)
+    try:
+        labelled = bool(access) or bool(_sidecar_rules(paths))
+    except AccessRuleError as exc:
+        raise IngestError(str(exc)) from exc
+    if labelled:
+        raise IngestError(
+            "access groups are kept by index folders; a PostgreSQL store does not take them "
+            "yet (ingest into --index DIR, or leave out --access and .ragchains-access.toml)"
+        )
     report = IngestReport(index=store.location)
     report.skipped.extend(found.skipped)
     try:
