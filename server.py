@@ -208,8 +208,9 @@ def _readiness(
     except IndexLoadError as exc:  # a store that cannot be reached now (/readyz needs no key:
         log.warning("readiness: %s", exc)  # the reason goes to the log, not to callers)
         index_info, ready = {"error": STORE_UNREACHABLE}, False
-    if hidden:
+    if hidden:  # counts and field names would tell of files the caller may not read
         index_info.pop("chunks", None)
+        index_info.pop("fields", None)
     return {
         "ready": ready,
         "degraded": bool(compressor["fallback"])
@@ -258,6 +259,11 @@ def create_app(
     # Keys with groups: each caller reads only what its groups may (retrievers.access).
     keyring = KeyRing.load(settings.keys_file) if settings.keys_file is not None else None
     keyed = settings.api_key is not None or keyring is not None
+    if keyring is not None and settings.api_key is not None:
+        log.warning(
+            "RAGCHAINS_API_KEY is set beside RAGCHAINS_KEYS_FILE: whoever holds it reads every "
+            "document, whatever its groups"
+        )
     requests = request_models(limits, service.index.fields)
     health = _Health()
     feedback_store = FeedbackStore(feedback_path(settings, service.index.folder))

@@ -121,15 +121,39 @@ class Discovered:
     files: dict[str, Path] = field(default_factory=dict)  # source name -> path
     skipped: list[Skipped] = field(default_factory=list)
     rules: list[AccessRule] = field(default_factory=list)  # who may read which (in order)
+    sidecar_rules: list[AccessRule] = field(default_factory=list)  # the inputs' own
+
+
+def _check_rules_match(rules: Sequence[AccessRule], found: Discovered) -> None:
+    """A rule that matches no file is a mistake (a wrong prefix leaves files public)."""
+    for rule in rules:
+        if not any(groups_for(source, [rule]) for source in found.files):
+            example = next(iter(sorted(found.files)), "")
+            raise IngestError(
+                f"--access {rule.pattern!r} matches no file: files are named from the input "
+                f"folder's name, e.g. {example!r}"
+            )
 
 
 def _sidecar_rules(paths: Sequence[str | Path]) -> list[AccessRule]:
-    """The rules of each input folder's ``.ragchains-access.toml``, for its files' sources."""
-    rules: list[AccessRule] = []
+    """The rules of every ``.ragchains-access.toml`` under the input folders (hidden folders
+    aside, as ``discover``), for their files' sources: a deeper folder's first, as the more
+    specific."""
+    found: list[tuple[int, list[AccessRule]]] = []
     for root in map(Path, paths):
-        if root.is_dir():
-            rules += sidecar_rules(root, root.name or root.resolve().name)
-    return rules
+        if not root.is_dir():
+            continue
+        prefix = root.name or root.resolve().name
+        for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            here = Path(dirpath)
+            relative = here.relative_to(root).as_posix()
+            where = prefix if relative == "." else f"{prefix}/{relative}"
+            rules = sidecar_rules(here, where)
+            if rules:
+                found.append((len(here.relative_to(root).parts), rules))
+    found.sort(key=lambda depth_rules: -depth_rules[0])
+    return [rule for _, rules in found for rule in rules]
 
 
 def _within(path: Path, roots: Sequence[Path]) -> bool:
@@ -290,17 +314,20 @@ def ingest(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
-    access: Sequence[AccessRule] = (),
+    access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
     """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring.
-    ``access``: who may read which files (``--access``), before the input folders' own
-    ``.ragchains-access.toml``; the first rule that matches a file decides."""
+    ``access``: who may read which files (``--access``), before the ``.ragchains-access.toml``
+    files under the inputs (a deeper folder's first); the first rule that matches a file
+    decides. None: the rules the index's last run was given ([]: none)."""
     index_dir = Path(index_dir)
     found = discover(paths)  # before locking: a typo in a path must not create the folder
     try:
-        found.rules = [*access, *_sidecar_rules(paths)]
+        found.sidecar_rules = _sidecar_rules(paths)
     except AccessRuleError as exc:
         raise IngestError(str(exc)) from exc
+    if access:
+        _check_rules_match(access, found)
     try:
         with writer_lock(index_dir):
             return _ingest_locked(
@@ -313,6 +340,7 @@ def ingest(
                 text_columns=text_columns,
                 rebuild=rebuild,
                 progress=progress,
+                access=access,
             )
     except IndexBusyError as exc:
         raise IngestError(str(exc)) from exc
@@ -466,6 +494,7 @@ def _ingest_locked(
     text_columns: Sequence[str] | None,
     rebuild: bool,
     progress: bool,
+    access: Sequence[AccessRule] | None,
 ) -> IngestReport:
     report = IngestReport(index=index_dir)
     report.skipped.extend(found.skipped)
@@ -483,12 +512,22 @@ def _ingest_locked(
                 old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
                 old_vectors[chunk.id] = vectors[row]
         same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
+        kept = (previous.manifest.get("access_rules") or []) if previous is not None else []
     except IndexLoadError as exc:  # damage found reading the chunks (the message says what to do)
         raise IngestError(str(exc)) from exc
     finally:
         if previous is not None:
             previous.close()
 
+    if access is None:  # the last run's rules stand: a plain re-run must not open files up
+        access = [AccessRule(r["pattern"], tuple(r["groups"])) for r in kept]
+        if access:
+            report.notes.append(
+                "access rules of the last run kept: "
+                + "; ".join(f"{r.pattern}={','.join(r.groups)}" for r in access)
+                + " (--access-clear drops them)"
+            )
+    found.rules = [*access, *found.sidecar_rules]
     read = _read_files(
         found,
         old_files,
@@ -499,6 +538,16 @@ def _ingest_locked(
         report=report,
         progress=progress,
     )
+    opened = sorted(
+        s
+        for s, r in read.records.items()
+        if not r.access and old_files.get(s) and old_files[s].access
+    )
+    if opened:
+        report.notes.append(
+            f"{len(opened)} file(s) that had access groups are now readable by everyone: "
+            + ", ".join(opened[:5])
+        )
     per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
     all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
     report.chunks_total = len(all_chunks)
@@ -513,6 +562,7 @@ def _ingest_locked(
         fields=fields,
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=chunking,
+        access_rules=[{"pattern": r.pattern, "groups": list(r.groups)} for r in access],
     )
     build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
     report.wrote = True
@@ -529,7 +579,7 @@ def ingest_to_store(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
-    access: Sequence[AccessRule] = (),
+    access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
     """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
     one transaction that deletes the chunks of changed and removed files and adds the new

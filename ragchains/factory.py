@@ -247,10 +247,10 @@ def run_ingest(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
-    access: Sequence[AccessRule] = (),
+    access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
     """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL); ``access``: who
-    may read which files (see ``retrievers.access``)."""
+    may read which files (see ``retrievers.access``; None: the last run's rules)."""
     if is_store_url(str(index_dir)):
         store = PostgresStore(str(index_dir))
         try:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import fnmatch
+import glob
 import re
 import tomllib
 from collections.abc import Iterator, Mapping, Sequence
@@ -106,7 +107,8 @@ def sidecar_rules(root: Path, prefix: str) -> list[AccessRule]:
         if not isinstance(groups, list):
             raise AccessRuleError(f'{path}: {pattern!r} must list its groups, e.g. ["hr"]')
         where = f"{path}: {pattern!r}"
-        rules.append(AccessRule(f"{prefix}/{pattern}", checked_groups(groups, where)))
+        # The folder's own name is literal: "team[hr]" is no character class.
+        rules.append(AccessRule(f"{glob.escape(prefix)}/{pattern}", checked_groups(groups, where)))
     return rules
 
 

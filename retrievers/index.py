@@ -37,7 +37,7 @@ import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -129,6 +129,8 @@ class IndexContents:
     fields: dict[str, str]
     embedder: dict[str, Any]
     chunking: dict[str, Any]
+    # The run's --access rules, kept for the next run that gives none (retrievers.access).
+    access_rules: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -321,6 +323,7 @@ def write_index(
             "dense": dense_info,
             "bm25": bm25_info,
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "access_rules": contents.access_rules,
             # Additive (readers of format 1 ignore it): generations without it still load.
             "checksums": _checksums(tmp),
         }

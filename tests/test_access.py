@@ -238,5 +238,50 @@ def test_two_keys_see_disjoint_hidden_documents_on_every_route(
     assert any("hr-salaries" in text for text in as_hr.values())
     assert any("eng-roadmap" in text for text in as_eng.values())
     assert no_key.status_code == 401
-    assert "chunks" not in ready["index"] and ready["api_key_required"] is True
+    assert "chunks" not in ready["index"] and "fields" not in ready["index"]
+    assert ready["api_key_required"] is True
     assert json.dumps(ready).count("salaries") == 0
+
+
+# ----------------------------------------------------------------------------- labels that stay
+def test_a_plain_re_run_keeps_the_rules_and_only_access_clear_drops_them(
+    labelled: Path,
+    docs_dir: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """A re-run without --access made every labelled file public, silently."""
+    (docs_dir / "notes.txt").write_text("changed notes\n", encoding="utf-8")  # a real change
+    kept = ingest_into(docs_dir, labelled)
+    assert any("access rules of the last run kept: docs/hr-*=hr" in n for n in kept.notes)
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.store.files()["docs/hr-salaries.md"].access == ("hr",)
+    index.close()
+    cleared = ingest_into(docs_dir, labelled, access=[])
+    assert any("now readable by everyone: docs/hr-salaries.md" in n for n in cleared.notes)
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.store.files()["docs/hr-salaries.md"].access == ()
+    assert index.store.files()["docs/eng-roadmap.md"].access == ("eng",)  # its sidecar's
+    index.close()
+
+
+def test_rules_that_would_leave_files_open_by_mistake_are_caught(
+    docs_dir: Path,
+    tmp_path: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    from ragchains.ingest.pipeline import IngestError
+
+    with pytest.raises(IngestError, match="matches no file: files are named"):
+        ingest_into(docs_dir, tmp_path / "a", access=[AccessRule.parse("hr/*=hr")])
+    # A sidecar deeper down applies to its folder; a folder named like a glob is literal.
+    team = docs_dir / "team[hr]"
+    team.mkdir()
+    (team / "pay.md").write_text(HR_DOC, encoding="utf-8")
+    (team / SIDECAR).write_text('[groups]\n"*" = ["hr"]\n', encoding="utf-8")
+    ingest_into(docs_dir, tmp_path / "b")
+    index = load_index(tmp_path / "b", embedder_name=embedder.name)
+    assert index.store.files()["docs/team[hr]/pay.md"].access == ("hr",)
+    assert index.store.files()["docs/guide.md"].access == ()
+    index.close()

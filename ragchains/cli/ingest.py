@@ -31,6 +31,11 @@ from ragchains.retrievers.storeurl import shown
     "folder's .ragchains-access.toml). Files no rule matches are readable by everyone. Keys "
     "get groups with `ragchains keys add`.",
 )
+@click.option(
+    "--access-clear",
+    is_flag=True,
+    help="Drop the --access rules earlier runs gave (a run without --access keeps them).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def ingest_command(
@@ -39,6 +44,7 @@ def ingest_command(
     text_columns: str | None,
     rebuild: bool,
     access_rules: tuple[str, ...],
+    access_clear: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -58,6 +64,8 @@ def ingest_command(
         rules = [AccessRule.parse(rule) for rule in access_rules]
     except AccessRuleError as exc:
         fail(str(exc))
+    if access_clear and rules:
+        fail("give --access rules or --access-clear, not both")
     try:
         report = run_ingest(
             settings,
@@ -66,7 +74,7 @@ def ingest_command(
             text_columns=columns,
             rebuild=rebuild,
             progress=not quiet and not as_json,
-            access=rules,
+            access=rules if rules or access_clear else None,
         )
     except NothingIngestedError as exc:
         fail(str(exc), EXIT_NOTHING_INGESTED)
