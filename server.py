@@ -57,6 +57,7 @@ from ragchains.serving.guards import (
     BodyMiddleware,
     GenerationMiddleware,
 )
+from ragchains.serving.keys import KeyRing
 from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
 from ragchains.serving.openapi import truthful_openapi
 from ragchains.serving.requests import (
@@ -195,7 +196,11 @@ async def _playground_file(request: Request) -> None:
         raise HTTPException(404, f"the playground has no file {name[:100]!r}")
 
 
-def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, Any]:
+def _readiness(
+    service: Service, health: _Health, limits: Limits, keyed: bool, hidden: bool
+) -> dict[str, Any]:
+    """``hidden``: callers see only some documents, so counts are not told (to anyone:
+    /readyz needs no key)."""
     settings, index = service.settings, service.index
     compressor = service.compressor.status()
     try:
@@ -203,6 +208,9 @@ def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, A
     except IndexLoadError as exc:  # a store that cannot be reached now (/readyz needs no key:
         log.warning("readiness: %s", exc)  # the reason goes to the log, not to callers)
         index_info, ready = {"error": STORE_UNREACHABLE}, False
+    if hidden:  # counts and field names would tell of files the caller may not read
+        index_info.pop("chunks", None)
+        index_info.pop("fields", None)
     return {
         "ready": ready,
         "degraded": bool(compressor["fallback"])
@@ -223,7 +231,7 @@ def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, A
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
         # The chat page asks for a key only when one is needed, and keeps within the limits.
-        "api_key_required": settings.api_key is not None,
+        "api_key_required": keyed,
         "limits": asdict(limits),
     }
 
@@ -248,6 +256,14 @@ def create_app(
             )
         service = build_service(settings, target, llm=llm, embedder=embedder, live=True)
     limits = Limits.from_settings(settings)
+    # Keys with groups: each caller reads only what its groups may (retrievers.access).
+    keyring = KeyRing.load(settings.keys_file) if settings.keys_file is not None else None
+    keyed = settings.api_key is not None or keyring is not None
+    if keyring is not None and settings.api_key is not None:
+        log.warning(
+            "RAGCHAINS_API_KEY is set beside RAGCHAINS_KEYS_FILE: whoever holds it reads every "
+            "document, whatever its groups"
+        )
     requests = request_models(limits, service.index.fields)
     health = _Health()
     feedback_store = FeedbackStore(feedback_path(settings, service.index.folder))
@@ -328,7 +344,7 @@ def create_app(
         app,
         chat_request=ChatCompletionRequest,
         domains=service.prompts.domains,
-        keyed=settings.api_key is not None,
+        keyed=keyed,
     )
 
     # LangServe prints an ASCII banner at startup; `ragchains serve` prints the URLs itself.
@@ -343,7 +359,9 @@ def create_app(
     async def readyz() -> JSONResponse:
         """Models and index are loaded; what each is, and any fallback in use (503 when the
         store cannot be reached)."""
-        body = await run_in_threadpool(_readiness, service, health, limits)
+        body = await run_in_threadpool(
+            _readiness, service, health, limits, keyed, keyring is not None
+        )
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     # Load balancers probe with HEAD as often as with GET (one operation each in the docs).
@@ -387,8 +405,9 @@ def create_app(
     app.add_middleware(
         BodyMiddleware, max_bytes=limits.request_bytes, timeout=settings.body_timeout
     )
-    if settings.api_key is not None:
-        app.add_middleware(ApiKeyMiddleware, api_key=settings.api_key.get_secret_value())
+    if keyed:
+        api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, keyring=keyring)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,

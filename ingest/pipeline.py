@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker, chunk_file
 from ragchains.ingest.loaders import LOADERS, LoadOptions, SkipFile, load_file
+from ragchains.retrievers.access import AccessRule, AccessRuleError, groups_for, sidecar_rules
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -82,6 +83,7 @@ class IngestReport:
     unchanged: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     kept_previous: list[str] = field(default_factory=list)  # skipped now, old version kept
+    relabelled: list[str] = field(default_factory=list)  # unchanged, but new access groups
     chunks_total: int = 0
     chunks_embedded: int = 0
     wrote: bool = False
@@ -89,7 +91,7 @@ class IngestReport:
 
     @property
     def changed(self) -> bool:
-        return bool(self.added or self.updated or self.removed)
+        return bool(self.added or self.updated or self.removed or self.relabelled)
 
     def counts(self) -> dict[str, int]:
         return {
@@ -98,6 +100,7 @@ class IngestReport:
             "removed": len(self.removed),
             "unchanged": len(self.unchanged),
             "skipped": len(self.skipped),
+            **({"relabelled": len(self.relabelled)} if self.relabelled else {}),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -117,6 +120,40 @@ class IngestReport:
 class Discovered:
     files: dict[str, Path] = field(default_factory=dict)  # source name -> path
     skipped: list[Skipped] = field(default_factory=list)
+    rules: list[AccessRule] = field(default_factory=list)  # who may read which (in order)
+    sidecar_rules: list[AccessRule] = field(default_factory=list)  # the inputs' own
+
+
+def _check_rules_match(rules: Sequence[AccessRule], found: Discovered) -> None:
+    """A rule that matches no file is a mistake (a wrong prefix leaves files public)."""
+    for rule in rules:
+        if not any(groups_for(source, [rule]) for source in found.files):
+            example = next(iter(sorted(found.files)), "")
+            raise IngestError(
+                f"--access {rule.pattern!r} matches no file: files are named from the input "
+                f"folder's name, e.g. {example!r}"
+            )
+
+
+def _sidecar_rules(paths: Sequence[str | Path]) -> list[AccessRule]:
+    """The rules of every ``.ragchains-access.toml`` under the input folders (hidden folders
+    aside, as ``discover``), for their files' sources: a deeper folder's first, as the more
+    specific."""
+    found: list[tuple[int, list[AccessRule]]] = []
+    for root in map(Path, paths):
+        if not root.is_dir():
+            continue
+        prefix = root.name or root.resolve().name
+        for dirpath, dirnames, _ in os.walk(root, followlinks=False):
+            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
+            here = Path(dirpath)
+            relative = here.relative_to(root).as_posix()
+            where = prefix if relative == "." else f"{prefix}/{relative}"
+            rules = sidecar_rules(here, where)
+            if rules:
+                found.append((len(here.relative_to(root).parts), rules))
+    found.sort(key=lambda depth_rules: -depth_rules[0])
+    return [rule for _, rules in found for rule in rules]
 
 
 def _within(path: Path, roots: Sequence[Path]) -> bool:
@@ -277,10 +314,20 @@ def ingest(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
+    access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
-    """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring."""
+    """Bring the index at ``index_dir`` in line with ``paths``; see the module docstring.
+    ``access``: who may read which files (``--access``), before the ``.ragchains-access.toml``
+    files under the inputs (a deeper folder's first); the first rule that matches a file
+    decides. None: the rules the index's last run was given ([]: none)."""
     index_dir = Path(index_dir)
     found = discover(paths)  # before locking: a typo in a path must not create the folder
+    try:
+        found.sidecar_rules = _sidecar_rules(paths)
+    except AccessRuleError as exc:
+        raise IngestError(str(exc)) from exc
+    if access:
+        _check_rules_match(access, found)
     try:
         with writer_lock(index_dir):
             return _ingest_locked(
@@ -293,6 +340,7 @@ def ingest(
                 text_columns=text_columns,
                 rebuild=rebuild,
                 progress=progress,
+                access=access,
             )
     except IndexBusyError as exc:
         raise IngestError(str(exc)) from exc
@@ -367,9 +415,12 @@ def _read_files(
         else:
             failure = None
         old = old_files.get(source)
+        groups = groups_for(source, found.rules)
         if failure is None and old and same_chunking and old.sha256 == sha:
+            if old.access != groups:
+                report.relabelled.append(source)  # new readers only: its chunks stay
             read.kept.add(source)
-            read.records[source] = old
+            read.records[source] = replace(old, access=groups)
             report.unchanged.append(source)
             continue
         if failure is None:
@@ -387,10 +438,10 @@ def _read_files(
             report.skipped.append(Skipped(source, failure))
             if old is not None:
                 read.kept.add(source)
-                read.records[source] = old
+                read.records[source] = replace(old, access=groups)
                 report.kept_previous.append(source)
             continue
-        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format)
+        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format, groups)
         if (
             old is not None
             and old.sha256 == sha
@@ -443,6 +494,7 @@ def _ingest_locked(
     text_columns: Sequence[str] | None,
     rebuild: bool,
     progress: bool,
+    access: Sequence[AccessRule] | None,
 ) -> IngestReport:
     report = IngestReport(index=index_dir)
     report.skipped.extend(found.skipped)
@@ -460,12 +512,22 @@ def _ingest_locked(
                 old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
                 old_vectors[chunk.id] = vectors[row]
         same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
+        kept = (previous.manifest.get("access_rules") or []) if previous is not None else []
     except IndexLoadError as exc:  # damage found reading the chunks (the message says what to do)
         raise IngestError(str(exc)) from exc
     finally:
         if previous is not None:
             previous.close()
 
+    if access is None:  # the last run's rules stand: a plain re-run must not open files up
+        access = [AccessRule(r["pattern"], tuple(r["groups"])) for r in kept]
+        if access:
+            report.notes.append(
+                "access rules of the last run kept: "
+                + "; ".join(f"{r.pattern}={','.join(r.groups)}" for r in access)
+                + " (--access-clear drops them)"
+            )
+    found.rules = [*access, *found.sidecar_rules]
     read = _read_files(
         found,
         old_files,
@@ -476,6 +538,16 @@ def _ingest_locked(
         report=report,
         progress=progress,
     )
+    opened = sorted(
+        s
+        for s, r in read.records.items()
+        if not r.access and old_files.get(s) and old_files[s].access
+    )
+    if opened:
+        report.notes.append(
+            f"{len(opened)} file(s) that had access groups are now readable by everyone: "
+            + ", ".join(opened[:5])
+        )
     per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
     all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
     report.chunks_total = len(all_chunks)
@@ -490,6 +562,7 @@ def _ingest_locked(
         fields=fields,
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=chunking,
+        access_rules=[{"pattern": r.pattern, "groups": list(r.groups)} for r in access],
     )
     build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
     report.wrote = True
@@ -506,11 +579,21 @@ def ingest_to_store(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
+    access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
     """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
     one transaction that deletes the chunks of changed and removed files and adds the new
     ones (unchanged files are not read back)."""
     found = discover(paths)
+    try:
+        labelled = bool(access) or bool(_sidecar_rules(paths))
+    except AccessRuleError as exc:
+        raise IngestError(str(exc)) from exc
+    if labelled:
+        raise IngestError(
+            "access groups are kept by index folders; a PostgreSQL store does not take them "
+            "yet (ingest into --index DIR, or leave out --access and .ragchains-access.toml)"
+        )
     report = IngestReport(index=store.location)
     report.skipped.extend(found.skipped)
     try:

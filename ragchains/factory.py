@@ -18,6 +18,7 @@ from ragchains.chains.graph import Chains, RequeryPolicy, create_chains
 from ragchains.chains.llm import LLM
 from ragchains.ingest.pipeline import IngestReport, ingest, ingest_to_store
 from ragchains.prompts.registry import PromptRegistry, default_registry
+from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
     RerankCompressor,
@@ -246,8 +247,10 @@ def run_ingest(
     text_columns: Sequence[str] | None = None,
     rebuild: bool = False,
     progress: bool = True,
+    access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
-    """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL)."""
+    """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL); ``access``: who
+    may read which files (see ``retrievers.access``; None: the last run's rules)."""
     if is_store_url(str(index_dir)):
         store = PostgresStore(str(index_dir))
         try:
@@ -260,6 +263,7 @@ def run_ingest(
                 text_columns=text_columns,
                 rebuild=rebuild,
                 progress=progress,
+                access=access,
             )
         finally:
             store.close()
@@ -273,4 +277,5 @@ def run_ingest(
         text_columns=text_columns,
         rebuild=rebuild,
         progress=progress,
+        access=access,
     )

@@ -119,6 +119,12 @@ class Settings(BaseSettings):
         description="when set, every route but /healthz and /readyz needs it in the X-API-Key "
         "header or as 'Authorization: Bearer <key>'",
     )
+    keys_file: Path | None = Field(
+        None,
+        description="API keys with an owner and groups (made by `ragchains keys add`): a "
+        "request with one reads only what its groups may (files labelled with `ingest "
+        "--access`); every route but /healthz and /readyz then needs a key",
+    )
     cors_origins: list[str] = Field(
         default_factory=list, description='origins allowed by CORS, e.g. ["http://localhost:3000"]'
     )

@@ -15,6 +15,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
+from ragchains.retrievers.access import combined, current_groups
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.retrievers.index import SearchIndex
 from ragchains.retrievers.live import LiveIndex
@@ -98,3 +99,9 @@ class IndexRetriever(BaseRetriever):
             k=k,
             filters=filters,
         )
+
+
+def readable(index: SearchIndex, filters: Sequence[MetadataFilter]) -> np.ndarray | None:
+    """The rows a search may return: those the filters keep that this request's caller may
+    read (see ``retrievers.access``); None: every row."""
+    return combined(index.columns.mask(filters), index.access.mask(current_groups()))

@@ -14,7 +14,7 @@ import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 from langchain_core.documents import Document
 
-from ragchains.retrievers.base import IndexRetriever
+from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.filters import MetadataFilter
 
 # bm25s sets its own logger to DEBUG on import, which floods any application log.
@@ -69,5 +69,6 @@ class BM25Retriever(IndexRetriever):
     """Keyword retrieval over a loaded index, with metadata filters applied before ranking."""
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
-        rows, scores = bm25_search(self.index.bm25, query, k, self.index.columns.mask(filters))
+        index = self.index.pinned()
+        rows, scores = bm25_search(index.bm25, query, k, readable(index, filters))
         return self._ranked_documents(rows, scores, "bm25")

@@ -8,7 +8,7 @@ import faiss
 import numpy as np
 from langchain_core.documents import Document
 
-from ragchains.retrievers.base import IndexRetriever
+from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
 
@@ -85,10 +85,8 @@ class FaissRetriever(IndexRetriever):
     embedder: SentenceTransformerEmbedder
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
+        index = self.index.pinned()
         rows, scores = dense_search(
-            self.index.dense,
-            self.embedder.encode_query(query),
-            k,
-            self.index.columns.mask(filters),
+            index.dense, self.embedder.encode_query(query), k, readable(index, filters)
         )
         return self._ranked_documents(rows, scores, "dense")

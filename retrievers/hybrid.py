@@ -14,7 +14,7 @@ import numpy as np
 from langchain_core.documents import Document
 from pydantic import Field
 
-from ragchains.retrievers.base import IndexRetriever
+from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -132,7 +132,7 @@ class HybridRetriever(IndexRetriever, FusionFields):
             k=k,
             candidates=self.candidates,
             fusion=fusion,
-            mask=index.columns.mask(filters),
+            mask=readable(index, filters),
         )
         docs = index.store.documents([h.row for h in hits])
         for doc, hit in zip(docs, hits, strict=True):

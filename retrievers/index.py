@@ -37,7 +37,7 @@ import uuid
 import weakref
 from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property
 from pathlib import Path
@@ -49,6 +49,7 @@ import numpy as np
 from langchain_core.documents import Document
 from pydantic import ValidationError
 
+from ragchains.retrievers.access import AccessLabels
 from ragchains.retrievers.filters import MetadataColumns
 from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
 
@@ -114,6 +115,8 @@ class FileRecord:
     size: int
     chunk_count: int
     format: str
+    # Who may read it (see retrievers.access); () = everyone.
+    access: tuple[str, ...] = ()
 
 
 @dataclass
@@ -126,6 +129,8 @@ class IndexContents:
     fields: dict[str, str]
     embedder: dict[str, Any]
     chunking: dict[str, Any]
+    # The run's --access rules, kept for the next run that gives none (retrievers.access).
+    access_rules: list[dict[str, Any]] = field(default_factory=list)
 
 
 # ----------------------------------------------------------------------------- writing
@@ -189,7 +194,8 @@ def _write_chunk_store(path: Path, chunks: Sequence[Chunk], files: Sequence[File
                 sha256 TEXT NOT NULL,
                 size INTEGER NOT NULL,
                 chunk_count INTEGER NOT NULL,
-                format TEXT NOT NULL
+                format TEXT NOT NULL,
+                access TEXT NOT NULL DEFAULT '[]'
             );
             """
         )
@@ -201,8 +207,12 @@ def _write_chunk_store(path: Path, chunks: Sequence[Chunk], files: Sequence[File
             ),
         )
         con.executemany(
-            "INSERT INTO files (source, sha256, size, chunk_count, format) VALUES (?, ?, ?, ?, ?)",
-            ((f.source, f.sha256, f.size, f.chunk_count, f.format) for f in files),
+            "INSERT INTO files (source, sha256, size, chunk_count, format, access) "
+            "VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                (f.source, f.sha256, f.size, f.chunk_count, f.format, json.dumps(list(f.access)))
+                for f in files
+            ),
         )
         con.commit()
     finally:
@@ -313,6 +323,7 @@ def write_index(
             "dense": dense_info,
             "bm25": bm25_info,
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            "access_rules": contents.access_rules,
             # Additive (readers of format 1 ignore it): generations without it still load.
             "checksums": _checksums(tmp),
         }
@@ -564,10 +575,20 @@ class ChunkStore:
 
     def files(self) -> dict[str, FileRecord]:
         with self._reading() as con:
+            # Files written before access labels have no such column: everyone reads them.
+            labelled = any(c[1] == "access" for c in con.execute("PRAGMA table_info(files)"))
+            access = "access" if labelled else "'[]'"
             rows = con.execute(
-                "SELECT source, sha256, size, chunk_count, format FROM files"
+                f"SELECT source, sha256, size, chunk_count, format, {access} FROM files"
             ).fetchall()
-        return {r[0]: FileRecord(*r) for r in rows}
+        return {
+            r[0]: FileRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows
+        }
+
+    def row_sources(self) -> list[str]:
+        """Each row's source file, in row order."""
+        with self._reading() as con:
+            return [s for (s,) in con.execute("SELECT source FROM chunks ORDER BY row")]
 
 
 @dataclass
@@ -585,6 +606,12 @@ class SearchIndex:
     @property
     def fields(self) -> dict[str, str]:
         return self.manifest["fields"]  # type: ignore[no-any-return]
+
+    @cached_property
+    def access(self) -> AccessLabels:
+        """Who may read each row, for masks (built on first use, like ``columns``)."""
+        files = self.store.files()
+        return AccessLabels(self.store.row_sources(), {s: f.access for s, f in files.items()})
 
     @cached_property
     def columns(self) -> MetadataColumns:

@@ -81,7 +81,8 @@ class LiveIndex:
         index = load_index(
             self._folder, embedder_name=self._embedder_name, embedder_dimension=self._dimension
         )
-        _ = index.columns  # the filter columns now, not in the first request after the swap
+        # The filter columns and access labels now, not in the first request after the swap.
+        _ = index.columns, index.access
         return index
 
     # -- generations ------------------------------------------------------------------
@@ -160,8 +161,9 @@ class LiveIndex:
         # The same generation, a new fusion.json (`ragchains eval tune --apply`): the
         # loaded parts and their filter columns carry over.
         fresh = replace(self._current, fusion=read_fusion(self._folder))
-        if "columns" in self._current.__dict__:  # a cached_property's value
-            fresh.__dict__["columns"] = self._current.__dict__["columns"]
+        for cached in ("columns", "access"):  # cached_property values
+            if cached in self._current.__dict__:
+                fresh.__dict__[cached] = self._current.__dict__[cached]
         return fresh
 
     def watch(self) -> None:

@@ -18,6 +18,7 @@ from ragchains.cli.eval import eval_group
 from ragchains.cli.feedback import feedback_group
 from ragchains.cli.index import index_group
 from ragchains.cli.ingest import ingest_command
+from ragchains.cli.keys import keys_group
 from ragchains.cli.query import ask_command, chat_command, retrieve_command
 from ragchains.cli.serve import serve_command
 
@@ -49,6 +50,7 @@ for _command in (
     eval_group,
     feedback_group,
     index_group,
+    keys_group,
 ):
     app.add_command(_command)
 

@@ -21,6 +21,21 @@ from ragchains.retrievers.storeurl import shown
     "filterable metadata.",
 )
 @click.option("--rebuild", is_flag=True, help="Ignore the existing index and build it anew.")
+@click.option(
+    "--access",
+    "access_rules",
+    multiple=True,
+    metavar="GLOB=GROUP[,GROUP]",
+    help="Only callers in these groups may read the files whose source name matches GLOB "
+    "(e.g. 'docs/hr/*=hr,managers'; repeatable, the first match wins, before each input "
+    "folder's .ragchains-access.toml). Files no rule matches are readable by everyone. Keys "
+    "get groups with `ragchains keys add`.",
+)
+@click.option(
+    "--access-clear",
+    is_flag=True,
+    help="Drop the --access rules earlier runs gave (a run without --access keeps them).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def ingest_command(
@@ -28,6 +43,8 @@ def ingest_command(
     index: Path | str,
     text_columns: str | None,
     rebuild: bool,
+    access_rules: tuple[str, ...],
+    access_clear: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -39,9 +56,16 @@ def ingest_command(
     """
     from ragchains.factory import run_ingest
     from ragchains.ingest.pipeline import IngestError, NothingIngestedError
+    from ragchains.retrievers.access import AccessRule, AccessRuleError
 
     settings = load_settings()
     columns = [c.strip() for c in text_columns.split(",") if c.strip()] if text_columns else None
+    try:
+        rules = [AccessRule.parse(rule) for rule in access_rules]
+    except AccessRuleError as exc:
+        fail(str(exc))
+    if access_clear and rules:
+        fail("give --access rules or --access-clear, not both")
     try:
         report = run_ingest(
             settings,
@@ -50,6 +74,7 @@ def ingest_command(
             text_columns=columns,
             rebuild=rebuild,
             progress=not quiet and not as_json,
+            access=rules if rules or access_clear else None,
         )
     except NothingIngestedError as exc:
         fail(str(exc), EXIT_NOTHING_INGESTED)

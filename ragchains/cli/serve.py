@@ -36,8 +36,14 @@ def serve_command(
     import uvicorn
 
     from ragchains.server import KEEP_ALIVE_SECONDS, create_app
+    from ragchains.serving.keys import KeyRing, KeysFileError
 
     settings = load_settings()
+    if settings.keys_file is not None:  # before the slow loading, as the port below
+        try:
+            KeyRing.load(settings.keys_file)
+        except KeysFileError as exc:
+            fail(str(exc))
     index = target_of(index, settings)
     where = {"store": index, "index": None} if isinstance(index, str) else {"index": index}
     updates = {**where, "host": host or settings.host, "port": port or settings.port}

@@ -8,8 +8,10 @@ import hmac
 import json
 from typing import Any
 
+from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import Message, Scope, error_body, send_json
+from ragchains.serving.keys import KeyRing
 
 # Probes must work without the key: load balancers and orchestrators call them. The chat
 # page and its files hold no data; the page asks for the key and sends it on each call. The
@@ -24,12 +26,14 @@ OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 
 class ApiKeyMiddleware:
-    """Every route but the health checks and the page's files needs the key: ``X-API-Key: <key>`` or
-    ``Authorization: Bearer <key>`` (what OpenAI SDKs send)."""
+    """Every route but the health checks and the page's files needs a key: ``X-API-Key:
+    <key>`` or ``Authorization: Bearer <key>`` (what OpenAI SDKs send). ``api_key`` reads
+    everything; a key of ``keyring`` reads what its groups may, for the whole request."""
 
-    def __init__(self, app: Any, api_key: str) -> None:
+    def __init__(self, app: Any, api_key: str | None, keyring: KeyRing | None = None) -> None:
         self.app = app
-        self.key = api_key.encode()
+        self.key = api_key.encode() if api_key is not None else None
+        self.keyring = keyring
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if (
@@ -44,14 +48,20 @@ class ApiKeyMiddleware:
         if given is None:
             scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
             given = token.strip() if scheme.lower() == b"bearer" else b""
-        if not hmac.compare_digest(given, self.key):
+        if self.key is not None and hmac.compare_digest(given, self.key):
+            await self.app(scope, receive, send)  # reads everything
+            return
+        principal = self.keyring.find(given) if self.keyring is not None else None
+        if principal is None:
             reason = (
                 "missing or wrong API key: send it as 'X-API-Key: <key>' or "
                 "'Authorization: Bearer <key>'"
             )
             await refuse(scope, send, 401, reason, **{"WWW-Authenticate": "Bearer"})
             return
-        await self.app(scope, receive, send)
+        scope.setdefault("state", {})["principal"] = principal.name
+        with caller_groups(principal.groups):
+            await self.app(scope, receive, send)
 
 
 def is_open(method: str, path: str) -> bool:

@@ -1,0 +1,57 @@
+"""``ragchains keys``: API keys with an owner and groups, for per-user document access."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ragchains.cli.common import fail, load_settings
+
+
+@click.group("keys")
+def keys_group() -> None:
+    """API keys whose callers read only what their groups may (files labelled at ingest with
+    --access or .ragchains-access.toml). The server uses the file RAGCHAINS_KEYS_FILE names;
+    keys are stored as their sha256, and each is shown once, when made."""
+
+
+def _keys_file(path: Path | None) -> Path:
+    chosen = path or load_settings().keys_file
+    if chosen is None:
+        fail("no keys file: pass --keys-file PATH or set RAGCHAINS_KEYS_FILE")
+    return chosen
+
+
+@keys_group.command("add")
+@click.argument("principal")
+@click.option("--groups", required=True, metavar="GROUP[,GROUP]", help="What the key may read.")
+@click.option(
+    "--keys-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The keys file (default: RAGCHAINS_KEYS_FILE); created if missing, owner-only.",
+)
+def add_command(principal: str, groups: str, keys_file: Path | None) -> None:
+    """Make a key for PRINCIPAL (a person or a program) and print it, once."""
+    from ragchains.serving.keys import KeysFileError, add_key
+
+    path = _keys_file(keys_file)
+    try:
+        key = add_key(path, principal, groups.split(","))
+    except KeysFileError as exc:
+        fail(str(exc))
+    click.echo(key)
+    click.echo(f"key for {principal!r} added to {path}; it is not stored, keep it now", err=True)
+
+
+@keys_group.command("list")
+@click.option("--keys-file", type=click.Path(path_type=Path, dir_okay=False))
+def list_command(keys_file: Path | None) -> None:
+    """Each key's owner and groups (never the keys)."""
+    from ragchains.serving.keys import KeysFileError, list_keys
+
+    try:
+        for name, groups in list_keys(_keys_file(keys_file)):
+            click.echo(f"{name}: {', '.join(groups)}")
+    except KeysFileError as exc:
+        fail(str(exc))

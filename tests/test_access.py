@@ -1,0 +1,287 @@
+"""Per-user document access (issue 15): files labelled with groups at ingest are read only by
+callers whose key has one of those groups, on every route, streamed or not; a filter, a glob
+or a re-query cannot surface them; unlabelled files stay open to all."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from click.testing import CliRunner
+from pydantic import SecretStr
+
+from ragchains.cli import app
+from ragchains.factory import build_retriever
+from ragchains.retrievers.access import (
+    SIDECAR,
+    AccessLabels,
+    AccessRule,
+    AccessRuleError,
+    caller_groups,
+    groups_for,
+)
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.index import load_index
+from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys
+from ragchains.settings import Settings
+from tests.servers import FakeOpenAI, fake_openai_server
+
+HR_DOC = (
+    "# Quokka salary bands\n\nThe quokka salary band for senior engineers runs from 91,000 "
+    "to 118,000; the quokka bonus pool is 7 percent.\n"
+)
+ENG_DOC = (
+    "# Zephyr roadmap\n\nThe zephyr migration moves the zephyr cluster to the new region in "
+    "March; the zephyr freeze starts in February.\n"
+)
+HR_QUERY = "quokka salary band senior engineers bonus pool"
+ENG_QUERY = "zephyr migration cluster region freeze"
+
+
+def _sources(docs: list[Any]) -> set[str]:
+    return {str(d.metadata["source"]) for d in docs}
+
+
+# ----------------------------------------------------------------------------- rules
+def test_rules_parse_match_first_and_refuse_what_they_cannot_use(tmp_path: Path) -> None:
+    rule = AccessRule.parse("docs/hr/*=hr, managers")
+    assert rule == AccessRule("docs/hr/*", ("hr", "managers"))
+    rules = [rule, AccessRule.parse("docs/*=staff")]
+    assert groups_for("docs/hr/pay.md", rules) == ("hr", "managers")  # the first match
+    assert groups_for("docs/guide.md", rules) == ("staff",)
+    assert groups_for("other/guide.md", rules) == ()  # everyone
+    for bad, reason in (
+        ("docs/*", "GLOB=GROUP"),
+        ("=hr", "GLOB=GROUP"),
+        ("docs/*=", "at least one group"),
+        ("docs/*=h r", "not a group name"),
+    ):
+        with pytest.raises(AccessRuleError, match=reason):
+            AccessRule.parse(bad)
+
+
+def test_labels_mask_rows_by_group_and_leave_unlabelled_rows_public() -> None:
+    labels = AccessLabels(
+        ["a.md", "hr.md", "hr.md", "eng.md"], {"hr.md": ("hr",), "eng.md": ("eng",), "a.md": ()}
+    )
+    assert labels.mask(None) is None  # no access control for this caller
+    assert labels.mask(frozenset()).tolist() == [True, False, False, False]
+    assert labels.mask(frozenset({"hr"})).tolist() == [True, True, True, False]
+    assert labels.mask(frozenset({"hr", "eng", "x"})).tolist() == [True] * 4
+    assert AccessLabels(["a.md"], {"a.md": ()}).mask(frozenset()) is None  # nothing labelled
+
+
+# ----------------------------------------------------------------------------- ingest and search
+@pytest.fixture
+def labelled(docs_dir: Path, tmp_path: Path, ingest_into: Callable[..., Any]) -> Path:
+    """tests/fixtures/docs plus an HR file (labelled by --access) and an engineering one
+    (labelled by the folder's sidecar)."""
+    (docs_dir / "hr-salaries.md").write_text(HR_DOC, encoding="utf-8")
+    (docs_dir / "eng-roadmap.md").write_text(ENG_DOC, encoding="utf-8")
+    (docs_dir / SIDECAR).write_text('[groups]\n"eng-*" = ["eng"]\n', encoding="utf-8")
+    index = tmp_path / "idx"
+    ingest_into(docs_dir, index, access=[AccessRule.parse("docs/hr-*=hr")])
+    return index
+
+
+def test_each_caller_finds_only_what_its_groups_may_read(
+    labelled: Path, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    index = load_index(labelled, embedder_name=embedder.name)
+    files = index.store.files()
+    assert files["docs/hr-salaries.md"].access == ("hr",)
+    assert files["docs/eng-roadmap.md"].access == ("eng",)
+    assert files["docs/guide.md"].access == ()
+    retriever = build_retriever(settings, index, embedder)
+
+    def found(query: str, groups: frozenset[str] | None, **kw: Any) -> set[str]:
+        with caller_groups(groups):
+            return _sources(retriever.invoke(query, **kw))
+
+    assert "docs/hr-salaries.md" in found(HR_QUERY, None)  # no access control: everything
+    assert "docs/hr-salaries.md" in found(HR_QUERY, frozenset({"hr"}))
+    for groups in (frozenset(), frozenset({"eng"})):
+        seen = found(HR_QUERY, groups)
+        assert seen and "docs/hr-salaries.md" not in seen  # the public files still answer
+        # Asking for it by name, or by glob, finds nothing of it either.
+        by_name = [{"field": "source", "op": "=", "value": "docs/hr-salaries.md"}]
+        by_glob = [{"field": "source", "op": "=", "value": "docs/hr-*"}]
+        assert found(HR_QUERY, groups, filters=by_name) == set()
+        assert found(HR_QUERY, groups, filters=by_glob) == set()
+    assert "docs/eng-roadmap.md" not in found(ENG_QUERY, frozenset({"hr"}))
+    assert "docs/eng-roadmap.md" in found(ENG_QUERY, frozenset({"eng"}))
+    index.close()
+
+
+def test_new_groups_relabel_files_without_embedding_them_again(
+    labelled: Path,
+    docs_dir: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    report = ingest_into(docs_dir, labelled, access=[AccessRule.parse("docs/hr-*=hr,finance")])
+    assert report.relabelled == ["docs/hr-salaries.md"]
+    assert report.chunks_embedded == 0 and report.wrote
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.store.files()["docs/hr-salaries.md"].access == ("finance", "hr")
+    index.close()
+
+
+def test_a_store_refuses_labels_it_cannot_keep_yet(
+    docs_dir: Path, ingest_into: Callable[..., Any]
+) -> None:
+    from ragchains.ingest.pipeline import IngestError
+
+    with pytest.raises(IngestError, match="index folders"):
+        ingest_into(docs_dir, "postgresql://u@127.0.0.1:1/db", access=[AccessRule("*", ("hr",))])
+
+
+# ----------------------------------------------------------------------------- keys
+def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    alice = add_key(path, "alice", ["hr"])
+    bob = add_key(path, "bob", ["eng", "ops"])
+    text = path.read_text()
+    assert alice not in text and bob not in text  # only their sha256
+    assert path.stat().st_mode & 0o777 == 0o600
+    ring = KeyRing.load(path)
+    found = ring.find(alice.encode())
+    assert found is not None and found.name == "alice" and found.groups == {"hr"}
+    assert ring.find(b"rk-wrong") is None and ring.find(b"") is None
+    assert list_keys(path) == [("alice", ["hr"]), ("bob", ["eng", "ops"])]
+    with pytest.raises(KeysFileError, match="already holds a key for 'alice'"):
+        add_key(path, "alice", ["x"])
+    path.write_text('[[keys]]\nprincipal = "x"\n')
+    with pytest.raises(KeysFileError, match="needs principal"):
+        KeyRing.load(path)
+
+
+def test_the_keys_command_prints_a_key_once_and_lists_owners(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    made = CliRunner().invoke(
+        app, ["keys", "add", "carol", "--groups", "hr", "--keys-file", str(path)]
+    )
+    assert made.exit_code == 0, made.output
+    key = made.stdout.strip().splitlines()[0]
+    assert key.startswith("rk-") and key not in path.read_text()
+    listed = CliRunner().invoke(app, ["keys", "list", "--keys-file", str(path)])
+    assert listed.exit_code == 0 and listed.stdout.strip() == "carol: hr"
+    bad = CliRunner().invoke(
+        app, ["keys", "add", "dan", "--groups", "a b", "--keys-file", str(path)]
+    )
+    assert bad.exit_code == 2 and "not a group name" in bad.output
+
+
+# ----------------------------------------------------------------------------- every route
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeOpenAI]:
+    with fake_openai_server() as server:
+        yield server
+
+
+def _replies(base: str, key: str, question: str) -> dict[str, str]:
+    """The text of each route's reply to ``question`` (streamed and not), by question and
+    route."""
+    headers = {"X-API-Key": key}
+    config = {"configurable": {"domain": "default"}}
+    out: dict[str, str] = {}
+    for route, field in (("retrieve", "query"), ("ask", "question"), ("chat", "question")):
+        body = {"input": {field: question}, "config": config}
+        for endpoint in ("invoke", "stream", "batch"):
+            sent = {"inputs": [body["input"]], "config": config} if endpoint == "batch" else body
+            reply = httpx.post(
+                f"{base}/{route}/{endpoint}", json=sent, headers=headers, timeout=120
+            )
+            assert reply.status_code == 200, (route, endpoint, reply.text[:300])
+            out[f"{question}: {route}/{endpoint}"] = reply.text
+    for stream in (False, True):
+        messages = [{"role": "user", "content": question}]
+        body2 = {"model": "default", "messages": messages, "stream": stream}
+        reply = httpx.post(f"{base}/v1/chat/completions", json=body2, headers=headers, timeout=120)
+        assert reply.status_code == 200, reply.text[:300]
+        out[f"{question}: v1/stream={stream}"] = reply.text
+    return out
+
+
+def test_two_keys_see_disjoint_hidden_documents_on_every_route(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    upstream: FakeOpenAI,
+    labelled: Path,
+    tmp_path: Path,
+) -> None:
+    keys = tmp_path / "keys.toml"
+    hr, eng = add_key(keys, "hana", ["hr"]), add_key(keys, "erik", ["eng"])
+    with serve_samples(
+        index=labelled,
+        keys_file=keys,
+        llm_provider="openai",
+        openai_base_url=upstream.base_url,
+        openai_api_key=SecretStr("upstream-key"),
+        openai_model="ok-access",
+        llm_max_retries=0,
+        feedback_db=tmp_path / "feedback.sqlite",
+    ) as base:
+        as_hr = {**_replies(base, hr, HR_QUERY), **_replies(base, hr, ENG_QUERY)}
+        as_eng = {**_replies(base, eng, HR_QUERY), **_replies(base, eng, ENG_QUERY)}
+        no_key = httpx.post(f"{base}/retrieve/invoke", json={"input": {"query": "x"}})
+        ready = httpx.get(f"{base}/readyz").json()
+    for route, text in as_hr.items():
+        assert "eng-roadmap" not in text, route
+    for route, text in as_eng.items():
+        assert "hr-salaries" not in text, route
+    # Each does find its own (the searches are real, not empty everywhere).
+    assert any("hr-salaries" in text for text in as_hr.values())
+    assert any("eng-roadmap" in text for text in as_eng.values())
+    assert no_key.status_code == 401
+    assert "chunks" not in ready["index"] and "fields" not in ready["index"]
+    assert ready["api_key_required"] is True
+    assert json.dumps(ready).count("salaries") == 0
+
+
+# ----------------------------------------------------------------------------- labels that stay
+def test_a_plain_re_run_keeps_the_rules_and_only_access_clear_drops_them(
+    labelled: Path,
+    docs_dir: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """A re-run without --access made every labelled file public, silently."""
+    (docs_dir / "notes.txt").write_text("changed notes\n", encoding="utf-8")  # a real change
+    kept = ingest_into(docs_dir, labelled)
+    assert any("access rules of the last run kept: docs/hr-*=hr" in n for n in kept.notes)
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.store.files()["docs/hr-salaries.md"].access == ("hr",)
+    index.close()
+    cleared = ingest_into(docs_dir, labelled, access=[])
+    assert any("now readable by everyone: docs/hr-salaries.md" in n for n in cleared.notes)
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.store.files()["docs/hr-salaries.md"].access == ()
+    assert index.store.files()["docs/eng-roadmap.md"].access == ("eng",)  # its sidecar's
+    index.close()
+
+
+def test_rules_that_would_leave_files_open_by_mistake_are_caught(
+    docs_dir: Path,
+    tmp_path: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    from ragchains.ingest.pipeline import IngestError
+
+    with pytest.raises(IngestError, match="matches no file: files are named"):
+        ingest_into(docs_dir, tmp_path / "a", access=[AccessRule.parse("hr/*=hr")])
+    # A sidecar deeper down applies to its folder; a folder named like a glob is literal.
+    team = docs_dir / "team[hr]"
+    team.mkdir()
+    (team / "pay.md").write_text(HR_DOC, encoding="utf-8")
+    (team / SIDECAR).write_text('[groups]\n"*" = ["hr"]\n', encoding="utf-8")
+    ingest_into(docs_dir, tmp_path / "b")
+    index = load_index(tmp_path / "b", embedder_name=embedder.name)
+    assert index.store.files()["docs/team[hr]/pay.md"].access == ("hr",)
+    assert index.store.files()["docs/guide.md"].access == ()
+    index.close()
