@@ -43,7 +43,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from ragchains import __version__
 from ragchains.chains.llm import LLM
 from ragchains.chains.options import error_message
-from ragchains.factory import Service, build_service, configure_runtime
+from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
 from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -264,7 +264,7 @@ def create_app(
             "RAGCHAINS_API_KEY is set beside RAGCHAINS_KEYS_FILE: whoever holds it reads every "
             "document, whatever its groups"
         )
-    requests = request_models(limits, service.index.fields)
+    requests = request_models(limits, filterable_fields(service.index))
     health = _Health()
     feedback_store = FeedbackStore(feedback_path(settings, service.index.folder))
 

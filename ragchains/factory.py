@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +25,7 @@ from ragchains.retrievers.compressors import (
     SentenceTransformerCrossEncoder,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import LiveFields
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import SearchIndex, load_index
 from ragchains.retrievers.live import LiveIndex
@@ -79,6 +80,14 @@ def open_index(
     index = load_index(index_dir, embedder_name=embedder.name)
     _ = index.columns  # build the filter columns now, not during the first query
     return index
+
+
+def filterable_fields(index: Store) -> Mapping[str, str]:
+    """The fields a request may filter on, as each request reads them: for an index folder,
+    those its caller may see (``SearchIndex.visible_fields``)."""
+    if isinstance(index, PostgresStore):
+        return index.fields
+    return LiveFields(index.visible_fields)
 
 
 @overload
@@ -225,7 +234,7 @@ def build_service(
         retriever=build_retriever(settings, index, embedder, executor=cpu),
         compressor=compressor,
         prompts=prompts,
-        fields=index.fields,
+        fields=filterable_fields(index),
         history_tokens=settings.history_tokens,
         requery=RequeryPolicy(
             enabled=settings.requery,

@@ -16,7 +16,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
 from ragchains.retrievers.access import combined, current_groups
-from ragchains.retrievers.filters import MetadataFilter, validate_filters
+from ragchains.retrievers.filters import LiveFields, MetadataFilter, validate_filters
 from ragchains.retrievers.index import SearchIndex
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.workers import run_off_loop
@@ -47,7 +47,7 @@ class IndexRetriever(BaseRetriever):
     @property
     def fields(self) -> Mapping[str, str]:
         """The metadata fields (name -> type) ``filters`` may name."""
-        return self.index.fields
+        return LiveFields(self.index.visible_fields)  # the caller's, as each request reads
 
     def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
         raise NotImplementedError
@@ -77,7 +77,7 @@ class IndexRetriever(BaseRetriever):
     ) -> list[Document]:
         with self.index.pin():  # the filters' fields and the search: one generation
             checked = validate_filters(
-                self.filters if filters is None else filters, self.index.fields
+                self.filters if filters is None else filters, self.index.visible_fields()
             )
             return self._search(query, k=k or self.k, filters=checked)
 

@@ -216,6 +216,18 @@ class MetadataColumns:
                 self._codes[field] = codes
                 self._vocab[field] = vocab
 
+    def present_in(self, rows: np.ndarray) -> list[str]:
+        """The fields that have a value in at least one of ``rows`` (a boolean mask)."""
+        present = []
+        for field in self.schema:
+            if field in self._numbers:
+                held = ~np.isnan(self._numbers[field])
+            else:
+                held = self._codes[field] != -1
+            if bool((held & rows).any()):
+                present.append(field)
+        return present
+
     def mask(self, filters: Sequence[MetadataFilter]) -> np.ndarray | None:
         """Boolean mask of rows passing every filter; None when there are no filters."""
         if not filters:

@@ -49,7 +49,7 @@ import numpy as np
 from langchain_core.documents import Document
 from pydantic import ValidationError
 
-from ragchains.retrievers.access import AccessLabels
+from ragchains.retrievers.access import AccessLabels, current_groups
 from ragchains.retrievers.filters import MetadataColumns
 from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
 
@@ -606,6 +606,19 @@ class SearchIndex:
     @property
     def fields(self) -> dict[str, str]:
         return self.manifest["fields"]  # type: ignore[no-any-return]
+
+    def visible_fields(self) -> dict[str, str]:
+        """The fields this request's caller may filter on: those with a value in a row it
+        may read (a field only hidden files have is not told of, even in an error)."""
+        rows = self.access.mask(current_groups())
+        if rows is None:
+            return self.fields
+        key = frozenset(current_groups() or ())
+        cache = self.__dict__.setdefault("_visible_fields", {})
+        if key not in cache:  # one per distinct set of groups: keys share a few
+            present = set(self.columns.present_in(rows))
+            cache[key] = {f: t for f, t in self.fields.items() if f in present}
+        return cache[key]  # type: ignore[no-any-return]
 
     @cached_property
     def access(self) -> AccessLabels:

@@ -195,6 +195,9 @@ class LiveIndex:
     def fields(self) -> Mapping[str, str]:
         return LiveFields(lambda: self.pinned().fields)
 
+    def visible_fields(self) -> dict[str, str]:
+        return self.pinned().visible_fields()
+
     @property
     def columns(self) -> MetadataColumns:
         return self.pinned().columns

@@ -39,6 +39,7 @@ ENG_DOC = (
     "# Zephyr roadmap\n\nThe zephyr migration moves the zephyr cluster to the new region in "
     "March; the zephyr freeze starts in February.\n"
 )
+HR_TABLE = "name,salary_band\nAda,7\nGrace,9\n"  # a field only HR's files have
 HR_QUERY = "quokka salary band senior engineers bonus pool"
 ENG_QUERY = "zephyr migration cluster region freeze"
 
@@ -82,6 +83,7 @@ def labelled(docs_dir: Path, tmp_path: Path, ingest_into: Callable[..., Any]) ->
     """tests/fixtures/docs plus an HR file (labelled by --access) and an engineering one
     (labelled by the folder's sidecar)."""
     (docs_dir / "hr-salaries.md").write_text(HR_DOC, encoding="utf-8")
+    (docs_dir / "hr-payroll.csv").write_text(HR_TABLE, encoding="utf-8")
     (docs_dir / "eng-roadmap.md").write_text(ENG_DOC, encoding="utf-8")
     (docs_dir / SIDECAR).write_text('[groups]\n"eng-*" = ["eng"]\n', encoding="utf-8")
     index = tmp_path / "idx"
@@ -125,7 +127,7 @@ def test_new_groups_relabel_files_without_embedding_them_again(
     embedder: SentenceTransformerEmbedder,
 ) -> None:
     report = ingest_into(docs_dir, labelled, access=[AccessRule.parse("docs/hr-*=hr,finance")])
-    assert report.relabelled == ["docs/hr-salaries.md"]
+    assert report.relabelled == ["docs/hr-payroll.csv", "docs/hr-salaries.md"]
     assert report.chunks_embedded == 0 and report.wrote
     index = load_index(labelled, embedder_name=embedder.name)
     assert index.store.files()["docs/hr-salaries.md"].access == ("finance", "hr")
@@ -258,7 +260,8 @@ def test_a_plain_re_run_keeps_the_rules_and_only_access_clear_drops_them(
     assert index.store.files()["docs/hr-salaries.md"].access == ("hr",)
     index.close()
     cleared = ingest_into(docs_dir, labelled, access=[])
-    assert any("now readable by everyone: docs/hr-salaries.md" in n for n in cleared.notes)
+    opened = [n for n in cleared.notes if "now readable by everyone" in n]
+    assert opened and "docs/hr-salaries.md" in opened[0]
     index = load_index(labelled, embedder_name=embedder.name)
     assert index.store.files()["docs/hr-salaries.md"].access == ()
     assert index.store.files()["docs/eng-roadmap.md"].access == ("eng",)  # its sidecar's
@@ -284,4 +287,29 @@ def test_rules_that_would_leave_files_open_by_mistake_are_caught(
     index = load_index(tmp_path / "b", embedder_name=embedder.name)
     assert index.store.files()["docs/team[hr]/pay.md"].access == ("hr",)
     assert index.store.files()["docs/guide.md"].access == ()
+    index.close()
+
+
+def test_a_field_only_hidden_files_have_is_not_told_of_even_in_an_error(
+    labelled: Path,
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """Its name and type were listed in the 422's "known fields", in the rewrite's tools
+    and in /readyz: each told that a hidden file exists."""
+    from ragchains.retrievers.filters import FilterError
+
+    index = load_index(labelled, embedder_name=embedder.name)
+    retriever = build_retriever(settings, index, embedder)
+    band = [{"field": "salary_band", "op": ">", "value": 8}]
+    with caller_groups(frozenset({"eng"})):
+        assert "salary_band" not in retriever.fields and "source" in retriever.fields
+        with pytest.raises(FilterError) as refused:
+            retriever.invoke("payroll", filters=band)
+        known = str(refused.value).split("known fields:")[1]  # (its own words aside)
+        assert "salary" not in known and "source" in known
+    with caller_groups(frozenset({"hr"})):
+        assert retriever.fields["salary_band"] == "number"
+        assert _sources(retriever.invoke("payroll", filters=band)) == {"docs/hr-payroll.csv"}
+    assert "salary_band" in retriever.fields  # no access control: every field
     index.close()
