@@ -26,6 +26,7 @@ import pytest
 from PIL import Image
 from pydantic import SecretStr
 
+from ragchains.serving.keys import add_key
 from tests.browser import WatchedPage, open_page
 from tests.servers import FakeOpenAI, fake_openai_server
 
@@ -439,6 +440,25 @@ def test_the_page_asks_for_the_api_key_once_and_sends_it(
     page.reload()  # the key is kept: no second prompt
     page.locator("#domain option[value='hr']").wait_for(state="attached")
     assert not page.get_by_role("dialog", name="API key").is_visible()
+
+
+def test_with_per_user_access_the_page_does_not_tell_the_chunk_count(
+    keyed_server: str,
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    opened: Callable[..., ChatPage],
+    tmp_path: Path,
+) -> None:
+    """A keys file hides the count from /readyz (it would count files a reader may not
+    see): the page leaves the fact out rather than showing it as unknown."""
+    keys = tmp_path / "keys.toml"
+    add_key(keys, "page", ["hr"])
+    shared = opened(keyed_server, (1024, 768)).page.locator("#server")
+    assert "Chunks" in shared.inner_text()  # one key for all: the count is told
+    with serve_samples(keys_file=keys, feedback_db=tmp_path / "feedback.sqlite") as base:
+        chat = opened(base, (1024, 768))
+        facts = chat.page.locator("#server")
+        assert "Model" in facts.inner_text() and "Chunks" not in facts.inner_text()
+        chat.page.get_by_role("dialog", name="API key").wait_for()
 
 
 def _chunk(chunk_id: str, label: str, score: float, text: str) -> dict[str, Any]:

@@ -686,7 +686,9 @@ function showServer(server) {
   const compressor = server.compressor ?? {};
   $("server").replaceChildren(
     ...fact("Model", server.llm?.model ?? "unknown"),
-    ...fact("Chunks", String(server.index?.chunks ?? "?")),
+    // A server with per-user access does not tell its chunk count (it would count files a
+    // reader may not see): the fact is left out, not shown as unknown.
+    ...(server.index?.chunks == null ? [] : fact("Chunks", String(server.index.chunks))),
     ...fact("Compressor", `${compressor.kind ?? "none"}${compressor.fallback ? " (fallback)" : ""}`),
   );
 }
