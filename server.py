@@ -52,10 +52,10 @@ from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body
 from ragchains.serving.guards import (
-    PARSED_BODY,
     ApiKeyMiddleware,
     BodyMiddleware,
     GenerationMiddleware,
+    request_json,
 )
 from ragchains.serving.keys import KeyRing
 from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
@@ -154,9 +154,6 @@ def _config_check(route: Route) -> Any:
     return check
 
 
-_NOT_PARSED = object()
-
-
 def _body_check(route: Route, limits: Limits) -> Any:
     """A dependency of every LangServe route: the body's shape checked before LangServe
     reads it (``check_body``); a problem is a 422 naming where (413 for a large batch).
@@ -168,11 +165,8 @@ def _body_check(route: Route, limits: Limits) -> Any:
         endpoint = request.url.path.rsplit("/", 1)[-1]
         if request.method != "POST" or endpoint not in BODY_KEYS:
             return
-        parsed = request.scope.get("state", {}).get(PARSED_BODY, _NOT_PARSED)
-        if parsed is not _NOT_PARSED:
-            request._json = parsed  # Starlette's own cache of request.json(): LangServe's too
         try:
-            body = await request.json()
+            body = await request_json(request)
         except ValueError:
             return  # LangServe answers malformed JSON with 422
         check_body(route, endpoint, body, limits)
@@ -196,12 +190,11 @@ async def _playground_file(request: Request) -> None:
         raise HTTPException(404, f"the playground has no file {name[:100]!r}")
 
 
-def _readiness(
-    service: Service, health: _Health, limits: Limits, keyed: bool, hidden: bool
-) -> dict[str, Any]:
-    """``hidden``: callers see only some documents, so counts are not told (to anyone:
-    /readyz needs no key)."""
+def _readiness(service: Service, health: _Health, limits: Limits) -> dict[str, Any]:
     settings, index = service.settings, service.index
+    # With per-user access callers see only some documents: counts are not told (to anyone:
+    # /readyz needs no key).
+    hidden = settings.keys_file is not None
     compressor = service.compressor.status()
     try:
         index_info, ready = index.describe(), True
@@ -231,7 +224,7 @@ def _readiness(
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
         # The chat page asks for a key only when one is needed, and keeps within the limits.
-        "api_key_required": keyed,
+        "api_key_required": settings.api_key is not None or hidden,
         "limits": asdict(limits),
     }
 
@@ -359,9 +352,7 @@ def create_app(
     async def readyz() -> JSONResponse:
         """Models and index are loaded; what each is, and any fallback in use (503 when the
         store cannot be reached)."""
-        body = await run_in_threadpool(
-            _readiness, service, health, limits, keyed, keyring is not None
-        )
+        body = await run_in_threadpool(_readiness, service, health, limits)
         return JSONResponse(body, status_code=200 if body["ready"] else 503)
 
     # Load balancers probe with HEAD as often as with GET (one operation each in the docs).

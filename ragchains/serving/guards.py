@@ -8,6 +8,8 @@ import hmac
 import json
 from typing import Any
 
+from starlette.requests import Request
+
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import Message, Scope, error_body, send_json
@@ -59,7 +61,6 @@ class ApiKeyMiddleware:
             )
             await refuse(scope, send, 401, reason, **{"WWW-Authenticate": "Bearer"})
             return
-        scope.setdefault("state", {})["principal"] = principal.name
         with caller_groups(principal.groups):
             await self.app(scope, receive, send)
 
@@ -234,3 +235,12 @@ class GenerationMiddleware:
             return
         with self.index.pin():
             await self.app(scope, receive, send)
+
+
+async def request_json(request: Request) -> Any:
+    """The request's JSON body, parsed once: by BodyMiddleware off the event loop when it is
+    large (``PARSED_BODY``), else here; Starlette keeps it on the request for the route."""
+    state = request.scope.get("state", {})
+    if PARSED_BODY in state:
+        request._json = state[PARSED_BODY]  # Starlette's own cache of request.json()
+    return await request.json()

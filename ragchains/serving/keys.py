@@ -50,9 +50,6 @@ class KeyRing:
         # A lookup by digest: its timing tells nothing of a key that is not held.
         return self._by_digest.get(key_digest(key)) if key else None
 
-    def __len__(self) -> int:
-        return len(self._by_digest)
-
 
 def add_key(path: Path, principal: str, groups: list[str]) -> str:
     """A new key for ``principal`` with ``groups``, its digest written to ``path`` (created

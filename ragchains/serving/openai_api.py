@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ragchains.chains.options import problem_text
 from ragchains.factory import Service
 from ragchains.serving.errors import classify, error_body
+from ragchains.serving.guards import request_json
 from ragchains.serving.requests import Route
 
 
@@ -99,7 +100,7 @@ def openai_router(service: Service, chat: Route) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
         try:
-            body = ChatCompletionRequest.model_validate(await request.json())
+            body = ChatCompletionRequest.model_validate(await request_json(request))
         except json.JSONDecodeError as exc:
             raise HTTPException(422, "the body is not valid JSON") from exc
         except ValidationError as exc:

@@ -19,11 +19,12 @@ from pydantic import BaseModel
 
 from ragchains.serving.errors import OPENAI_PREFIX
 from ragchains.serving.guards import is_open
+from ragchains.serving.requests import BODY_KEYS
 
 # LangServe's endpoints that stream server-sent events, by the last part of their path.
-STREAMING = frozenset({"stream", "stream_log", "stream_events"})
+STREAMING = frozenset(BODY_KEYS) - {"invoke", "batch"}
 # LangServe's endpoints that run a chain, so a model or the store can fail under them.
-RUNNING = frozenset({"invoke", "batch"}) | STREAMING
+RUNNING = frozenset(BODY_KEYS)  # the endpoints whose bodies check_body reads
 # What a status means, as each response says it.
 MEANING = {
     400: "Bad request: the body is not UTF-8 or nests too deep, or a domain or prompt "
