@@ -355,53 +355,50 @@ def rewrite_stage(*, llm: LLM, fields: Mapping[str, str], history_tokens: int = 
 
 
 @dataclass(frozen=True)
-class _FieldsUse:
-    """What the rewrite makes of the index's fields: the model's tools, the call grammar and
-    the prompt's description of them."""
+class _Turn:
+    """What one rewrite reads of the index and the conversation, read once."""
 
-    tools: list[dict[str, Any]]
-    grammar: str
-    text: str
+    fields: dict[str, str]
+    history: list[BaseMessage]
 
 
 class _Rewriter:
     """One rewrite: the model's call, read into a query and filters, then (multi-query) more
     phrasings, then the glossary. Sync and async differ only in how the model is called; the
-    async path keeps a remote model's wait off the server's worker threads."""
+    async path keeps a remote model's wait off the server's worker threads.
+
+    Each turn reads the fields once (they may follow the index, or the caller: a
+    ``LiveFields``) and trims the history once: the model's tools, the filters' check and
+    the user's own words all come from the same fields and the same turns the model saw."""
 
     def __init__(self, llm: LLM, fields: Mapping[str, str], history_tokens: int) -> None:
         self.llm = llm
-        self.fields = fields  # may follow the index (a LiveFields): read on each turn
+        self.fields = fields
         self.history_tokens = history_tokens
-        self._made: tuple[tuple[tuple[str, str], ...], _FieldsUse] | None = None
 
-    def _uses(self) -> _FieldsUse:
-        """The tools, grammar and description of the fields as they are now, made again
-        only when they change (an ingest that brings a new field)."""
-        now = tuple(sorted(self.fields.items()))
-        made = self._made
-        if made is None or made[0] != now:
-            fields = dict(now)
-            use = _FieldsUse(build_tools(fields), call_grammar(fields), describe_fields(fields))
-            made = self._made = (now, use)
-        return made[1]
-
-    def _call(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, Any], dict[str, Any]]:
-        prompt = state["options"].prompt("rewrite")
+    def _turn(self, state: Mapping[str, Any]) -> _Turn:
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
-        use = self._uses()
-        variables = {"question": state["question"], "fields": use.text}
-        model = self.llm.prompted(prompt, tools=use.tools, grammar=use.grammar)
-        return model, {**variables, "chat_history": history}
+        return _Turn(dict(self.fields), history)
 
-    def _read(self, state: Mapping[str, Any], reply: Any, notes: list[str]) -> RewriteOutput:
-        out = interpret(reply, state["question"], self.fields)
+    def _call(
+        self, state: Mapping[str, Any], turn: _Turn
+    ) -> tuple[Runnable[Any, Any], dict[str, Any]]:
+        prompt = state["options"].prompt("rewrite")
+        tools, grammar = build_tools(turn.fields), call_grammar(turn.fields)
+        variables = {"question": state["question"], "fields": describe_fields(turn.fields)}
+        model = self.llm.prompted(prompt, tools=tools, grammar=grammar)
+        return model, {**variables, "chat_history": turn.history}
+
+    def _read(
+        self, state: Mapping[str, Any], turn: _Turn, reply: Any, notes: list[str]
+    ) -> RewriteOutput:
+        out = interpret(reply, state["question"], turn.fields)
         grounded = ground_filters(
             out.filters,
             question=state["question"],
-            history=state.get("chat_history") or [],
+            history=turn.history,
             range_fields=state["options"].range_fields,
-            fields=self.fields,
+            fields=turn.fields,
         )
         out.filters = grounded.filters
         out.notes[:0] = notes
@@ -423,41 +420,43 @@ class _Rewriter:
 
     @staticmethod
     def _finish(
-        state: Mapping[str, Any], out: RewriteOutput, text: str, since: float
+        state: Mapping[str, Any], turn: _Turn, out: RewriteOutput, text: str, since: float
     ) -> RewriteOutput:
         options: Options = state["options"]
         if text:
             wanted = options.multi_query - 1
             out.alternatives = parse_alternatives(text, main=out.search_query, count=wanted)
-        keep_the_users_words(out, state["question"], state.get("chat_history") or [])
+        # The trimmed history: a previous message longer than the model's share of the
+        # context was searched (and sent on to the models) whole, past the context window.
+        keep_the_users_words(out, state["question"], turn.history)
         out.search_query = expand_glossary(out.search_query, options.glossary)
         out.alternatives = [expand_glossary(q, options.glossary) for q in out.alternatives]
         out.seconds = round(time.perf_counter() - since, 4)
         return out
 
     def run(self, state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
-        since, notes = time.perf_counter(), []
-        model, variables = self._call(state)
+        since, notes, turn = time.perf_counter(), [], self._turn(state)
+        model, variables = self._call(state, turn)
         try:
             reply = model.invoke(variables, config)
         except ValueError as exc:  # some providers raise on malformed tool-call JSON
             reply, notes = AIMessage(content=""), [_unparsable(exc)]
-        out = self._read(state, reply, notes)
+        out = self._read(state, turn, reply, notes)
         more = self._alternatives_call(state, out)
         text = more[0].invoke(more[1], config) if more else ""
-        return self._finish(state, out, text, since)
+        return self._finish(state, turn, out, text, since)
 
     async def arun(self, state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
-        since, notes = time.perf_counter(), []
-        model, variables = self._call(state)
+        since, notes, turn = time.perf_counter(), [], self._turn(state)
+        model, variables = self._call(state, turn)
         try:
             reply = await model.ainvoke(variables, config)
         except ValueError as exc:  # some providers raise on malformed tool-call JSON
             reply, notes = AIMessage(content=""), [_unparsable(exc)]
-        out = self._read(state, reply, notes)
+        out = self._read(state, turn, reply, notes)
         more = self._alternatives_call(state, out)
         text = await more[0].ainvoke(more[1], config) if more else ""
-        return self._finish(state, out, text, since)
+        return self._finish(state, turn, out, text, since)
 
 
 def _unparsable(exc: Exception) -> str:

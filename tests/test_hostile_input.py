@@ -336,4 +336,42 @@ def test_a_large_body_is_parsed_once_off_the_event_loop_and_handed_to_its_route(
         patch.setattr(guards.json, "loads", loads)
         asyncio.run(BodyMiddleware(app, 1_000_000, 5.0)(scope, receive, send))
     assert seen == [body]
-    assert parsed_in and loop_thread not in parsed_in
+    assert len(parsed_in) == 1 and loop_thread not in parsed_in
+
+
+_PRICES = {"field": "price", "op": "in", "value": list(range(1000))}
+_LONG = "x " * 10_000
+LARGE_BODIES = {
+    "/retrieve/invoke": {"input": {"query": "auger", "filters": [_PRICES] * 5}},
+    "/v1/chat/completions": {
+        "model": "default",
+        "messages": [{"role": "user", "content": _LONG}, {"role": "user", "content": "q"}],
+    },
+    "/rewrite/invoke": {
+        "input": {
+            "question": "and the premium?",
+            "chat_history": [{"type": "human", "content": _LONG}, {"type": "ai", "content": "ok"}],
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("path", list(LARGE_BODIES))
+def test_a_large_body_is_parsed_once_through_the_real_app(sample_server: str, path: str) -> None:
+    """The route reads what BodyMiddleware parsed: LangServe's routes and /v1 alike (the
+    /v1 route parsed it again, on the event loop)."""
+    raw = json.dumps(LARGE_BODIES[path]).encode()
+    assert len(raw) > PARSE_OFF_LOOP
+    parses: list[int] = []
+    real_loads = json.loads
+
+    def loads(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if len(text) == len(raw):
+            parses.append(1)
+        return real_loads(text, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(json, "loads", loads)
+        reply = post_raw(sample_server, path, raw)
+    assert reply.status_code in (200, 422), reply.text[:300]
+    assert len(parses) == 1
