@@ -132,6 +132,9 @@ def retriever_fields(retriever: Any) -> Mapping[str, str]:
     whenever read (an index that follows ingests gains fields)."""
     if "filters" not in search_keywords(retriever):
         return {}
+    fields = getattr(retriever, "fields", None)
+    if isinstance(fields, LiveFields):  # ours already follow the index (and the caller)
+        return fields
     return LiveFields(lambda: getattr(retriever, "fields", None) or {})
 
 

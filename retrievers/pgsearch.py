@@ -399,8 +399,8 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     executor: Any = Field(None, exclude=True, description="where query embedding runs")
 
     @property
-    def fields(self) -> dict[str, str]:
-        return dict(self.store.fields)
+    def fields(self) -> Mapping[str, str]:
+        return self.store.fields
 
     def _statement(
         self,
@@ -425,8 +425,8 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     def _vector(self, query: str) -> np.ndarray | None:
         return None if self.search == "fulltext" else self.embedder.encode_query(query)
 
-    def _checked(self, filters: Any, meta: Mapping[str, Any]) -> list[MetadataFilter]:
-        return validate_filters(self.filters if filters is None else filters, _fields(meta))
+    def _checked(self, filters: Any, fields: Mapping[str, str]) -> list[MetadataFilter]:
+        return validate_filters(self.filters if filters is None else filters, fields)
 
     def _get_relevant_documents(
         self,
@@ -438,10 +438,10 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     ) -> list[Document]:
         # Field types as of the last commit (re-read once per META_TTL), read once: the
         # filters are checked and compiled against the same ones.
-        meta = self.store.meta()
-        checked, k = self._checked(filters, meta), k or self.k
+        fields = _fields(self.store.meta())
+        checked, k = self._checked(filters, fields), k or self.k
         vector = self._vector(query)
-        statement, params = self._statement(query, vector, k, checked, _fields(meta))
+        statement, params = self._statement(query, vector, k, checked, fields)
         with self.store.connection() as conn:
             rows = conn.execute(statement, params).fetchall()
         return documents(rows, self.search, self.fusion_config.fusion)
@@ -454,14 +454,14 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         k: int | None = None,
         filters: Any = None,
     ) -> list[Document]:
-        meta = await self.store.ameta()
-        checked, k = self._checked(filters, meta), k or self.k
+        fields = _fields(await self.store.ameta())
+        checked, k = self._checked(filters, fields), k or self.k
         vector = (
             None
             if self.search == "fulltext"
             else await self.embedder.aencode_query(query, self.executor)
         )
-        statement, params = self._statement(query, vector, k, checked, _fields(meta))
+        statement, params = self._statement(query, vector, k, checked, fields)
         async with self.store.aconnection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()
