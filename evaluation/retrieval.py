@@ -252,7 +252,7 @@ def build_setup(
         index = hybrid.index
         dense = FaissRetriever(index=index, embedder=embedder, k=depth)
         params["embedder"] = embedder.name
-        params["dense"] = index.manifest.get("dense")
+        params["dense"] = index.pinned().manifest.get("dense")
         return RetrieverSetup(name, params, lambda q: ids(dense.invoke(q)))
     deep = hybrid.model_copy(update={"k": depth, "candidates": max(hybrid.candidates, depth)})
     if isinstance(hybrid, PostgresRetriever):

@@ -8,7 +8,6 @@ the index, that version is kept rather than lost.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import sys
@@ -36,6 +35,7 @@ from ragchains.retrievers.index import (
     IndexLoadError,
     IndexNotFoundError,
     SearchIndex,
+    file_sha256,
     load_index,
     write_index,
     writer_lock,
@@ -224,14 +224,6 @@ def discover(paths: Sequence[str | Path]) -> Discovered:
 
 
 # ----------------------------------------------------------------------------- the run
-def _file_sha256(path: Path) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-            size += len(block)
-    return digest.hexdigest(), size
 
 
 def _resolve_field_types(chunks: Sequence[Chunk], report: IngestReport) -> dict[str, str]:
@@ -408,7 +400,7 @@ def _read_files(
         sorted(found.files.items()), desc="Reading", unit="file", disable=not progress
     ):
         try:
-            sha, size = _file_sha256(path)
+            sha, size = file_sha256(path)
         except OSError as exc:
             sha, size = "", 0
             failure: str | None = f"unreadable: {exc.strerror or exc}"

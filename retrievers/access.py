@@ -25,6 +25,8 @@ from pathlib import Path
 
 import numpy as np
 
+from ragchains.retrievers.filters import MetadataColumns
+
 SIDECAR = ".ragchains-access.toml"
 # A group name: what a keys file and a rule may hold (no commas: rules list them with commas).
 GROUP = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:@-]{0,63}$")
@@ -122,26 +124,34 @@ def groups_for(source: str, rules: Sequence[AccessRule]) -> tuple[str, ...]:
 
 # ----------------------------------------------------------------------------- labels at search
 class AccessLabels:
-    """Each row's readers, for masks: a row whose file has no groups is public."""
+    """Each row's readers, for masks: a row whose file has no groups is public. Rows are
+    told apart by their ``source`` column (the index's typed filter columns)."""
 
-    def __init__(self, row_sources: Sequence[str], file_groups: Mapping[str, Sequence[str]]):
-        self.size = len(row_sources)
+    def __init__(self, columns: MetadataColumns, file_groups: Mapping[str, Sequence[str]]):
         labelled = {s: g for s, g in file_groups.items() if g}
-        self._public = np.array([s not in labelled for s in row_sources], dtype=bool)
+        self._public = ~columns.rows_with("source", labelled)
         self._by_group: dict[str, np.ndarray] = {}
         for group in sorted({g for groups in labelled.values() for g in groups}):
-            readers = {s for s, groups in labelled.items() if group in groups}
-            self._by_group[group] = np.array([s in readers for s in row_sources], dtype=bool)
+            readers = [s for s, groups in labelled.items() if group in groups]
+            self._by_group[group] = columns.rows_with("source", readers)
 
     @property
     def labelled(self) -> bool:
         return bool(self._by_group)
+
+    def known(self, groups: frozenset[str]) -> frozenset[str]:
+        """Of ``groups``, those some row is labelled with (the others change nothing)."""
+        return frozenset(groups & self._by_group.keys())
 
     def mask(self, groups: frozenset[str] | None) -> np.ndarray | None:
         """Rows ``groups`` may read; None when they may read every row (no access control
         for this request, or nothing labelled)."""
         if groups is None or not self._by_group:
             return None
+        return self.rows_for(groups)
+
+    def rows_for(self, groups: frozenset[str]) -> np.ndarray:
+        """Rows ``groups`` may read."""
         visible = self._public.copy()
         for group in groups & self._by_group.keys():
             visible |= self._by_group[group]

@@ -15,7 +15,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from ragchains.retrievers.access import combined, current_groups
+from ragchains.retrievers.access import combined
 from ragchains.retrievers.filters import LiveFields, MetadataFilter, validate_filters
 from ragchains.retrievers.index import SearchIndex
 from ragchains.retrievers.live import LiveIndex
@@ -49,7 +49,10 @@ class IndexRetriever(BaseRetriever):
         """The metadata fields (name -> type) ``filters`` may name."""
         return LiveFields(self.index.visible_fields)  # the caller's, as each request reads
 
-    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
+    def _search(
+        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+    ) -> list[Document]:
+        """The search itself, over ``index``: the one generation this call keeps to."""
         raise NotImplementedError
 
     async def _aprepare(self, query: str) -> None:
@@ -59,9 +62,12 @@ class IndexRetriever(BaseRetriever):
         if embedder is not None:
             await embedder.aencode_query(query, self.executor)
 
-    def _ranked_documents(self, rows: np.ndarray, scores: np.ndarray, name: str) -> list[Document]:
+    @staticmethod
+    def _ranked_documents(
+        index: SearchIndex, rows: np.ndarray, scores: np.ndarray, name: str
+    ) -> list[Document]:
         """Documents for ranked rows, each tagged with ``<name>_score`` and ``<name>_rank``."""
-        docs = self.index.store.documents(rows.tolist())
+        docs = index.store.documents(rows.tolist())
         for rank, (doc, score) in enumerate(zip(docs, scores, strict=True), start=1):
             doc.metadata[f"{name}_score"] = float(score)
             doc.metadata[f"{name}_rank"] = rank
@@ -75,11 +81,11 @@ class IndexRetriever(BaseRetriever):
         k: int | None = None,
         filters: FilterArg = None,
     ) -> list[Document]:
-        with self.index.pin():  # the filters' fields and the search: one generation
+        with self.index.pin() as index:  # the filters' fields and the search: one generation
             checked = validate_filters(
-                self.filters if filters is None else filters, self.index.visible_fields()
+                self.filters if filters is None else filters, index.visible_fields()
             )
-            return self._search(query, k=k or self.k, filters=checked)
+            return self._search(index, query, k=k or self.k, filters=checked)
 
     async def _aget_relevant_documents(
         self,
@@ -104,4 +110,4 @@ class IndexRetriever(BaseRetriever):
 def readable(index: SearchIndex, filters: Sequence[MetadataFilter]) -> np.ndarray | None:
     """The rows a search may return: those the filters keep that this request's caller may
     read (see ``retrievers.access``); None: every row."""
-    return combined(index.columns.mask(filters), index.access.mask(current_groups()))
+    return combined(index.columns.mask(filters), index.readable_rows())

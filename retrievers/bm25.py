@@ -16,6 +16,7 @@ from langchain_core.documents import Document
 
 from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.index import SearchIndex
 
 # bm25s sets its own logger to DEBUG on import, which floods any application log.
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -68,7 +69,8 @@ def bm25_search(
 class BM25Retriever(IndexRetriever):
     """Keyword retrieval over a loaded index, with metadata filters applied before ranking."""
 
-    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
-        index = self.index.pinned()
+    def _search(
+        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+    ) -> list[Document]:
         rows, scores = bm25_search(index.bm25, query, k, readable(index, filters))
-        return self._ranked_documents(rows, scores, "bm25")
+        return self._ranked_documents(index, rows, scores, "bm25")

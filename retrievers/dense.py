@@ -11,6 +11,7 @@ from langchain_core.documents import Document
 from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
+from ragchains.retrievers.index import SearchIndex
 
 # Chosen with bench/retrieval_latency.py: on 100k chunks M=64 reaches the recall of M=32 with
 # efSearch=256 at lower latency (see bench/RESULTS.md).
@@ -84,9 +85,10 @@ class FaissRetriever(IndexRetriever):
 
     embedder: SentenceTransformerEmbedder
 
-    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
-        index = self.index.pinned()
+    def _search(
+        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+    ) -> list[Document]:
         rows, scores = dense_search(
             index.dense, self.embedder.encode_query(query), k, readable(index, filters)
         )
-        return self._ranked_documents(rows, scores, "dense")
+        return self._ranked_documents(index, rows, scores, "dense")

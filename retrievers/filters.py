@@ -216,6 +216,12 @@ class MetadataColumns:
                 self._codes[field] = codes
                 self._vocab[field] = vocab
 
+    def rows_with(self, field: str, values: Iterable[str]) -> np.ndarray:
+        """Rows whose (string) ``field`` holds one of ``values``."""
+        vocab = self._vocab[field]
+        codes = [vocab[v] for v in values if v in vocab]
+        return np.isin(self._codes[field], np.array(codes, dtype=np.int32))
+
     def present_in(self, rows: np.ndarray) -> list[str]:
         """The fields that have a value in at least one of ``rows`` (a boolean mask)."""
         present = []

@@ -122,8 +122,9 @@ class HybridRetriever(IndexRetriever, FusionFields):
     def base_fusion(self) -> FusionConfig | None:
         return self.index.fusion
 
-    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> list[Document]:
-        index = self.index.pinned()  # one generation throughout
+    def _search(
+        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+    ) -> list[Document]:
         fusion = self.fusion_config
         hits = hybrid_search(
             index,

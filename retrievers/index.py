@@ -219,9 +219,14 @@ def _write_chunk_store(path: Path, chunks: Sequence[Chunk], files: Sequence[File
         con.close()
 
 
-def _digest(path: Path) -> str:
+def file_sha256(path: Path) -> tuple[str, int]:
+    """A file's sha256 (hex) and size, read once."""
     with open(path, "rb") as fh:
-        return f"{_DIGEST}:{hashlib.file_digest(fh, _DIGEST).hexdigest()}"
+        return hashlib.file_digest(fh, "sha256").hexdigest(), os.fstat(fh.fileno()).st_size
+
+
+def _digest(path: Path) -> str:
+    return f"{_DIGEST}:{file_sha256(path)[0]}"
 
 
 def _checksums(gen: Path) -> dict[str, str]:
@@ -451,10 +456,6 @@ def current_generation(index_dir: str | Path) -> Path:
     return root / name
 
 
-def read_manifest(index_dir: str | Path) -> dict[str, Any]:
-    return _read_manifest(index_dir, current_generation(index_dir))
-
-
 def _repair(index_dir: str | Path) -> str:
     return (
         f"rebuild it with `ragchains ingest PATH... --index {index_dir} --rebuild`, "
@@ -573,22 +574,21 @@ class ChunkStore:
         for (meta,) in rows:
             yield json.loads(meta)
 
-    def files(self) -> dict[str, FileRecord]:
+    @cached_property
+    def _has_access_column(self) -> bool:
+        # Files written before access labels have no such column: everyone reads them.
         with self._reading() as con:
-            # Files written before access labels have no such column: everyone reads them.
-            labelled = any(c[1] == "access" for c in con.execute("PRAGMA table_info(files)"))
-            access = "access" if labelled else "'[]'"
+            return any(c[1] == "access" for c in con.execute("PRAGMA table_info(files)"))
+
+    def files(self) -> dict[str, FileRecord]:
+        access = "access" if self._has_access_column else "'[]'"
+        with self._reading() as con:
             rows = con.execute(
                 f"SELECT source, sha256, size, chunk_count, format, {access} FROM files"
             ).fetchall()
         return {
             r[0]: FileRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows
         }
-
-    def row_sources(self) -> list[str]:
-        """Each row's source file, in row order."""
-        with self._reading() as con:
-            return [s for (s,) in con.execute("SELECT source FROM chunks ORDER BY row")]
 
 
 @dataclass
@@ -602,29 +602,38 @@ class SearchIndex:
     dense: faiss.Index
     # The index folder's fusion.json (see ``read_fusion``), if it has one.
     fusion: FusionConfig | None = None
+    # visible_fields by the caller's (known) groups.
+    _visible_fields: dict[frozenset[str], dict[str, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     @property
     def fields(self) -> dict[str, str]:
         return self.manifest["fields"]  # type: ignore[no-any-return]
 
+    def readable_rows(self) -> np.ndarray | None:
+        """The rows this request's caller may read; None: every row (no access control for
+        the request, the labels are then never built; or nothing labelled)."""
+        groups = current_groups()
+        return None if groups is None else self.access.mask(groups)
+
     def visible_fields(self) -> dict[str, str]:
         """The fields this request's caller may filter on: those with a value in a row it
         may read (a field only hidden files have is not told of, even in an error)."""
-        rows = self.access.mask(current_groups())
-        if rows is None:
+        groups = current_groups()
+        if groups is None or not self.access.labelled:
             return self.fields
-        key = frozenset(current_groups() or ())
-        cache = self.__dict__.setdefault("_visible_fields", {})
-        if key not in cache:  # one per distinct set of groups: keys share a few
-            present = set(self.columns.present_in(rows))
-            cache[key] = {f: t for f, t in self.fields.items() if f in present}
-        return cache[key]  # type: ignore[no-any-return]
+        key = self.access.known(groups)
+        if key not in self._visible_fields:  # one per set of groups: callers share a few
+            present = set(self.columns.present_in(self.access.rows_for(key)))
+            self._visible_fields[key] = {f: t for f, t in self.fields.items() if f in present}
+        return self._visible_fields[key]
 
     @cached_property
     def access(self) -> AccessLabels:
         """Who may read each row, for masks (built on first use, like ``columns``)."""
         files = self.store.files()
-        return AccessLabels(self.store.row_sources(), {s: f.access for s, f in files.items()})
+        return AccessLabels(self.columns, {s: f.access for s, f in files.items()})
 
     @cached_property
     def columns(self) -> MetadataColumns:
@@ -700,10 +709,11 @@ def load_index(
     *,
     embedder_name: str | None = None,
     embedder_dimension: int | None = None,
+    generation: Path | None = None,
 ) -> SearchIndex:
-    """Load the current generation, checking format, embedder, checksums and internal
-    consistency."""
-    gen = current_generation(index_dir)  # once: a writer may switch CURRENT meanwhile
+    """Load the current generation (or ``generation``, a folder of the index), checking
+    format, embedder, checksums and internal consistency."""
+    gen = generation or current_generation(index_dir)  # once: a writer may switch CURRENT
     manifest = _read_manifest(index_dir, gen)
     problem = embedder_mismatch(
         f"index {index_dir}", manifest.get("embedder") or {}, embedder_name, embedder_dimension

@@ -13,25 +13,22 @@ they are loaded into memory or held open.
 from __future__ import annotations
 
 import contextvars
+import copy
 import logging
 import threading
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-import bm25s
-import faiss
 import numpy as np
 
-from ragchains.retrievers.filters import LiveFields, MetadataColumns
 from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.index import (
-    CURRENT_FILE,
     FUSION_FILE,
-    ChunkStore,
+    IndexLoadError,
     SearchIndex,
+    current_generation,
     load_index,
     read_fusion,
 )
@@ -77,9 +74,12 @@ class LiveIndex:
         self._stop = threading.Event()
         self._watcher: threading.Thread | None = None
 
-    def _load(self) -> SearchIndex:
+    def _load(self, generation: Path | None = None) -> SearchIndex:
         index = load_index(
-            self._folder, embedder_name=self._embedder_name, embedder_dimension=self._dimension
+            self._folder,
+            embedder_name=self._embedder_name,
+            embedder_dimension=self._dimension,
+            generation=generation,
         )
         # The filter columns and access labels now, not in the first request after the swap.
         _ = index.columns, index.access
@@ -133,10 +133,7 @@ class LiveIndex:
                     )
                     log.error("index %s: %s: %s", self._folder, what, exc)
                     return False
-                # Seen as loaded: load_index reads CURRENT again, and an ingest may have
-                # switched once more meanwhile, which the next refresh then finds.
-                self._current, self._seen = fresh, (fresh.path.name, seen[1])
-                self._refused = None
+                self._current, self._seen, self._refused = fresh, seen, None
                 break
             else:
                 return False
@@ -146,10 +143,10 @@ class LiveIndex:
     def _current_name(self) -> str | None:
         """The generation CURRENT names, or None when it cannot be read (logged once)."""
         try:
-            name = (self._folder / CURRENT_FILE).read_text(encoding="utf-8").strip()
-        except OSError as exc:
+            name = current_generation(self._folder).name
+        except (OSError, IndexLoadError) as exc:
             if not self._unreadable:
-                log.warning("index %s: cannot read %s (%s)", self._folder, CURRENT_FILE, exc)
+                log.warning("index %s: no generation to serve (%s)", self._folder, exc)
             self._unreadable = True
             return None
         self._unreadable = False
@@ -157,13 +154,11 @@ class LiveIndex:
 
     def _fresh(self, name: str) -> SearchIndex:
         if name != self._current.path.name:
-            return self._load()
+            return self._load(self._folder / name)
         # The same generation, a new fusion.json (`ragchains eval tune --apply`): the
-        # loaded parts and their filter columns carry over.
-        fresh = replace(self._current, fusion=read_fusion(self._folder))
-        for cached in ("columns", "access"):  # cached_property values
-            if cached in self._current.__dict__:
-                fresh.__dict__[cached] = self._current.__dict__[cached]
+        # loaded parts, their filter columns and access labels carry over.
+        fresh = copy.copy(self._current)
+        fresh.fusion = read_fusion(self._folder)
         return fresh
 
     def watch(self) -> None:
@@ -190,37 +185,13 @@ class LiveIndex:
         with self._swap:  # after any load under way: none swaps in once closed
             self._current.close()
 
-    # -- what a SearchIndex offers, from the pinned generation ------------------------
-    @property
-    def fields(self) -> Mapping[str, str]:
-        return LiveFields(lambda: self.pinned().fields)
-
+    # -- what the retrievers, the compressor and the server use, from the pinned generation
     def visible_fields(self) -> dict[str, str]:
         return self.pinned().visible_fields()
 
     @property
-    def columns(self) -> MetadataColumns:
-        return self.pinned().columns
-
-    @property
-    def store(self) -> ChunkStore:
-        return self.pinned().store
-
-    @property
-    def bm25(self) -> bm25s.BM25:
-        return self.pinned().bm25
-
-    @property
-    def dense(self) -> faiss.Index:
-        return self.pinned().dense
-
-    @property
     def fusion(self) -> FusionConfig | None:
         return self.pinned().fusion
-
-    @property
-    def manifest(self) -> dict[str, Any]:
-        return self.pinned().manifest
 
     @property
     def path(self) -> Path:
@@ -246,9 +217,6 @@ class LiveIndex:
 
     def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return self.pinned().stored_vectors(ids)
-
-    def vectors(self) -> np.ndarray:
-        return self.pinned().vectors()
 
 
 def _fusion_stamp(folder: Path) -> tuple[int, int] | None:

@@ -26,6 +26,7 @@ from ragchains.retrievers.access import (
     groups_for,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import MetadataColumns
 from ragchains.retrievers.index import load_index
 from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys
 from ragchains.settings import Settings
@@ -66,15 +67,20 @@ def test_rules_parse_match_first_and_refuse_what_they_cannot_use(tmp_path: Path)
             AccessRule.parse(bad)
 
 
+def _rows(*sources: str) -> MetadataColumns:
+    return MetadataColumns([{"source": s} for s in sources], {"source": "string"})
+
+
 def test_labels_mask_rows_by_group_and_leave_unlabelled_rows_public() -> None:
     labels = AccessLabels(
-        ["a.md", "hr.md", "hr.md", "eng.md"], {"hr.md": ("hr",), "eng.md": ("eng",), "a.md": ()}
+        _rows("a.md", "hr.md", "hr.md", "eng.md"),
+        {"hr.md": ("hr",), "eng.md": ("eng",), "a.md": ()},
     )
     assert labels.mask(None) is None  # no access control for this caller
     assert labels.mask(frozenset()).tolist() == [True, False, False, False]
     assert labels.mask(frozenset({"hr"})).tolist() == [True, True, True, False]
     assert labels.mask(frozenset({"hr", "eng", "x"})).tolist() == [True] * 4
-    assert AccessLabels(["a.md"], {"a.md": ()}).mask(frozenset()) is None  # nothing labelled
+    assert AccessLabels(_rows("a.md"), {"a.md": ()}).mask(frozenset()) is None  # none labelled
 
 
 # ----------------------------------------------------------------------------- ingest and search

@@ -45,9 +45,9 @@ class SpyRetriever(HybridRetriever):
 
     calls: list = Field(default_factory=list)
 
-    def _search(self, query: str, *, k: int, filters: list[MetadataFilter]) -> Any:
+    def _search(self, index: Any, query: str, *, k: int, filters: list[MetadataFilter]) -> Any:
         self.calls.append((query, k, [f.model_dump() for f in filters]))
-        return super()._search(query, k=k, filters=filters)
+        return super()._search(index, query, k=k, filters=filters)
 
 
 class ScriptedScorer:

@@ -61,13 +61,13 @@ def test_a_pinned_search_keeps_its_generation_and_the_next_one_sees_the_ingest(
         assert live.path.name == first and len(live) == before
         found = retriever.invoke("zanzibarite blue mineral humidity indicator")
         assert not any(s.endswith("zanzibarite.md") for s in _sources(found))
-        assert "warranty_years" not in live.fields
+        assert "warranty_years" not in live.pinned().fields
         assert old is live.pinned()
 
     assert live.path.name != first and len(live) > before
     found = retriever.invoke("zanzibarite blue mineral humidity indicator")
     assert any(s.endswith("zanzibarite.md") for s in _sources(found))
-    assert live.fields["warranty_years"] == "number"  # a new field, filterable at once
+    assert live.pinned().fields["warranty_years"] == "number"  # a new field, filterable at once
     kept = retriever.invoke(
         "pruning saw", filters=[{"field": "warranty_years", "op": "<", "value": 2}]
     )
@@ -93,7 +93,7 @@ def test_a_generation_that_cannot_be_loaded_is_not_served_and_the_current_one_st
     damaged.write_bytes(damaged.read_bytes()[:-64] + b"\xff" * 64)
     loads = []
     real_load = live._load
-    live._load = lambda: loads.append(1) or real_load()  # type: ignore[method-assign]
+    live._load = lambda gen=None: loads.append(1) or real_load(gen)  # type: ignore[method-assign]
     assert live.refresh() is False
     assert live.refresh() is False  # not loaded (and hashed) again until CURRENT changes
     assert len(loads) == 1
@@ -150,11 +150,11 @@ def test_new_fusion_settings_are_served_with_the_filter_columns_kept(
     index = tmp_path / "idx"
     ingest_into(docs_dir, index)
     live = LiveIndex(index, embedder_name=embedder.name)
-    columns = live.columns
+    columns = live.pinned().columns
     write_fusion(index, FusionConfig(fusion="rrf", rrf_k=10))
     assert live.refresh() is True
     assert live.fusion is not None and live.fusion.fusion == "rrf"
-    assert live.columns is columns  # not built again by the first filtered request
+    assert live.pinned().columns is columns  # not built again by the first filtered request
     live.close()
 
 

@@ -52,7 +52,13 @@ def retrieve_command(
 
     Prints the ranked chunks with their citation labels and scores.
     """
-    from ragchains.factory import build_compressor, build_embedder, build_retriever, open_index
+    from ragchains.factory import (
+        build_compressor,
+        build_embedder,
+        build_retriever,
+        filterable_fields,
+        open_index,
+    )
     from ragchains.retrievers.index import IndexLoadError
 
     settings = load_settings()
@@ -63,7 +69,7 @@ def retrieve_command(
         search_index = open_index(index, embedder)
     except IndexLoadError as exc:
         fail(str(exc))
-    checked = parse_filters(filters, dict(search_index.fields))
+    checked = parse_filters(filters, dict(filterable_fields(search_index)))
     retriever = build_retriever(settings, search_index, embedder)
     want = k or settings.k
     docs = retriever.invoke(query, k=want if not rerank else max(want, settings.k), filters=checked)
