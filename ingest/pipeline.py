@@ -120,7 +120,6 @@ class IngestReport:
 class Discovered:
     files: dict[str, Path] = field(default_factory=dict)  # source name -> path
     skipped: list[Skipped] = field(default_factory=list)
-    rules: list[AccessRule] = field(default_factory=list)  # who may read which (in order)
     sidecar_rules: list[AccessRule] = field(default_factory=list)  # the inputs' own
 
 
@@ -135,27 +134,6 @@ def _check_rules_match(rules: Sequence[AccessRule], found: Discovered) -> None:
             )
 
 
-def _sidecar_rules(paths: Sequence[str | Path]) -> list[AccessRule]:
-    """The rules of every ``.ragchains-access.toml`` under the input folders (hidden folders
-    aside, as ``discover``), for their files' sources: a deeper folder's first, as the more
-    specific."""
-    found: list[tuple[int, list[AccessRule]]] = []
-    for root in map(Path, paths):
-        if not root.is_dir():
-            continue
-        prefix = root.name or root.resolve().name
-        for dirpath, dirnames, _ in os.walk(root, followlinks=False):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-            here = Path(dirpath)
-            relative = here.relative_to(root).as_posix()
-            where = prefix if relative == "." else f"{prefix}/{relative}"
-            rules = sidecar_rules(here, where)
-            if rules:
-                found.append((len(here.relative_to(root).parts), rules))
-    found.sort(key=lambda depth_rules: -depth_rules[0])
-    return [rule for _, rules in found for rule in rules]
-
-
 def _within(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
@@ -165,7 +143,9 @@ def discover(paths: Sequence[str | Path]) -> Discovered:
 
     Hidden files and folders are passed over. Symlinks are followed only when they lead to a
     place inside one of the given roots; links to folders are never descended (their targets
-    inside the roots are walked anyway, and this rules out cycles).
+    inside the roots are walked anyway, and this rules out cycles). Each folder's
+    ``.ragchains-access.toml`` gives ``sidecar_rules``, a deeper folder's first (the more
+    specific).
     """
     if not paths:
         raise IngestError("no input paths given")
@@ -175,6 +155,7 @@ def discover(paths: Sequence[str | Path]) -> Discovered:
             raise IngestError(f"input path not found: {root}")
     resolved_roots = [r.resolve() for r in roots]
     found = Discovered()
+    sidecars: list[tuple[int, list[AccessRule]]] = []
 
     def add(source: str, path: Path) -> None:
         if source in found.files and found.files[source] != path:
@@ -215,11 +196,19 @@ def discover(paths: Sequence[str | Path]) -> Discovered:
                     continue
                 kept_dirs.append(name)
             dirnames[:] = kept_dirs
+            folder = here.relative_to(root)
+            where = prefix if folder == Path(".") else f"{prefix}/{folder.as_posix()}"
+            try:
+                sidecars.append((len(folder.parts), sidecar_rules(here, where)))
+            except AccessRuleError as exc:
+                raise IngestError(str(exc)) from exc
             for name in sorted(filenames):
                 if name.startswith("."):
                     continue
                 path = here / name
                 add(f"{prefix}/{path.relative_to(root).as_posix()}", path)
+    sidecars.sort(key=lambda depth_rules: -depth_rules[0])
+    found.sidecar_rules = [rule for _, rules in sidecars for rule in rules]
     return found
 
 
@@ -314,10 +303,6 @@ def ingest(
     decides. None: the rules the index's last run was given ([]: none)."""
     index_dir = Path(index_dir)
     found = discover(paths)  # before locking: a typo in a path must not create the folder
-    try:
-        found.sidecar_rules = _sidecar_rules(paths)
-    except AccessRuleError as exc:
-        raise IngestError(str(exc)) from exc
     if access:
         _check_rules_match(access, found)
     try:
@@ -392,9 +377,11 @@ def _read_files(
     options: LoadOptions,
     report: IngestReport,
     progress: bool,
+    rules: Sequence[AccessRule] = (),
 ) -> _Read:
     """Load and chunk each file that is new or changed; record what happened to each in
-    ``report``. ``stored_ids(source)``: the chunk ids the store holds for a file."""
+    ``report``. ``stored_ids(source)``: the chunk ids the store holds for a file; ``rules``:
+    who may read which file (the first that matches)."""
     read = _Read()
     for source, path in tqdm(
         sorted(found.files.items()), desc="Reading", unit="file", disable=not progress
@@ -407,7 +394,7 @@ def _read_files(
         else:
             failure = None
         old = old_files.get(source)
-        groups = groups_for(source, found.rules)
+        groups = groups_for(source, rules)
         if failure is None and old and same_chunking and old.sha256 == sha:
             if old.access != groups:
                 report.relabelled.append(source)  # new readers only: its chunks stay
@@ -519,7 +506,6 @@ def _ingest_locked(
                 + "; ".join(f"{r.pattern}={','.join(r.groups)}" for r in access)
                 + " (--access-clear drops them)"
             )
-    found.rules = [*access, *found.sidecar_rules]
     read = _read_files(
         found,
         old_files,
@@ -529,6 +515,7 @@ def _ingest_locked(
         options=options,
         report=report,
         progress=progress,
+        rules=[*access, *found.sidecar_rules],
     )
     opened = sorted(
         s
@@ -577,11 +564,7 @@ def ingest_to_store(
     one transaction that deletes the chunks of changed and removed files and adds the new
     ones (unchanged files are not read back)."""
     found = discover(paths)
-    try:
-        labelled = bool(access) or bool(_sidecar_rules(paths))
-    except AccessRuleError as exc:
-        raise IngestError(str(exc)) from exc
-    if labelled:
+    if access or found.sidecar_rules:
         raise IngestError(
             "access groups are kept by index folders; a PostgreSQL store does not take them "
             "yet (ingest into --index DIR, or leave out --access and .ragchains-access.toml)"
