@@ -32,6 +32,7 @@ from bench.retrieval_latency import (
     measure,
     recall_at_10,
     synthetic_chunks,
+    synthetic_fields,
 )
 from bench.synthetic import Corpus, cached_embeddings, make_corpus
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -45,7 +46,7 @@ from tests.postgres import LocalPostgres, free_port, local_postgres
 CANDIDATES = 50
 GROUPS = 100  # the filter keeps one group: 1% of the rows
 SELECTIVE = [{"field": "group", "op": "=", "value": "g7"}]
-FIELDS = {"source": "string", "filename": "string", "group": "string"}
+FIELDS = synthetic_fields(GROUPS)
 RPS_SECONDS = 20
 RPS_CONCURRENCY = 16
 
@@ -100,6 +101,7 @@ def latency_rows(
             Path(tmp) / "idx",
             settings.hnsw_min_chunks,
             groups=GROUPS,
+            chunks=chunks,  # made once, for both; neither build time counts making them
         )
         disk = HybridRetriever(index=index, embedder=lookup, k=K, candidates=CANDIDATES)
         store_build = build_store(url, chunks, vectors, embedder.name)

@@ -71,6 +71,12 @@ class LookupEmbeddings(Embeddings):
         return self.table[text].tolist()
 
 
+def synthetic_fields(groups: int | None = None) -> dict[str, str]:
+    """The fields of ``synthetic_chunks``' chunks."""
+    fields = {"source": "string", "filename": "string"}
+    return {**fields, "group": "string"} if groups else fields
+
+
 def synthetic_chunks(texts: list[str], groups: int | None = None) -> list[Chunk]:
     """One chunk per synthetic text; with ``groups``, each in one of that many groups (a
     ``group`` field a filter can keep one of)."""
@@ -97,19 +103,20 @@ def build_ours(
     hnsw_min: int,
     *,
     groups: int | None = None,
+    chunks: list[Chunk] | None = None,
 ) -> tuple[SearchIndex, float]:
+    """The synthetic index (its chunks: ``chunks`` if made already) and its build seconds."""
     start = time.perf_counter()
-    chunks = synthetic_chunks(corpus.texts, groups)
+    chunks = chunks if chunks is not None else synthetic_chunks(corpus.texts, groups)
     bm25 = build_bm25(corpus.texts)
     dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min)
-    fields = {"source": "string", "filename": "string"}
     write_index(
         folder,
         IndexContents(
             chunks=chunks,
             vectors=vectors,
             files=[],
-            fields={**fields, "group": "string"} if groups else fields,
+            fields=synthetic_fields(groups),
             embedder={"name": name, "dimension": int(vectors.shape[1])},
             chunking={},
         ),

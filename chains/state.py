@@ -78,11 +78,8 @@ class Step(Runnable[Any, Any]):
         return list(self._specs()) if self._specs is not None else []
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        config = ensure_config(config)
-        run = get_callback_manager_for_config(config).on_chain_start(
-            None, input, **_naming(config, self.get_name())
-        )
-        child = patch_config(config, callbacks=run.get_child())
+        run, config = _start(config, input, self.get_name())
+        child = _child(config, run)
         token = var_child_runnable_config.set(child)
         try:
             output = self.call(input, child)
@@ -95,11 +92,8 @@ class Step(Runnable[Any, Any]):
         return output
 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        config = ensure_config(config)
-        run = await get_async_callback_manager_for_config(config).on_chain_start(
-            None, input, **_naming(config, self.get_name())
-        )
-        child = patch_config(config, callbacks=run.get_child())
+        run, config = await _astart(config, input, self.get_name())
+        child = _child(config, run)
         # Set and reset in this task, around the await: nested steps do the same, in order.
         token = var_child_runnable_config.set(child)
         try:
@@ -171,10 +165,7 @@ class Settled(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic 
     async def ainvoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         if not isinstance(self.bound, RunnableSequence) or kwargs:
             return await super().ainvoke(input, config, **kwargs)
-        config = ensure_config(self._merge_configs(config))
-        run = await get_async_callback_manager_for_config(config).on_chain_start(
-            None, input, **_naming(config, self.bound.get_name())
-        )
+        run, config = await _astart(self._merge_configs(config), input, self.bound.get_name())
         try:
             for i, step in enumerate(self.bound.steps, start=1):
                 input = await step.ainvoke(input, _child(config, run, f"seq:step:{i}"))
@@ -220,11 +211,8 @@ class _StreamedRun(Runnable[Any, Any]):
         raise NotImplementedError
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
-        config = ensure_config(config)
-        run = get_callback_manager_for_config(config).on_chain_start(
-            None, input, **_naming(config, self.get_name())
-        )
-        current = patch_config(config, callbacks=run.get_child())
+        run, config = _start(config, input, self.get_name())
+        current = _child(config, run)
         produced = self._produce(input, run, config)
         chunks = _tapped(run, produced, asynchronous=False)
         total: Any = None
@@ -249,11 +237,8 @@ class _StreamedRun(Runnable[Any, Any]):
     async def astream(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> AsyncIterator[Any]:
-        config = ensure_config(config)
-        run = await get_async_callback_manager_for_config(config).on_chain_start(
-            None, input, **_naming(config, self.get_name())
-        )
-        current = patch_config(config, callbacks=run.get_child())
+        run, config = await _astart(config, input, self.get_name())
+        current = _child(config, run)
         produced = self._aproduce(input, run, config)
         chunks = _tapped(run, produced, asynchronous=True)
         total: Any = None
@@ -364,6 +349,22 @@ def _naming(config: RunnableConfig, name: str) -> dict[str, Any]:
     """The name and id a run starts with: the config's ``run_name`` and ``run_id`` (taken
     out: they are this run's, not its children's), else ``name``."""
     return {"name": config.get("run_name") or name, "run_id": config.pop("run_id", None)}
+
+
+def _start(config: RunnableConfig | None, input: Any, name: str) -> tuple[Any, RunnableConfig]:
+    """A run of ``input`` started under ``config``; the run and the config, complete."""
+    config = ensure_config(config)
+    manager = get_callback_manager_for_config(config)
+    return manager.on_chain_start(None, input, **_naming(config, name)), config
+
+
+async def _astart(
+    config: RunnableConfig | None, input: Any, name: str
+) -> tuple[Any, RunnableConfig]:
+    """``_start`` for async runs."""
+    config = ensure_config(config)
+    manager = get_async_callback_manager_for_config(config)
+    return await manager.on_chain_start(None, input, **_naming(config, name)), config
 
 
 def _child(config: RunnableConfig, run: Any, tag: str | None = None) -> RunnableConfig:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from tqdm import tqdm
 
 from ragchains.chains.llm import LLM
+from ragchains.chains.options import problem_text
 from ragchains.evaluation import EVAL_PROMPTS
 from ragchains.evaluation.datasets import DatasetError, QAItem
 from ragchains.evaluation.metrics import citation_match, faithful_sentences, token_f1
@@ -372,10 +373,7 @@ def load_answers_config(path: Path) -> AnswersConfig:
     try:
         config = AnswersConfig.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        where = ".".join(str(p) for p in err["loc"])
-        message = str(err["msg"]).removeprefix("Value error, ")
-        raise DatasetError(f"{path}: {where + ': ' if where else ''}{message}") from None
+        raise DatasetError(f"{path}: {problem_text(exc.errors()[0])}") from None
     folder = Path(path).parent
     config.dataset = folder / config.dataset
     if config.target.index is not None:

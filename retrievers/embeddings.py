@@ -118,11 +118,8 @@ class SentenceTransformerEmbedder(Embeddings):
 
         One forward pass over 64 short queries costs a fraction of 64 passes over one: under
         load, turns stop queueing for the embedder one by one."""
-        vector = self._remembered(text)
-        if vector is not None:
-            return vector
         queued = self._queued(text, executor)
-        if isinstance(queued, np.ndarray):  # remembered meanwhile, by a batch that just ended
+        if isinstance(queued, np.ndarray):  # remembered
             return queued
         # Shielded: a caller that goes away (a closed connection) must not cancel the future
         # other callers of the same query wait on, nor the batch that resolves it.
@@ -130,9 +127,10 @@ class SentenceTransformerEmbedder(Embeddings):
 
     def _queued(self, text: str, executor: Executor | None) -> Future[np.ndarray] | np.ndarray:
         """The future of ``text``'s vector, queued for the next batch unless it already is
-        (or the vector, when a batch has just remembered it)."""
+        (or the vector, when it is remembered: one lock for a query asked again)."""
         with self._queue_lock:
             if (vector := self._recent.get(text)) is not None:
+                self._recent.move_to_end(text)
                 return vector
             future = self._waiting.get(text) or self._encoding_now.get(text)
             if future is not None:
