@@ -10,12 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import SecretStr
 
 from ragchains.factory import build_embedder, configure_runtime, run_ingest
 from ragchains.ingest.pipeline import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
 from tests.postgres import LocalPostgres, local_postgres
+from tests.servers import FakeOpenAI, fake_openai_server
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -98,6 +100,36 @@ def serve_samples(
         configured = settings.model_copy(update={"index": sample_index, **changes})
         llm = smollm if configured.llm_provider == "embedded" else None
         return serving(create_app(configured, llm=llm, embedder=embedder))
+
+    return start
+
+
+@pytest.fixture(scope="module")
+def upstream() -> Iterator[FakeOpenAI]:
+    """An OpenAI-compatible chat model on this machine, which tests can break or slow (one
+    per test module: they change how it behaves)."""
+    with fake_openai_server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def serve_upstream(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    upstream: FakeOpenAI,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[..., AbstractContextManager[str]]:
+    """``serve_samples`` with the OpenAI-compatible provider against ``upstream`` (no retries,
+    votes kept apart from the shared sample index); keyword arguments change any of it."""
+
+    def start(**changes: Any) -> AbstractContextManager[str]:
+        defaults = {
+            "llm_provider": "openai",
+            "openai_base_url": upstream.base_url,
+            "openai_api_key": SecretStr("upstream-key"),
+            "llm_max_retries": 0,
+            "feedback_db": tmp_path_factory.mktemp("upstream") / "feedback.sqlite",
+        }
+        return serve_samples(**{**defaults, **changes})
 
     return start
 

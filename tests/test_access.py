@@ -5,7 +5,7 @@ or a re-query cannot surface them; unlabelled files stay open to all."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,6 @@ from typing import Any
 import httpx
 import pytest
 from click.testing import CliRunner
-from pydantic import SecretStr
 
 from ragchains.cli import app
 from ragchains.factory import build_retriever
@@ -30,7 +29,6 @@ from ragchains.retrievers.filters import MetadataColumns
 from ragchains.retrievers.index import load_index
 from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys
 from ragchains.settings import Settings
-from tests.servers import FakeOpenAI, fake_openai_server
 
 HR_DOC = (
     "# Quokka salary bands\n\nThe quokka salary band for senior engineers runs from 91,000 "
@@ -186,12 +184,6 @@ def test_the_keys_command_prints_a_key_once_and_lists_owners(tmp_path: Path) -> 
 
 
 # ----------------------------------------------------------------------------- every route
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeOpenAI]:
-    with fake_openai_server() as server:
-        yield server
-
-
 def _replies(base: str, key: str, question: str) -> dict[str, str]:
     """The text of each route's reply to ``question`` (streamed and not), by question and
     route."""
@@ -217,23 +209,13 @@ def _replies(base: str, key: str, question: str) -> dict[str, str]:
 
 
 def test_two_keys_see_disjoint_hidden_documents_on_every_route(
-    serve_samples: Callable[..., AbstractContextManager[str]],
-    upstream: FakeOpenAI,
+    serve_upstream: Callable[..., AbstractContextManager[str]],
     labelled: Path,
     tmp_path: Path,
 ) -> None:
     keys = tmp_path / "keys.toml"
     hr, eng = add_key(keys, "hana", ["hr"]), add_key(keys, "erik", ["eng"])
-    with serve_samples(
-        index=labelled,
-        keys_file=keys,
-        llm_provider="openai",
-        openai_base_url=upstream.base_url,
-        openai_api_key=SecretStr("upstream-key"),
-        openai_model="ok-access",
-        llm_max_retries=0,
-        feedback_db=tmp_path / "feedback.sqlite",
-    ) as base:
+    with serve_upstream(index=labelled, keys_file=keys, openai_model="ok-access") as base:
         as_hr = {**_replies(base, hr, HR_QUERY), **_replies(base, hr, ENG_QUERY)}
         as_eng = {**_replies(base, eng, HR_QUERY), **_replies(base, eng, ENG_QUERY)}
         no_key = httpx.post(f"{base}/retrieve/invoke", json={"input": {"query": "x"}})

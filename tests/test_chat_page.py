@@ -28,7 +28,7 @@ from pydantic import SecretStr
 
 from ragchains.serving.keys import add_key
 from tests.browser import WatchedPage, open_page
-from tests.servers import FakeOpenAI, fake_openai_server
+from tests.servers import FakeOpenAI
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -84,25 +84,9 @@ def opened(browser: Any) -> Iterator[Callable[[str, tuple[int, int]], ChatPage]]
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeOpenAI]:
-    with fake_openai_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def openai_server(
-    serve_samples: Callable[..., AbstractContextManager[str]],
-    upstream: FakeOpenAI,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[str]:
+def openai_server(serve_upstream: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
     """The OpenAI-compatible provider against a local upstream the tests can break or slow."""
-    with serve_samples(
-        llm_provider="openai",
-        openai_base_url=upstream.base_url,
-        openai_api_key=SecretStr("upstream-key"),
-        llm_max_retries=0,
-        feedback_db=tmp_path_factory.mktemp("failing") / "feedback.sqlite",
-    ) as base:
+    with serve_upstream() as base:
         yield base
 
 

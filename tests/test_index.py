@@ -14,6 +14,7 @@ import pytest
 from ragchains.ingest.pipeline import IngestError, IngestReport
 from ragchains.retrievers.index import (
     EmbedderMismatchError,
+    IndexChecksumError,
     IndexDamagedError,
     IndexFormatError,
     IndexNotFoundError,
@@ -193,16 +194,38 @@ def test_ingest_with_other_embedder_asks_for_rebuild(
         ingest_into(docs_dir, built)
 
 
+D, C = IndexDamagedError, IndexChecksumError  # C: a file whose bytes are not those written
+
+
 @pytest.mark.parametrize(
-    ("damage", "message"),
+    ("damage", "error", "message"),
     [
-        (lambda g: (g / "dense.faiss").unlink(), "dense.faiss is missing"),
-        (lambda g: (g / "dense.faiss").write_bytes(b"junk"), "dense.faiss does not match"),
-        (lambda g: (g / "chunks.sqlite").write_bytes(b"not sqlite at all" * 100), "chunks.sqlite"),
-        (lambda g: (g / "manifest.json").write_text("{"), "manifest.json is not valid JSON"),
-        (lambda g: (g / "manifest.json").unlink(), "manifest.json is missing"),
-        (lambda g: (g / "bm25" / "params.index.json").unlink(), "params.index.json is missing"),
-        (lambda g: (g.parent / "CURRENT").write_text("gen-missing\n"), "names 'gen-missing'"),
+        (lambda g: (g / "dense.faiss").unlink(), D, "dense.faiss is missing"),
+        (lambda g: (g / "dense.faiss").write_bytes(b"junk"), D, "dense.faiss does not match"),
+        (
+            lambda g: (g / "chunks.sqlite").write_bytes(b"not sqlite at all" * 100),
+            D,
+            "chunks.sqlite",
+        ),
+        (lambda g: (g / "manifest.json").write_text("{"), D, "manifest.json is not valid JSON"),
+        (lambda g: (g / "manifest.json").unlink(), D, "manifest.json is missing"),
+        (lambda g: (g / "bm25" / "params.index.json").unlink(), D, "params.index.json is missing"),
+        (lambda g: (g.parent / "CURRENT").write_text("gen-missing\n"), D, "names 'gen-missing'"),
+        (
+            lambda g: (g / "bm25" / "vocab.index.json").write_text("{}"),
+            C,
+            "bm25/vocab.index.json does not match",
+        ),
+        (
+            lambda g: (g / "bm25" / "data.csc.index.npy").unlink(),
+            C,
+            "bm25/data.csc.index.npy is missing",
+        ),
+        (
+            lambda g: (g / "chunks.sqlite").write_bytes(b"\0" * 10),
+            C,
+            "chunks.sqlite does not match",
+        ),
     ],
     ids=[
         "no-faiss",
@@ -212,13 +235,16 @@ def test_ingest_with_other_embedder_asks_for_rebuild(
         "no-manifest",
         "no-bm25",
         "bad-ptr",
+        "edited-bm25",
+        "missing-bm25",
+        "truncated-sqlite",
     ],
 )
 def test_damaged_index_is_named(
-    built: Path, damage: Callable[[Path], object], message: str
+    built: Path, damage: Callable[[Path], object], error: type[Exception], message: str
 ) -> None:
     damage(current_generation(built))
-    with pytest.raises(IndexDamagedError, match=message):
+    with pytest.raises(error, match=message):
         load_index(built)
 
 

@@ -62,25 +62,21 @@ def index(pristine: Path, tmp_path: Path) -> Path:
     return copy
 
 
-def _gen(index: Path) -> Path:
-    return current_generation(index)
-
-
 def _manifest(index: Path) -> dict:
-    return json.loads((_gen(index) / "manifest.json").read_text())
+    return json.loads((current_generation(index) / "manifest.json").read_text())
 
 
 def _make_legacy(index: Path) -> None:
     """Make the current generation look written before checksums were recorded."""
     manifest = _manifest(index)
     del manifest["checksums"]
-    (_gen(index) / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (current_generation(index) / "manifest.json").write_text(json.dumps(manifest, indent=2))
 
 
 def _overwrite_vectors(index: Path) -> None:
     """0xFF over the last 64 bytes of dense.faiss: the tail of the flat index's last vector,
     which then holds NaNs (what the issue reported: NaN warnings, answers still 200)."""
-    path = _gen(index) / "dense.faiss"
+    path = current_generation(index) / "dense.faiss"
     data = bytearray(path.read_bytes())
     data[-64:] = b"\xff" * 64
     path.write_bytes(bytes(data))
@@ -89,7 +85,7 @@ def _overwrite_vectors(index: Path) -> None:
 
 def _garble_table(index: Path, table: str) -> None:
     """Overwrite the root page of one table of chunks.sqlite with garbage."""
-    path = _gen(index) / "chunks.sqlite"
+    path = current_generation(index) / "chunks.sqlite"
     con = sqlite3.connect(path)
     try:
         (root,) = con.execute(
@@ -130,7 +126,7 @@ def _verify(index: Path | str) -> tuple[int, str, str]:
 
 # ----------------------------------------------------------------------------- (a) recorded
 def test_manifest_records_a_checksum_per_file(index: Path) -> None:
-    gen = _gen(index)
+    gen = current_generation(index)
     manifest = _manifest(index)
     assert manifest["format_version"] == 1
     files = {
@@ -175,29 +171,6 @@ def test_overwritten_vectors_are_refused_at_load(index: Path) -> None:
     assert "restore the folder from a backup" in message
 
 
-@pytest.mark.parametrize(
-    ("damage", "message"),
-    [
-        (
-            lambda g: (g / "bm25" / "vocab.index.json").write_text("{}"),
-            "bm25/vocab.index.json does not match",
-        ),
-        (
-            lambda g: (g / "bm25" / "data.csc.index.npy").unlink(),
-            "bm25/data.csc.index.npy is missing",
-        ),
-        (lambda g: (g / "chunks.sqlite").write_bytes(b"\0" * 10), "chunks.sqlite does not match"),
-    ],
-    ids=["edited-bm25", "missing-bm25", "truncated-sqlite"],
-)
-def test_any_changed_or_missing_file_is_named(
-    index: Path, damage: Callable[[Path], object], message: str
-) -> None:
-    damage(_gen(index))
-    with pytest.raises(IndexChecksumError, match=message):
-        load_index(index)
-
-
 def test_ingest_into_a_damaged_index_says_what_to_do_once(
     index: Path, docs_dir: Path, ingest_into: Ingest
 ) -> None:
@@ -227,7 +200,7 @@ def test_verify_passes_a_sound_index(index: Path) -> None:
     code, out, err = _verify(index)
     assert code == 0, err
     files = len(_manifest(index)["checksums"])
-    assert out.splitlines()[0] == f"index {index}, generation {_gen(index).name}"
+    assert out.splitlines()[0] == f"index {index}, generation {current_generation(index).name}"
     assert "  ok       dense.faiss" in out.splitlines()
     assert "  ok       chunks.sqlite" in out.splitlines()
     assert sum(line.startswith("  ok ") for line in out.splitlines()) == files
@@ -252,7 +225,7 @@ def test_verify_names_the_damaged_file_and_exits_1(index: Path) -> None:
 
 def test_verify_counts_several_damaged_files(index: Path) -> None:
     _overwrite_vectors(index)
-    (_gen(index) / "chunks.sqlite").unlink()
+    (current_generation(index) / "chunks.sqlite").unlink()
     code, out, err = _verify(index)
     assert code == 1
     assert "  DAMAGED  chunks.sqlite is missing" in out.splitlines()
@@ -263,7 +236,7 @@ def test_verify_counts_several_damaged_files(index: Path) -> None:
 def test_verify_checks_row_counts(index: Path) -> None:
     manifest = _manifest(index)
     manifest["chunk_count"] = 16  # the manifest is not checksummed: row counts catch this
-    (_gen(index) / "manifest.json").write_text(json.dumps(manifest))
+    (current_generation(index) / "manifest.json").write_text(json.dumps(manifest))
     code, _, err = _verify(index)
     assert code == 1 and "row counts disagree (manifest=16, chunks.sqlite=15" in err
 
@@ -323,7 +296,7 @@ def test_legacy_index_damage_is_still_named(
     index: Path, damage: Callable[[Path], object], message: str
 ) -> None:
     _make_legacy(index)
-    damage(_gen(index))
+    damage(current_generation(index))
     with pytest.raises(IndexDamagedError, match=message):
         load_index(index)
 
@@ -362,7 +335,7 @@ def test_cli_on_garbage_chunks_sqlite_exits_2_naming_it(index: Path, legacy: boo
         _garble_table(index, "chunks")
         named = "chunks.sqlite: database disk image is malformed"
     else:
-        path = _gen(index) / "chunks.sqlite"
+        path = current_generation(index) / "chunks.sqlite"
         data = bytearray(path.read_bytes())
         data[4096:] = os.urandom(len(data) - 4096)
         path.write_bytes(bytes(data))
@@ -411,7 +384,7 @@ def test_a_full_disk_changes_nothing_and_says_so(
     file: str,
     said: str,
 ) -> None:
-    previous = _gen(index)
+    previous = current_generation(index)
     (docs_dir / "notes.txt").write_text("Completely new notes about hedgehogs in the garden.")
     owner, _, name = target.rpartition(".")
     holder = {
@@ -430,7 +403,7 @@ def test_a_full_disk_changes_nothing_and_says_so(
         "current). Free some space and run the ingest again."
     )
     assert sorted(p.name for p in index.iterdir()) == [".lock", "CURRENT", previous.name]
-    assert _gen(index) == previous and verify_index(index).sound
+    assert current_generation(index) == previous and verify_index(index).sound
 
 
 def test_a_full_disk_on_a_new_index_leaves_no_folder(
@@ -478,7 +451,7 @@ FULL_DISK_INGEST = textwrap.dedent(
 
 @pytest.mark.e2e
 def test_cli_ingest_on_a_full_disk_is_one_line(index: Path, docs_dir: Path) -> None:
-    previous = _gen(index)
+    previous = current_generation(index)
     (docs_dir / "notes.txt").write_text("Completely new notes about hedgehogs in the garden.")
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
     result = subprocess.run(
@@ -518,6 +491,6 @@ def test_checksums_that_leave_a_part_out_are_damage_not_a_pass(
     being no legacy index, skip the NaN scan too)."""
     manifest = _manifest(index)
     manifest["checksums"] = {k: v for k, v in manifest["checksums"].items() if k in keep}
-    (_gen(index) / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    (current_generation(index) / "manifest.json").write_text(json.dumps(manifest, indent=2))
     with pytest.raises(IndexDamagedError, match="records no checksum for"):
         load_index(index, embedder_name=embedder.name)

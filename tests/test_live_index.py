@@ -9,7 +9,7 @@ import gc
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -37,16 +37,28 @@ def _sources(docs: list[Any]) -> set[str]:
     return {str(d.metadata.get("source", "")) for d in docs}
 
 
-def test_a_pinned_search_keeps_its_generation_and_the_next_one_sees_the_ingest(
+@pytest.fixture
+def live(
     docs_dir: Path,
     tmp_path: Path,
+    embedder: SentenceTransformerEmbedder,
+    ingest_into: Callable[..., Any],
+) -> Iterator[LiveIndex]:
+    """tests/fixtures/docs ingested, served as a LiveIndex (closed after the test)."""
+    ingest_into(docs_dir, tmp_path / "idx")
+    live = LiveIndex(tmp_path / "idx", embedder_name=embedder.name)
+    yield live
+    live.close()
+
+
+def test_a_pinned_search_keeps_its_generation_and_the_next_one_sees_the_ingest(
+    live: LiveIndex,
+    docs_dir: Path,
     settings: Settings,
     embedder: SentenceTransformerEmbedder,
     ingest_into: Callable[..., Any],
 ) -> None:
-    index = tmp_path / "idx"
-    ingest_into(docs_dir, index)
-    live = LiveIndex(index, embedder_name=embedder.name)
+    index = live.folder
     retriever = build_retriever(settings, live, embedder)
     before, first = len(live), live.path.name
     assert live.refresh() is False  # nothing committed since
@@ -72,19 +84,15 @@ def test_a_pinned_search_keeps_its_generation_and_the_next_one_sees_the_ingest(
         "pruning saw", filters=[{"field": "warranty_years", "op": "<", "value": 2}]
     )
     assert kept and all(d.metadata["warranty_years"] < 2 for d in kept)
-    live.close()
 
 
 def test_a_generation_that_cannot_be_loaded_is_not_served_and_the_current_one_stays(
+    live: LiveIndex,
     docs_dir: Path,
-    tmp_path: Path,
-    embedder: SentenceTransformerEmbedder,
     ingest_into: Callable[..., Any],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    index = tmp_path / "idx"
-    ingest_into(docs_dir, index)
-    live = LiveIndex(index, embedder_name=embedder.name)
+    index = live.folder
     first, count = live.path.name, len(live)
     (docs_dir / "zanzibarite.md").write_text(NEW_DOC, encoding="utf-8")
     ingest_into(docs_dir, index)
@@ -102,7 +110,6 @@ def test_a_generation_that_cannot_be_loaded_is_not_served_and_the_current_one_st
     assert live.describe()["refused"]["generation"] == refused  # /readyz says so
     ingest_into(docs_dir, index, rebuild=True)  # the next ingest mends it
     assert live.refresh() is True and "refused" not in live.describe()
-    live.close()
 
 
 def _open_files(folder: Path) -> list[str]:
@@ -117,16 +124,13 @@ def _open_files(folder: Path) -> list[str]:
 
 
 def test_a_replaced_generation_is_closed_once_no_request_holds_it(
+    live: LiveIndex,
     docs_dir: Path,
-    tmp_path: Path,
-    embedder: SentenceTransformerEmbedder,
     ingest_into: Callable[..., Any],
 ) -> None:
     """Its deleted chunks.sqlite would keep its disk space while the server runs: freed
     only by the cycle collector, never for the generation loaded before gc.freeze()."""
-    index = tmp_path / "idx"
-    ingest_into(docs_dir, index)
-    live = LiveIndex(index, embedder_name=embedder.name)
+    index = live.folder
     old = live.path
     (docs_dir / "zanzibarite.md").write_text(NEW_DOC, encoding="utf-8")
     gc.freeze()  # as the server does once loaded
@@ -138,24 +142,19 @@ def test_a_replaced_generation_is_closed_once_no_request_holds_it(
         assert not _open_files(old)
     finally:
         gc.unfreeze()
-    live.close()
 
 
 def test_new_fusion_settings_are_served_with_the_filter_columns_kept(
+    live: LiveIndex,
     docs_dir: Path,
-    tmp_path: Path,
-    embedder: SentenceTransformerEmbedder,
     ingest_into: Callable[..., Any],
 ) -> None:
-    index = tmp_path / "idx"
-    ingest_into(docs_dir, index)
-    live = LiveIndex(index, embedder_name=embedder.name)
+    index = live.folder
     columns = live.pinned().columns
     write_fusion(index, FusionConfig(fusion="rrf", rrf_k=10))
     assert live.refresh() is True
     assert live.fusion is not None and live.fusion.fusion == "rrf"
     assert live.pinned().columns is columns  # not built again by the first filtered request
-    live.close()
 
 
 def test_the_server_serves_an_ingest_committed_while_it_runs_without_an_error(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -21,8 +21,6 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 from pydantic import SecretStr
-
-from tests.servers import FakeOpenAI, fake_openai_server
 
 pytestmark = pytest.mark.slow
 
@@ -40,29 +38,6 @@ CHECKS = (
     "unsupported_method",
 )
 SECONDS = 150  # the whole run's budget; examples and coverage come first, then fuzzing
-
-
-@pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeOpenAI]:
-    with fake_openai_server() as server:
-        yield server
-
-
-def _server(
-    serve_samples: Callable[..., AbstractContextManager[str]],
-    upstream: FakeOpenAI,
-    tmp: Any,
-    **changes: Any,
-) -> AbstractContextManager[str]:
-    return serve_samples(  # type: ignore[no-any-return]
-        llm_provider="openai",
-        openai_base_url=upstream.base_url,
-        openai_api_key=SecretStr("upstream-key"),
-        openai_model="ok-fuzz",
-        llm_max_retries=0,
-        feedback_db=tmp / "feedback.sqlite",
-        **changes,
-    )
 
 
 def _fuzz(base: str, workdir: Path, seconds: int, *headers: str) -> tuple[str, dict[str, Any]]:
@@ -118,14 +93,13 @@ def _answered_per_operation(har: dict[str, Any]) -> dict[tuple[str, str], int]:
 
 
 def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_declare(
-    serve_samples: Callable[..., AbstractContextManager[str]],
-    upstream: FakeOpenAI,
+    serve_upstream: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """And every operation is answered for real (2xx) at least once: a run where every
     request was refused would prove nothing."""
     workdir = tmp_path_factory.mktemp("schemathesis")
-    with _server(serve_samples, upstream, workdir) as base:
+    with serve_upstream(openai_model="ok-fuzz") as base:
         operations = {
             (method.upper(), path)
             for path, methods in httpx.get(f"{base}/openapi.json").json()["paths"].items()
@@ -139,14 +113,13 @@ def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_d
 
 
 def test_schemathesis_with_a_key_required(
-    serve_samples: Callable[..., AbstractContextManager[str]],
-    upstream: FakeOpenAI,
+    serve_upstream: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
     """With the key sent, as a client generated from the document sends it; without it
     every closed route is a declared 401."""
     workdir = tmp_path_factory.mktemp("schemathesis-keyed")
-    with _server(serve_samples, upstream, workdir, api_key=SecretStr(KEY)) as base:
+    with serve_upstream(openai_model="ok-fuzz", api_key=SecretStr(KEY)) as base:
         _, har = _fuzz(base, workdir, 30, f"X-API-Key: {KEY}")
         _, refused = _fuzz(base, workdir, 20)
     answered = _answered_per_operation(har)  # closed routes answered with the key sent
@@ -156,17 +129,13 @@ def test_schemathesis_with_a_key_required(
 
 
 def test_the_document_lists_what_works_and_declares_each_reply(
-    serve_samples: Callable[..., AbstractContextManager[str]],
-    upstream: FakeOpenAI,
-    tmp_path_factory: pytest.TempPathFactory,
+    serve_upstream: Callable[..., AbstractContextManager[str]],
 ) -> None:
     """With a key required: 401 declared with the key's schemes on every closed route; no
     playground share links, no token feedback (it needs LangSmith); streams as events;
     /v1/chat/completions with its body and its models; errors in the format each route
     sends them, and a real reply of each kind matching its declaration."""
-    with _server(
-        serve_samples, upstream, tmp_path_factory.mktemp("doc"), api_key=SecretStr(KEY)
-    ) as base:
+    with serve_upstream(openai_model="ok-fuzz", api_key=SecretStr(KEY)) as base:
         headers = {"X-API-Key": KEY}
         document = httpx.get(f"{base}/openapi.json").json()  # open: a browser opens /docs
         docs_page = httpx.get(f"{base}/docs")

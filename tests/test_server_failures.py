@@ -19,7 +19,7 @@ import pytest
 from langserve import RemoteRunnable
 from pydantic import SecretStr
 
-from tests.servers import FakeOpenAI, fake_openai_server
+from tests.servers import FakeOpenAI
 
 pytestmark = pytest.mark.slow
 
@@ -28,22 +28,13 @@ KEY = "s3cret-key"
 
 
 @pytest.fixture(scope="module")
-def upstream() -> Iterator[FakeOpenAI]:
-    with fake_openai_server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
-def guarded_url(
-    serve_samples: Callable[..., AbstractContextManager[str]], upstream: FakeOpenAI
-) -> Iterator[str]:
-    """The openai provider against the stand-in upstream, with a key and CORS."""
-    with serve_samples(
-        llm_provider="openai",
+def guarded_url(serve_upstream: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
+    """The openai provider against the stand-in upstream, with a key and CORS (and no key
+    for the upstream: its default must never reach a log)."""
+    with serve_upstream(
         openai_model="ok-main",
-        openai_base_url=upstream.base_url,
+        openai_api_key=None,
         llm_timeout=0.5,
-        llm_max_retries=0,
         api_key=SecretStr(KEY),
         cors_origins=["http://app.example"],
     ) as base:
