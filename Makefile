@@ -60,6 +60,7 @@ bench: setup
 	$(BIN)/python -m bench.postgres_store
 	$(BIN)/python -m bench.hostile_filters
 	$(BIN)/python -m bench.soak
+	$(BIN)/python -m bench.access_scoring
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache

@@ -7,7 +7,8 @@ the index (``chunks.sqlite``'s ``files`` table); each chunk reads them through i
 
 A request's groups travel in a context variable (``caller_groups``) set by the server from the
 caller's key, never from the request: every search run for the request (any route, stage,
-playground, re-query) applies them inside BM25 and dense search, as a mask like a filter's.
+playground, re-query) applies them inside BM25 and dense search, as a mask like a filter's;
+BM25 also takes its statistics from the rows they may read (``bm25.bm25_search``).
 Outside a request (the CLI, in-process callers) nothing is hidden.
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 from collections.abc import Sequence
@@ -14,9 +15,10 @@ import Stemmer
 from bm25s.stopwords import STOPWORDS_EN
 from langchain_core.documents import Document
 
-from ragchains.retrievers.base import IndexRetriever, readable
+from ragchains.retrievers.access import combined
+from ragchains.retrievers.base import IndexRetriever
 from ragchains.retrievers.filters import MetadataFilter
-from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.index import SearchIndex, StoredBM25
 
 # bm25s sets its own logger to DEBUG on import, which floods any application log.
 logging.getLogger("bm25s").setLevel(logging.WARNING)
@@ -43,20 +45,35 @@ def tokenize(text: str) -> list[str]:
     return stemmer.stemWords(words)
 
 
-def build_bm25(texts: Sequence[str]) -> bm25s.BM25:
-    model = bm25s.BM25(method=BM25_PARAMS["method"], k1=BM25_PARAMS["k1"], b=BM25_PARAMS["b"])
-    model.index([tokenize(t) for t in texts], show_progress=False)
+def build_bm25(texts: Sequence[str]) -> StoredBM25:
+    model = StoredBM25(method=BM25_PARAMS["method"], k1=BM25_PARAMS["k1"], b=BM25_PARAMS["b"])
+    tokens = [tokenize(t) for t in texts]
+    model.index(tokens, show_progress=False)
+    model.doc_lengths = np.array([len(t) for t in tokens], dtype=np.int32)
     return model
 
 
 def bm25_search(
-    model: bm25s.BM25, query: str, k: int, mask: np.ndarray | None = None
+    model: bm25s.BM25,
+    query: str,
+    k: int,
+    mask: np.ndarray | None = None,
+    readers: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-k (rows, scores) with score > 0, best first, among rows where ``mask`` is true."""
+    """Top-k (rows, scores) with score > 0, best first, among rows where ``mask`` is true.
+
+    ``readers``: the rows the caller may read (``mask`` must keep no others). The scores then
+    use those rows' statistics alone (their number, each word's document frequency, their
+    average length), as an index of only them would: a row the caller may not read changes
+    neither a score nor the order, so neither tells that it exists.
+    """
     ids = model.get_tokens_ids(tokenize(query))
     if not ids or k <= 0:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-    scores = model.get_scores_from_ids(ids)
+    if readers is None:
+        scores = model.get_scores_from_ids(ids)
+    else:
+        scores = _scores_among(model, ids, readers)
     if mask is not None:
         scores = np.where(mask, scores, 0.0)
     hits = np.flatnonzero(scores > 0)
@@ -66,11 +83,60 @@ def bm25_search(
     return order.astype(np.int64), scores[order].astype(np.float32)
 
 
+def _idf(df: int, n: int) -> float:
+    """Lucene's IDF, as bm25s computes it for ``method="lucene"``."""
+    return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def _scores_among(model: bm25s.BM25, ids: Sequence[int], readers: np.ndarray) -> np.ndarray:
+    """Each row's BM25 score for the query words ``ids`` in an index of the ``readers`` rows
+    only (0 elsewhere), from the whole index's stored scores.
+
+    A stored score is idf(word) * tf / (tf + k1 * (1 - b + b * length / average length)), all
+    over the whole index. Dividing out the idf leaves the term-frequency part; with the row's
+    length that gives back tf (an integer), which is then scored again with the readers'
+    idf and average length. Without stored lengths (an index written before they were kept)
+    only the idf is the readers'.
+    """
+    if model.method != "lucene":
+        raise ValueError(f"scoring over a subset of rows needs method lucene, not {model.method}")
+    data, indices, indptr = (model.scores[a] for a in ("data", "indices", "indptr"))
+    n_all = int(model.scores["num_docs"])
+    n = int(np.count_nonzero(readers))
+    scores = np.zeros(n_all, dtype=np.float64)
+    if n == 0:
+        return scores
+    k1, b = float(model.k1), float(model.b)
+    lengths = getattr(model, "doc_lengths", None)
+    if lengths is not None:
+        # Averages by dot products, norms only at the rows a word is in: no per-row arrays.
+        # An index whose rows are all empty has no words: ids is empty, nothing divides by 0.
+        average_all = float(lengths.sum(dtype=np.float64)) / n_all
+        average = max(float(np.dot(lengths, readers)) / n, 1e-9)
+    for word in ids:
+        start, end = int(indptr[word]), int(indptr[word + 1])
+        rows = indices[start:end]
+        keep = readers[rows]
+        if not keep.any():
+            continue
+        rows = rows[keep]
+        part = data[start:end][keep].astype(np.float64) / _idf(end - start, n_all)
+        if lengths is not None:
+            length = lengths[rows].astype(np.float64)
+            norm_all = k1 * (1 - b + b * length / average_all)
+            tf = np.rint(part * norm_all / np.maximum(1 - part, 1e-12))
+            part = tf / (tf + k1 * (1 - b + b * length / average))
+        scores[rows] += _idf(rows.size, n) * part
+    return scores
+
+
 class BM25Retriever(IndexRetriever):
     """Keyword retrieval over a loaded index, with metadata filters applied before ranking."""
 
     def _search(
         self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
     ) -> list[Document]:
-        rows, scores = bm25_search(index.bm25, query, k, readable(index, filters))
+        readers = index.readable_rows()
+        mask = combined(index.columns.mask(filters), readers)
+        rows, scores = bm25_search(index.bm25, query, k, mask, readers)
         return self._ranked_documents(index, rows, scores, "bm25")

@@ -14,7 +14,8 @@ import numpy as np
 from langchain_core.documents import Document
 from pydantic import Field
 
-from ragchains.retrievers.base import IndexRetriever, readable
+from ragchains.retrievers.access import combined
+from ragchains.retrievers.base import IndexRetriever
 from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -56,9 +57,12 @@ def search_candidates(
     fetch: int,
     mask: np.ndarray | None = None,
 ) -> Candidates:
-    """Both retrievers' top ``fetch`` rows among those ``mask`` allows, ready to fuse."""
-    b_rows, b_scores = bm25_search(index.bm25, query, fetch, mask)
-    d_rows, d_scores = dense_search(index.dense, query_vector, fetch, mask)
+    """Both retrievers' top ``fetch`` rows among those ``mask`` allows and this request's
+    caller may read, ready to fuse."""
+    readers = index.readable_rows()
+    allowed = combined(mask, readers)
+    b_rows, b_scores = bm25_search(index.bm25, query, fetch, allowed, readers)
+    d_rows, d_scores = dense_search(index.dense, query_vector, fetch, allowed)
     return Candidates.from_lists(b_rows, b_scores, d_rows, d_scores)
 
 
@@ -98,7 +102,8 @@ def hybrid_search(
     fusion: FusionConfig = DEFAULT_FUSION,
     mask: np.ndarray | None = None,
 ) -> list[HybridHit]:
-    """Fused top-k rows; each retriever fetches ``candidates`` rows among those ``mask`` allows."""
+    """Fused top-k rows; each retriever fetches ``candidates`` rows among those ``mask`` allows
+    (and this request's caller may read)."""
     found = search_candidates(index, query, query_vector, fetch=max(candidates, k), mask=mask)
     return fused_hits(found, fusion, k)
 
@@ -133,7 +138,7 @@ class HybridRetriever(IndexRetriever, FusionFields):
             k=k,
             candidates=self.candidates,
             fusion=fusion,
-            mask=readable(index, filters),
+            mask=index.columns.mask(filters),
         )
         docs = index.store.documents([h.row for h in hits])
         for doc, hit in zip(docs, hits, strict=True):

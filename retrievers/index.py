@@ -8,7 +8,8 @@ Layout of an index directory::
         manifest.json      format version, embedder, chunk count, field types, build time,
                            and the sha256 of every other file of the generation (checked at load)
         chunks.sqlite      chunk text + metadata (JSON) by row, and the per-file records
-        bm25/              bm25s arrays (.npy, loaded with allow_pickle=False) + JSON vocab
+        bm25/              bm25s arrays (.npy, loaded with allow_pickle=False) + JSON vocab,
+                           and each row's length in tokens (doc_lengths.npy)
         dense.faiss        FAISS index over the normalised embeddings, rows = chunk rows
       fusion.json          optional: how the hybrid retriever fuses BM25 and dense here, as
                            ``ragchains eval tune --apply`` recommends (kept across ingests)
@@ -64,6 +65,7 @@ LOCK_FILE = ".lock"
 FUSION_FILE = "fusion.json"
 FUSION_FORMAT = "ragchains-fusion"
 FUSION_FORMAT_VERSION = 1
+BM25_LENGTHS_FILE = "doc_lengths.npy"
 _GEN_PREFIX = "gen-"
 _TMP_PREFIX = ".tmp-gen-"
 _DIGEST = "sha256"
@@ -71,6 +73,30 @@ _DIGEST = "sha256"
 _FINITE_BATCH = 65536
 
 log = logging.getLogger(__name__)
+
+
+class StoredBM25(bm25s.BM25):
+    """bm25s's model and each row's length in tokens, saved beside its arrays.
+
+    bm25s keeps only finished scores; scoring over a subset of rows (those a caller may read,
+    see ``bm25.bm25_search``) needs the lengths to take out the whole index's average length.
+    A generation written before they were kept loads with ``doc_lengths`` None.
+    """
+
+    doc_lengths: np.ndarray | None = None
+
+    def save(self, save_dir: str, **kwargs: Any) -> None:  # type: ignore[override]
+        super().save(save_dir, **kwargs)
+        if self.doc_lengths is not None:
+            np.save(Path(save_dir) / BM25_LENGTHS_FILE, self.doc_lengths, allow_pickle=False)
+
+    @classmethod
+    def load(cls, save_dir: str, **kwargs: Any) -> StoredBM25:  # type: ignore[override]
+        model = super().load(save_dir, **kwargs)
+        lengths = Path(save_dir) / BM25_LENGTHS_FILE
+        if lengths.exists():
+            model.doc_lengths = np.load(lengths, allow_pickle=False)
+        return model  # type: ignore[no-any-return]
 
 
 class IndexLoadError(ValueError):
@@ -281,7 +307,7 @@ def write_index(
     index_dir: str | Path,
     contents: IndexContents,
     *,
-    bm25: bm25s.BM25,
+    bm25: StoredBM25,
     dense: faiss.Index,
     dense_info: dict[str, Any],
     bm25_info: dict[str, Any],
@@ -598,7 +624,7 @@ class SearchIndex:
     path: Path
     manifest: dict[str, Any]
     store: ChunkStore
-    bm25: bm25s.BM25
+    bm25: StoredBM25
     dense: faiss.Index
     # The index folder's fusion.json (see ``read_fusion``), if it has one.
     fusion: FusionConfig | None = None
@@ -813,7 +839,7 @@ def _check_and_open(
     except RuntimeError as exc:
         raise IndexDamagedError(_damaged(index_dir, f"{DENSE_FILE} cannot be read")) from exc
     try:
-        bm25 = bm25s.BM25.load(str(gen / BM25_DIR), allow_pickle=False, show_progress=False)
+        bm25 = StoredBM25.load(str(gen / BM25_DIR), allow_pickle=False, show_progress=False)
     except Exception as exc:  # bm25s raises several kinds on truncated or missing arrays
         raise IndexDamagedError(_damaged(index_dir, f"{BM25_DIR}/ cannot be read ({exc})")) from exc
     counts = {
@@ -822,6 +848,8 @@ def _check_and_open(
         "dense.faiss": dense.ntotal,
         "bm25": int(bm25.scores["num_docs"]),
     }
+    if bm25.doc_lengths is not None:
+        counts[f"{BM25_DIR}/{BM25_LENGTHS_FILE}"] = len(bm25.doc_lengths)
     if len(set(counts.values())) != 1:
         detail = ", ".join(f"{k}={v}" for k, v in counts.items())
         raise IndexDamagedError(_damaged(index_dir, f"row counts disagree ({detail})"))
@@ -935,7 +963,7 @@ def _unrecorded_problem(gen: Path, name: str) -> str | None:
             return "cannot be read"
         return None if bad is None else f"holds NaN or infinite values (row {bad})"
     try:
-        bm25s.BM25.load(str(path), allow_pickle=False, show_progress=False)
+        StoredBM25.load(str(path), allow_pickle=False, show_progress=False)
     except Exception as exc:  # bm25s raises several kinds on truncated or missing arrays
         return f"cannot be read ({exc})"
     return None

@@ -5,6 +5,7 @@ or a re-query cannot surface them; unlabelled files stay open to all."""
 from __future__ import annotations
 
 import json
+import shutil
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -24,6 +25,7 @@ from ragchains.retrievers.access import (
     caller_groups,
     groups_for,
 )
+from ragchains.retrievers.bm25 import BM25Retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataColumns
 from ragchains.retrievers.index import load_index
@@ -122,6 +124,50 @@ def test_each_caller_finds_only_what_its_groups_may_read(
     assert "docs/eng-roadmap.md" not in found(ENG_QUERY, frozenset({"hr"}))
     assert "docs/eng-roadmap.md" in found(ENG_QUERY, frozenset({"eng"}))
     index.close()
+
+
+def test_keyword_scores_tell_nothing_of_hidden_files(
+    labelled: Path,
+    docs_dir: Path,
+    tmp_path: Path,
+    ingest_into: Callable[..., Any],
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    # BM25 over the whole index would weigh a word by how many hidden chunks hold it too (and
+    # lengths by theirs): a caller's scores would change with, and so reveal, hidden files.
+    # They are those of an index holding only what the caller may read.
+    alone_dir = tmp_path / "eng-only" / "docs"
+    shutil.copytree(docs_dir, alone_dir, ignore=shutil.ignore_patterns("hr-*", SIDECAR))
+    alone_index = tmp_path / "eng-only-idx"
+    ingest_into(alone_dir, alone_index)
+    whole, alone = (load_index(p, embedder_name=embedder.name) for p in (labelled, alone_index))
+    # Hidden words (quokka, salary, band) beside public ones.
+    query = "quokka salary band zephyr migration water beds tool shed garden morning timer"
+
+    def scores(retriever: Any, groups: frozenset[str] | None) -> dict[tuple[str, str], float]:
+        with caller_groups(groups):
+            docs = retriever.invoke(query, k=50)
+        return {
+            (d.metadata["source"], d.page_content): d.metadata["bm25_score"]
+            for d in docs
+            if d.metadata["bm25_score"] is not None  # the hybrid's dense-only hits
+        }
+
+    for make in (
+        lambda index: BM25Retriever(index=index, k=50),
+        lambda index: build_retriever(settings, index, embedder),
+    ):
+        as_eng = scores(make(whole), frozenset({"eng"}))
+        assert any("eng-roadmap" in source for source, _ in as_eng)
+        expected = scores(make(alone), None)
+        shared = as_eng.keys() & expected.keys()
+        assert len(shared) >= 3
+        assert {k: as_eng[k] for k in shared} == pytest.approx({k: expected[k] for k in shared})
+        unmasked = scores(make(whole), None)  # the same search without the caller's view
+        assert {k: unmasked[k] for k in shared} != pytest.approx({k: expected[k] for k in shared})
+    whole.close()
+    alone.close()
 
 
 def test_new_groups_relabel_files_without_embedding_them_again(

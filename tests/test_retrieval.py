@@ -87,6 +87,43 @@ def test_bm25_mask_and_empty_query() -> None:
     assert rows.size == 0
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("lengths_kept", [True, False])
+def test_bm25_over_a_callers_rows_scores_as_an_index_of_only_them(
+    seed: int, lengths_kept: bool
+) -> None:
+    # What a caller may read is scored as if nothing else were indexed: a hidden row's words
+    # and length change neither a score nor the order (they would tell it exists).
+    rng = np.random.default_rng(seed)
+    corpus = CORPUS + [" ".join(rng.choice(CORPUS, 3)) for _ in range(8)]  # long rows too
+    readers = rng.random(len(corpus)) < 0.5
+    whole = build_bm25(corpus)
+    if not lengths_kept:  # a generation written before lengths were kept: idf only
+        whole.doc_lengths = None
+    alone = build_bm25([t for t, r in zip(corpus, readers, strict=True) if r])
+    rows_of = np.flatnonzero(readers)
+    told_apart = 0
+    for query in ["tomato staking", "compost smelly wet", "bees honey frames", "slugs lettuce"]:
+        rows, scores = bm25_search(whole, query, len(corpus), readers, readers)
+        a_rows, a_scores = bm25_search(alone, query, len(corpus))
+        assert set(rows.tolist()) <= set(rows_of.tolist())
+        expected = dict(zip(rows_of[a_rows].tolist(), a_scores.tolist(), strict=True))
+        got = dict(zip(rows.tolist(), scores.tolist(), strict=True))
+        assert got.keys() == expected.keys()
+        if lengths_kept:
+            assert got == pytest.approx(expected, rel=1e-4)
+        # The whole index's statistics give other scores: the test can tell them apart.
+        _, plain = bm25_search(whole, query, len(corpus), readers)
+        told_apart += sorted(plain.tolist()) != pytest.approx(sorted(expected.values()), rel=1e-4)
+    assert told_apart >= 2
+
+
+def test_bm25_over_no_readable_row_finds_nothing() -> None:
+    model = build_bm25(CORPUS)
+    none = np.zeros(len(CORPUS), dtype=bool)
+    assert bm25_search(model, "tomato", 5, none, none)[0].size == 0
+
+
 # ----------------------------------------------------------------------------- FAISS
 def _unit(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
     v = np.random.default_rng(seed).standard_normal((rows, dim)).astype(np.float32)
