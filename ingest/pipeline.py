@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -40,7 +40,7 @@ from ragchains.retrievers.index import (
     write_index,
     writer_lock,
 )
-from ragchains.retrievers.pgstore import PostgresStore, StoreDelta, StoreError
+from ragchains.retrievers.pgstore import SCHEMA_VERSION, PostgresStore, StoreDelta, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -498,14 +498,7 @@ def _ingest_locked(
         if previous is not None:
             previous.close()
 
-    if access is None:  # the last run's rules stand: a plain re-run must not open files up
-        access = [AccessRule(r["pattern"], tuple(r["groups"])) for r in kept]
-        if access:
-            report.notes.append(
-                "access rules of the last run kept: "
-                + "; ".join(f"{r.pattern}={','.join(r.groups)}" for r in access)
-                + " (--access-clear drops them)"
-            )
+    access = rules_for_run(access, kept, report)
     read = _read_files(
         found,
         old_files,
@@ -517,16 +510,7 @@ def _ingest_locked(
         progress=progress,
         rules=[*access, *found.sidecar_rules],
     )
-    opened = sorted(
-        s
-        for s, r in read.records.items()
-        if not r.access and old_files.get(s) and old_files[s].access
-    )
-    if opened:
-        report.notes.append(
-            f"{len(opened)} file(s) that had access groups are now readable by everyone: "
-            + ", ".join(opened[:5])
-        )
+    _note_opened(read, old_files, report)
     per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
     all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
     report.chunks_total = len(all_chunks)
@@ -541,7 +525,7 @@ def _ingest_locked(
         fields=fields,
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=chunking,
-        access_rules=[{"pattern": r.pattern, "groups": list(r.groups)} for r in access],
+        access_rules=_recorded(access),
     )
     build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
     report.wrote = True
@@ -564,11 +548,8 @@ def ingest_to_store(
     one transaction that deletes the chunks of changed and removed files and adds the new
     ones (unchanged files are not read back)."""
     found = discover(paths)
-    if access or found.sidecar_rules:
-        raise IngestError(
-            "access groups are kept by index folders; a PostgreSQL store does not take them "
-            "yet (ingest into --index DIR, or leave out --access and .ragchains-access.toml)"
-        )
+    if access:
+        _check_rules_match(access, found)
     report = IngestReport(index=store.location)
     report.skipped.extend(found.skipped)
     try:
@@ -585,6 +566,7 @@ def ingest_to_store(
             chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking
+            access = rules_for_run(access, meta.get("access_rules") or [], report)
             read = _read_files(
                 found,
                 old_files,
@@ -594,10 +576,13 @@ def ingest_to_store(
                 options=options,
                 report=report,
                 progress=progress,
+                rules=[*access, *found.sidecar_rules],
             )
+            _note_opened(read, old_files, report)
             report.chunks_total = sum(r.chunk_count for r in read.records.values())
-            if meta and not report.changed and same_chunking:
-                return report
+            current = meta.get("schema_version") == SCHEMA_VERSION
+            if meta and not report.changed and same_chunking and current:
+                return report  # (an older store is written anyway: the write migrates it)
             new_chunks = [c for source in sorted(read.chunks) for c in read.chunks[source]]
             stored = store.stored_vectors([c.id for c in new_chunks]) if meta else {}
             vectors = _vectors(embedder, new_chunks, stored, report, progress)
@@ -615,6 +600,7 @@ def ingest_to_store(
                         rebuild=rebuild,
                         base_fields=BASE_FIELDS,
                         not_filterable=_NOT_FILTERABLE,
+                        access_rules=_recorded(access),
                     )
                 )
             )
@@ -622,6 +608,42 @@ def ingest_to_store(
         raise IngestError(str(exc)) from exc
     report.wrote = True
     return report
+
+
+def rules_for_run(
+    access: Sequence[AccessRule] | None, kept: Sequence[Mapping[str, Any]], report: IngestReport
+) -> list[AccessRule]:
+    """This run's ``--access`` rules; None: the last run's (``kept``, as recorded) stand, so a
+    plain re-run never opens files up; the report says so."""
+    if access is not None:
+        return list(access)
+    rules = [AccessRule(r["pattern"], tuple(r["groups"])) for r in kept]
+    if rules:
+        report.notes.append(
+            "access rules of the last run kept: "
+            + "; ".join(f"{r.pattern}={','.join(r.groups)}" for r in rules)
+            + " (--access-clear drops them)"
+        )
+    return rules
+
+
+def _recorded(rules: Sequence[AccessRule]) -> list[dict[str, Any]]:
+    """Rules as an index manifest or a store's meta keeps them."""
+    return [{"pattern": r.pattern, "groups": list(r.groups)} for r in rules]
+
+
+def _note_opened(read: _Read, old_files: Mapping[str, FileRecord], report: IngestReport) -> None:
+    """Name the files this run makes readable by everyone that had groups before."""
+    opened = sorted(
+        s
+        for s, r in read.records.items()
+        if not r.access and old_files.get(s) and old_files[s].access
+    )
+    if opened:
+        report.notes.append(
+            f"{len(opened)} file(s) that had access groups are now readable by everyone: "
+            + ", ".join(opened[:5])
+        )
 
 
 def build_and_write(

@@ -28,6 +28,7 @@ from langchain_core.retrievers import BaseRetriever
 from psycopg import sql
 from pydantic import ConfigDict, Field
 
+from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import (
     MetadataFilter,
@@ -41,7 +42,12 @@ from ragchains.retrievers.fusion import (
     FusionConfig,
     FusionFields,
 )
-from ragchains.retrievers.pgstore import TEXT_SEARCH_CONFIG, PostgresStore, clean_text
+from ragchains.retrievers.pgstore import (
+    TEXT_SEARCH_CONFIG,
+    PostgresStore,
+    clean_text,
+    visible_fields,
+)
 
 SearchMode = Literal["hybrid", "fulltext", "dense"]
 # PostgreSQL's frequency ranking, divided by 1 + log(document length) (normalisation 1). On
@@ -199,6 +205,17 @@ def _one(flt: MetadataFilter, kind: str, params: Params) -> sql.Composable:
     return sql.SQL(" OR ").join(found)
 
 
+def readable_sql(groups: frozenset[str] | None, params: Params) -> sql.Composable:
+    """A WHERE term keeping the chunks ``groups`` may read (their file has no groups, or
+    shares one with them); TRUE without access control. Applied inside both halves, like a
+    filter no request can widen."""
+    if groups is None:
+        return sql.SQL("TRUE")
+    return sql.SQL("(cardinality(c.access) = 0 OR c.access && {}::text[])").format(
+        params.add(sorted(groups))
+    )
+
+
 # ----------------------------------------------------------------------------- statements
 def tsquery_sql(query: sql.Placeholder) -> sql.Composable:
     """An OR of the query's stemmed words, each quoted as a tsquery lexeme (BM25 scores any
@@ -265,7 +282,10 @@ def search_sql(
     half's rank and score) and its parameters; ``filters`` are compiled for the ``fields``
     they were checked against."""
     params = Params()
-    where = filter_sql(filters, dict(fields), params)
+    groups = current_groups()
+    where = sql.SQL("{} AND {}").format(
+        filter_sql(filters, dict(fields), params), readable_sql(groups, params)
+    )
     chunks = store.table("chunks")
     lex = sql.SQL(
         "lex AS (SELECT id, score AS lex_score, row_number() OVER (ORDER BY score DESC, id) "
@@ -289,9 +309,10 @@ def search_sql(
             "ORDER BY c.embedding <=> {v} LIMIT {fetch}"
         ).format(v=v, chunks=chunks, where=where, fetch=params.add(fetch))
         kept: sql.Composable = sql.SQL("")
-        if filters:
-            # A filter that keeps few rows: their exact distances (the filter's own index
-            # finds them), faster than a graph walk that skips most nodes and never short.
+        if filters or groups is not None:
+            # A filter (or a caller's view) that keeps few rows: their exact distances (the
+            # filter's own index finds them), faster than a graph walk that skips most nodes
+            # and never short.
             # The count stops at EXACT_SUBSET_MAX + 1; each branch runs only when chosen.
             kept = sql.SQL(
                 "kept AS (SELECT count(*) AS n FROM (SELECT 1 FROM {chunks} c WHERE {where} "
@@ -348,10 +369,6 @@ def search_sql(
             top=top,
         )
     return statement, params.values
-
-
-def _fields(meta: Mapping[str, Any]) -> dict[str, str]:
-    return dict(meta.get("fields") or {})
 
 
 def documents(rows: Sequence[tuple[Any, ...]], mode: SearchMode, method: str) -> list[Document]:
@@ -438,7 +455,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     ) -> list[Document]:
         # Field types as of the last commit (re-read once per META_TTL), read once: the
         # filters are checked and compiled against the same ones.
-        fields = _fields(self.store.meta())
+        fields = visible_fields(self.store.meta())
         checked, k = self._checked(filters, fields), k or self.k
         vector = self._vector(query)
         statement, params = self._statement(query, vector, k, checked, fields)
@@ -454,7 +471,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         k: int | None = None,
         filters: Any = None,
     ) -> list[Document]:
-        fields = _fields(await self.store.ameta())
+        fields = visible_fields(await self.store.ameta())
         checked, k = self._checked(filters, fields), k or self.k
         vector = (
             None

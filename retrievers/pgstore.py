@@ -4,10 +4,13 @@ one database that many servers read while ingestion writes.
 Layout (in one schema, ``ragchains`` unless the URL says ``?schema=NAME``)::
 
     meta    key -> jsonb: schema_version, embedder, chunking, fields (name -> type, as the
-            index manifest records them), generation (bumped by every committed ingest)
-    files   one row per ingested file (source, sha256, size, chunk_count, format)
+            index manifest records them), generation (bumped by every committed ingest),
+            access_rules (the last run's), field_readers (which fields whose rows hold)
+    files   one row per ingested file (source, sha256, size, chunk_count, format, access:
+            the groups that may read it, {} = everyone)
     chunks  id, source, text, metadata (jsonb), tsv (generated: to_tsvector('english', text)),
-            embedding vector(dim); GIN on tsv and metadata, HNSW (cosine) on embedding
+            embedding vector(dim), access (its file's groups, for the searches' WHERE);
+            GIN on tsv and metadata, HNSW (cosine) on embedding
 
 An ingest is one transaction (``write``): deleted and changed files' chunks out, new chunks
 in, the file records, the field types and the generation, all committed together or not at
@@ -33,14 +36,20 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.filters import LiveFields
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
 from ragchains.retrievers.storeurl import is_store_url, redact
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # version -> the statements that bring a store of version - 1 to it ({chunks}, {files} and
-# {meta} stand for the store's tables). Version 1 is the first: nothing to migrate yet.
-MIGRATIONS: dict[int, list[str]] = {}
+# {meta} stand for the store's tables).
+MIGRATIONS: dict[int, list[str]] = {
+    2: [  # per-user access: each file's groups, copied onto its chunks
+        "ALTER TABLE {files} ADD COLUMN access text[] NOT NULL DEFAULT ARRAY[]::text[]",
+        "ALTER TABLE {chunks} ADD COLUMN access text[] NOT NULL DEFAULT ARRAY[]::text[]",
+    ],
+}
 DEFAULT_SCHEMA = "ragchains"
 TEXT_SEARCH_CONFIG = "english"  # the stemmer BM25 uses on disk (PyStemmer's English)
 # pgvector's HNSW defaults (m 16, ef_construction 64) lose recall on 100k chunks; these match
@@ -102,6 +111,8 @@ class StoreDelta:
     rebuild: bool = False
     base_fields: Mapping[str, str] = field(default_factory=dict)
     not_filterable: Collection[str] = ()
+    # The run's access rules, kept for the next run (see ingest.pipeline.rules_for_run).
+    access_rules: list[dict[str, Any]] = field(default_factory=list)
 
 
 class PostgresStore:
@@ -311,8 +322,9 @@ class PostgresStore:
 
     @property
     def fields(self) -> Mapping[str, str]:
-        # Follows committed ingests: the meta last read, re-read at most once per META_TTL.
-        return LiveFields(lambda: self.known_meta().get("fields") or {})
+        # Follows committed ingests: the meta last read, re-read at most once per META_TTL;
+        # the fields this request's caller may filter on (see visible_fields).
+        return LiveFields(lambda: visible_fields(self.known_meta()))
 
     @property
     def generation(self) -> int:
@@ -330,12 +342,18 @@ class PostgresStore:
         if not self.meta(fresh=True):
             return {}
         with self.connection() as conn:
+            # A store written before access labels (version 1) has no column yet: everyone's.
+            labelled = self.column_width(conn, "files", "access") is not None
+            access = sql.SQL("access" if labelled else "ARRAY[]::text[]")
             rows = conn.execute(
-                sql.SQL("SELECT source, sha256, size, chunk_count, format FROM {}").format(
-                    self.table("files")
+                sql.SQL("SELECT source, sha256, size, chunk_count, format, {} FROM {}").format(
+                    access, self.table("files")
                 )
             ).fetchall()
-        return {r[0]: FileRecord(*r) for r in rows}
+        return {
+            source: FileRecord(source, sha, size, count, fmt, tuple(access))
+            for source, sha, size, count, fmt, access in rows
+        }
 
     def chunk_ids(self, sources: Sequence[str]) -> set[str]:
         if not sources or not self.meta(fresh=True):
@@ -474,11 +492,21 @@ class StoreWriter:
             with conn.cursor() as cur:
                 cur.executemany(
                     sql.SQL(
-                        "INSERT INTO {} (source, sha256, size, chunk_count, format) "
-                        "VALUES (%s, %s, %s, %s, %s)"
+                        "INSERT INTO {} (source, sha256, size, chunk_count, format, access) "
+                        "VALUES (%s, %s, %s, %s, %s, %s)"
                     ).format(files),
-                    [(f.source, f.sha256, f.size, f.chunk_count, f.format) for f in delta.files],
+                    [
+                        (f.source, f.sha256, f.size, f.chunk_count, f.format, list(f.access))
+                        for f in delta.files
+                    ],
                 )
+            # Each chunk takes its file's groups: new chunks, and a relabelled file's old ones.
+            conn.execute(
+                sql.SQL(
+                    "UPDATE {chunks} c SET access = f.access FROM {files} f "
+                    "WHERE c.source = f.source AND c.access IS DISTINCT FROM f.access"
+                ).format(chunks=chunks, files=files)
+            )
             fields, notes = self._field_types(conn, delta.base_fields, delta.not_filterable)
             counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(chunks)).fetchone()
             self._set_meta(
@@ -491,6 +519,8 @@ class StoreWriter:
                     "generation": int(meta.get("generation") or 0) + 1,
                     "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "chunks": int(counted[0]) if counted else 0,
+                    "access_rules": delta.access_rules,
+                    "field_readers": self._field_readers(conn, fields),
                 },
             )
         self.store.forget()
@@ -517,7 +547,8 @@ class StoreWriter:
         conn.execute(
             sql.SQL(
                 "CREATE TABLE IF NOT EXISTS {} (source text PRIMARY KEY, sha256 text NOT NULL, "
-                "size bigint NOT NULL, chunk_count integer NOT NULL, format text NOT NULL)"
+                "size bigint NOT NULL, chunk_count integer NOT NULL, format text NOT NULL, "
+                "access text[] NOT NULL DEFAULT ARRAY[]::text[])"
             ).format(self.table("files"))
         )
         held = self.store.column_width(conn, "chunks", "embedding")
@@ -533,7 +564,8 @@ class StoreWriter:
                 " text text NOT NULL,"
                 " metadata jsonb NOT NULL,"
                 " tsv tsvector GENERATED ALWAYS AS (to_tsvector({config}::regconfig, text)) STORED,"
-                " embedding vector({dim}) NOT NULL)"
+                " embedding vector({dim}) NOT NULL,"
+                " access text[] NOT NULL DEFAULT ARRAY[]::text[])"
             ).format(
                 chunks=self.table("chunks"),
                 config=sql.Literal(TEXT_SEARCH_CONFIG),
@@ -642,6 +674,29 @@ class StoreWriter:
             fields.setdefault(key, kind)
         return dict(sorted(fields.items())), notes
 
+    def _field_readers(
+        self, conn: psycopg.Connection[Any], fields: Mapping[str, str]
+    ) -> dict[str, Any] | None:
+        """Which fields the public rows hold, and which each group's rows hold, for
+        ``visible_fields``; None when no file has groups (every field is everyone's)."""
+        public: set[str] = set()
+        by_group: dict[str, set[str]] = {}
+        for group, key in conn.execute(
+            sql.SQL(
+                "SELECT DISTINCT g.name, e.key FROM {} c, jsonb_object_keys(c.metadata) e(key), "
+                "unnest(CASE WHEN cardinality(c.access) = 0 THEN ARRAY[NULL::text] "
+                "ELSE c.access END) g(name)"
+            ).format(self.table("chunks"))
+        ):
+            if key in fields:
+                (public if group is None else by_group.setdefault(group, set())).add(key)
+        if not by_group:
+            return None
+        return {
+            "public": sorted(public),
+            "groups": {g: sorted(keys) for g, keys in sorted(by_group.items())},
+        }
+
     def _set_meta(self, conn: psycopg.Connection[Any], values: Mapping[str, Any]) -> None:
         with conn.cursor() as cur:
             cur.executemany(
@@ -651,6 +706,20 @@ class StoreWriter:
                 ).format(self.table("meta")),
                 [(k, Jsonb(v)) for k, v in values.items()],
             )
+
+
+def visible_fields(meta: Mapping[str, Any]) -> dict[str, str]:
+    """The fields (name -> type) this request's caller may filter on: those some row it may
+    read holds (a field only hidden files have is not told of, even in an error)."""
+    fields = dict(meta.get("fields") or {})
+    groups = current_groups()
+    readers = meta.get("field_readers")
+    if groups is None or not readers:
+        return fields
+    names = set(readers["public"])
+    for group in groups:
+        names.update(readers["groups"].get(group, ()))
+    return {name: kind for name, kind in fields.items() if name in names}
 
 
 def _array(vector: Any) -> np.ndarray:

@@ -4,6 +4,7 @@ or a re-query cannot surface them; unlabelled files stay open to all."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 from collections.abc import Callable
@@ -16,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from ragchains.cli import app
-from ragchains.factory import build_retriever
+from ragchains.factory import build_retriever, open_index
 from ragchains.retrievers.access import (
     SIDECAR,
     AccessLabels,
@@ -27,8 +28,9 @@ from ragchains.retrievers.access import (
 )
 from ragchains.retrievers.bm25 import BM25Retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.filters import MetadataColumns
-from ragchains.retrievers.index import load_index
+from ragchains.retrievers.filters import FilterError, MetadataColumns
+from ragchains.retrievers.index import SearchIndex, load_index
+from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys
 from ragchains.settings import Settings
 
@@ -84,24 +86,45 @@ def test_labels_mask_rows_by_group_and_leave_unlabelled_rows_public() -> None:
 
 
 # ----------------------------------------------------------------------------- ingest and search
-@pytest.fixture
-def labelled(docs_dir: Path, tmp_path: Path, ingest_into: Callable[..., Any]) -> Path:
-    """tests/fixtures/docs plus an HR file (labelled by --access) and an engineering one
-    (labelled by the folder's sidecar)."""
+def _labelled_docs(docs_dir: Path) -> Path:
+    """tests/fixtures/docs plus an HR file and table (for the --access rule HR_RULE) and an
+    engineering one (labelled by the folder's sidecar)."""
     (docs_dir / "hr-salaries.md").write_text(HR_DOC, encoding="utf-8")
     (docs_dir / "hr-payroll.csv").write_text(HR_TABLE, encoding="utf-8")
     (docs_dir / "eng-roadmap.md").write_text(ENG_DOC, encoding="utf-8")
     (docs_dir / SIDECAR).write_text('[groups]\n"eng-*" = ["eng"]\n', encoding="utf-8")
+    return docs_dir
+
+
+HR_RULE = "docs/hr-*=hr"
+
+
+@pytest.fixture
+def labelled(docs_dir: Path, tmp_path: Path, ingest_into: Callable[..., Any]) -> Path:
+    """An index folder of ``_labelled_docs``."""
     index = tmp_path / "idx"
-    ingest_into(docs_dir, index, access=[AccessRule.parse("docs/hr-*=hr")])
+    ingest_into(_labelled_docs(docs_dir), index, access=[AccessRule.parse(HR_RULE)])
     return index
 
 
+@pytest.fixture
+def labelled_store(docs_dir: Path, pg_url: str, ingest_into: Callable[..., Any]) -> str:
+    """A PostgreSQL store of ``_labelled_docs``."""
+    ingest_into(_labelled_docs(docs_dir), pg_url, access=[AccessRule.parse(HR_RULE)])
+    return pg_url
+
+
+@pytest.fixture(params=["folder", "postgresql"])
+def labelled_any(request: pytest.FixtureRequest) -> Any:
+    """The labelled documents in an index folder, then in a PostgreSQL store."""
+    return request.getfixturevalue("labelled" if request.param == "folder" else "labelled_store")
+
+
 def test_each_caller_finds_only_what_its_groups_may_read(
-    labelled: Path, settings: Settings, embedder: SentenceTransformerEmbedder
+    labelled_any: Path | str, settings: Settings, embedder: SentenceTransformerEmbedder
 ) -> None:
-    index = load_index(labelled, embedder_name=embedder.name)
-    files = index.store.files()
+    index = open_index(labelled_any, embedder)
+    files = index.store.files() if isinstance(index, SearchIndex) else index.files()
     assert files["docs/hr-salaries.md"].access == ("hr",)
     assert files["docs/eng-roadmap.md"].access == ("eng",)
     assert files["docs/guide.md"].access == ()
@@ -123,6 +146,9 @@ def test_each_caller_finds_only_what_its_groups_may_read(
         assert found(HR_QUERY, groups, filters=by_glob) == set()
     assert "docs/eng-roadmap.md" not in found(ENG_QUERY, frozenset({"hr"}))
     assert "docs/eng-roadmap.md" in found(ENG_QUERY, frozenset({"eng"}))
+    with caller_groups(frozenset({"eng"})):  # the async path (PostgreSQL's own pool)
+        seen = _sources(asyncio.run(retriever.ainvoke(HR_QUERY)))
+    assert seen and "docs/hr-salaries.md" not in seen
     index.close()
 
 
@@ -184,13 +210,39 @@ def test_new_groups_relabel_files_without_embedding_them_again(
     index.close()
 
 
-def test_a_store_refuses_labels_it_cannot_keep_yet(
-    docs_dir: Path, ingest_into: Callable[..., Any]
+def test_a_store_relabels_keeps_rules_and_tells_fields_per_caller(
+    labelled_store: str,
+    docs_dir: Path,
+    ingest_into: Callable[..., Any],
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
 ) -> None:
-    from ragchains.ingest.pipeline import IngestError
-
-    with pytest.raises(IngestError, match="index folders"):
-        ingest_into(docs_dir, "postgresql://u@127.0.0.1:1/db", access=[AccessRule("*", ("hr",))])
+    store = PostgresStore(labelled_store)
+    retriever = build_retriever(settings, store, embedder)
+    on_salary = [{"field": "salary_band", "op": ">", "value": 1}]
+    try:
+        with caller_groups(frozenset({"eng"})):
+            assert "salary_band" not in store.fields  # only HR's table has it
+            with pytest.raises(FilterError, match="unknown filter field") as refused:
+                retriever.invoke(HR_QUERY, filters=on_salary)
+            assert "salary_band" not in str(refused.value).split("known fields")[1]
+        with caller_groups(frozenset({"hr"})):
+            assert "salary_band" in store.fields
+            assert retriever.invoke(HR_QUERY, filters=on_salary)
+        # A plain re-run keeps the rules; new groups relabel without embedding again.
+        again = ingest_into(docs_dir, labelled_store)
+        assert not again.wrote and any("rules of the last run kept" in n for n in again.notes)
+        report = ingest_into(docs_dir, labelled_store, access=[AccessRule.parse("docs/hr-*=fin")])
+        assert report.relabelled == ["docs/hr-payroll.csv", "docs/hr-salaries.md"]
+        assert report.chunks_embedded == 0 and report.wrote
+        store.forget()
+        assert store.files()["docs/hr-salaries.md"].access == ("fin",)
+        with caller_groups(frozenset({"fin"})):
+            assert "docs/hr-salaries.md" in _sources(retriever.invoke(HR_QUERY))
+        with caller_groups(frozenset({"hr"})):
+            assert "docs/hr-salaries.md" not in _sources(retriever.invoke(HR_QUERY))
+    finally:
+        store.close()
 
 
 # ----------------------------------------------------------------------------- keys
@@ -256,12 +308,12 @@ def _replies(base: str, key: str, question: str) -> dict[str, str]:
 
 def test_two_keys_see_disjoint_hidden_documents_on_every_route(
     serve_upstream: Callable[..., AbstractContextManager[str]],
-    labelled: Path,
+    labelled_any: Path | str,
     tmp_path: Path,
 ) -> None:
     keys = tmp_path / "keys.toml"
     hr, eng = add_key(keys, "hana", ["hr"]), add_key(keys, "erik", ["eng"])
-    with serve_upstream(index=labelled, keys_file=keys, openai_model="ok-access") as base:
+    with serve_upstream(index=labelled_any, keys_file=keys, openai_model="ok-access") as base:
         as_hr = {**_replies(base, hr, HR_QUERY), **_replies(base, hr, ENG_QUERY)}
         as_eng = {**_replies(base, eng, HR_QUERY), **_replies(base, eng, ENG_QUERY)}
         no_key = httpx.post(f"{base}/retrieve/invoke", json={"input": {"query": "x"}})

@@ -31,7 +31,7 @@ from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.index import load_index
 from ragchains.retrievers.pgsearch import PostgresRetriever, glob_regex
-from ragchains.retrievers.pgstore import PostgresStore, StoreDelta, StoreError
+from ragchains.retrievers.pgstore import SCHEMA_VERSION, PostgresStore, StoreDelta, StoreError
 from ragchains.settings import Settings
 from tests.conftest import REPO
 from tests.postgres import LocalPostgres
@@ -75,7 +75,7 @@ def test_the_store_holds_the_index_chunks_ids_metadata_and_labels(
         assert info["server_version"].startswith("18")
         major, minor = (int(part) for part in info["pgvector_version"].split(".")[:2])
         assert (major, minor) >= (0, 8)
-        assert info["schema_version"] == 1 and info["generation"] == 1
+        assert info["schema_version"] == SCHEMA_VERSION and info["generation"] == 1
     finally:
         store.close()
 
@@ -496,25 +496,53 @@ def test_an_older_store_is_migrated_and_a_newer_one_refused(
     from ragchains.retrievers import pgstore
 
     ingest_into(docs_dir, pg_url)
-    monkeypatch.setattr(pgstore, "SCHEMA_VERSION", 2)
+    newer = SCHEMA_VERSION + 1
+    monkeypatch.setattr(pgstore, "SCHEMA_VERSION", newer)
     monkeypatch.setattr(
-        pgstore, "MIGRATIONS", {2: ["ALTER TABLE {chunks} ADD COLUMN reviewed boolean"]}
+        pgstore,
+        "MIGRATIONS",
+        {**pgstore.MIGRATIONS, newer: ["ALTER TABLE {chunks} ADD COLUMN reviewed boolean"]},
     )
     (docs_dir / "new.md").write_text("# New\n\nA file that makes the run write.\n")
     assert ingest_into(docs_dir, pg_url).wrote  # migrated in the write's transaction
     store = PostgresStore(pg_url)
     try:
-        assert store.meta(fresh=True)["schema_version"] == 2
+        assert store.meta(fresh=True)["schema_version"] == newer
         with store.connection() as conn:
             conn.execute(f'SELECT reviewed FROM "{store.schema}".chunks LIMIT 1')
-        monkeypatch.setattr(pgstore, "SCHEMA_VERSION", 1)
-        with pytest.raises(StoreError, match="schema version 2"):
+        monkeypatch.setattr(pgstore, "SCHEMA_VERSION", newer - 1)
+        with pytest.raises(StoreError, match=f"schema version {newer}"):
             store.check()
     finally:
         store.close()
     (docs_dir / "newer.md").write_text("# Newer\n\nAnother.\n")
-    with pytest.raises(ValueError, match="schema version 2"):
+    with pytest.raises(ValueError, match=f"schema version {newer}"):
         ingest_into(docs_dir, pg_url)
+
+
+def test_a_store_written_before_access_labels_is_migrated_by_a_plain_re_run(
+    pg_url: str, docs_dir: Path, ingest_into: Any, embedder: SentenceTransformerEmbedder
+) -> None:
+    # A version 1 store, as the release before access labels wrote it.
+    ingest_into(docs_dir, pg_url)
+    store = PostgresStore(pg_url)
+    try:
+        with store.connection() as conn:
+            for table in ("chunks", "files"):
+                conn.execute(f'ALTER TABLE "{store.schema}".{table} DROP COLUMN access')
+            conn.execute(
+                f"UPDATE \"{store.schema}\".meta SET value = '1' WHERE key = 'schema_version'"
+            )
+        with pytest.raises(StoreError, match="run `ragchains ingest` on it to migrate it"):
+            store.check(embedder_name=embedder.name)
+        report = ingest_into(docs_dir, pg_url)  # nothing changed: written all the same
+        assert report.wrote and report.chunks_embedded == 0
+        store.forget()
+        store.check(embedder_name=embedder.name)
+        assert {f.access for f in store.files().values()} == {()}
+        assert len(store_rows(pg_url)) == report.chunks_total
+    finally:
+        store.close()
 
 
 def test_a_rebuild_for_another_embedder_replaces_the_vectors(
