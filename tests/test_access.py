@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
@@ -31,7 +32,7 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import FilterError, MetadataColumns
 from ragchains.retrievers.index import SearchIndex, load_index
 from ragchains.retrievers.pgstore import PostgresStore
-from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys
+from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys, remove_key
 from ragchains.settings import Settings
 
 HR_DOC = (
@@ -260,9 +261,57 @@ def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
     assert list_keys(path) == [("alice", ["hr"]), ("bob", ["eng", "ops"])]
     with pytest.raises(KeysFileError, match="already holds a key for 'alice'"):
         add_key(path, "alice", ["x"])
-    path.write_text('[[keys]]\nprincipal = "x"\n')
-    with pytest.raises(KeysFileError, match="needs principal"):
+    remove_key(path, "alice")
+    assert list_keys(path) == [("bob", ["eng", "ops"])]
+    with pytest.raises(KeysFileError, match="holds no key for 'alice'"):
+        remove_key(path, "alice")
+    path.chmod(0o664)  # whoever may write it could add a key of their own
+    with pytest.raises(KeysFileError, match="can be changed by other users"):
         KeyRing.load(path)
+    stale = path.with_name(f".{path.name}.tmp")  # left by a crash, with a looser mode
+    stale.write_text("")
+    stale.chmod(0o644)
+    path.chmod(0o600)
+    add_key(path, "carol", ["hr"])
+    assert path.stat().st_mode & 0o777 == 0o600
+    for broken in ('[[keys]]\nprincipal = "x"\n', _entry("x", "Z" * 64)):
+        path.write_text(broken)
+        with pytest.raises(KeysFileError, match="needs principal"):
+            KeyRing.load(path)
+
+
+def _entry(principal: str, digest: str) -> str:
+    return f'[[keys]]\nprincipal = "{principal}"\ngroups = ["hr"]\nsha256 = "{digest}"\n'
+
+
+def test_a_running_server_follows_the_keys_file(
+    serve_upstream: Callable[..., AbstractContextManager[str]], tmp_path: Path
+) -> None:
+    keys = tmp_path / "keys.toml"
+    first = add_key(keys, "dora", ["hr"])
+
+    def status(key: str) -> int:
+        body = {"input": {"query": "watering"}}
+        return httpx.post(
+            f"{base}/retrieve/invoke", json=body, headers={"X-API-Key": key}, timeout=60
+        ).status_code
+
+    def settles(key: str, expected: int) -> bool:
+        deadline = time.monotonic() + 15  # re-read within a second; the machine is shared
+        while status(key) != expected:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+        return True
+
+    with serve_upstream(keys_file=keys, openai_model="ok-keys") as base:
+        assert status(first) == 200
+        remove_key(keys, "dora")  # revoked: refused without a restart
+        assert settles(first, 401)
+        second = add_key(keys, "dora", ["hr"])
+        assert settles(second, 200)
+        keys.write_text("not toml [")  # a broken file lets no key in (and says so in the log)
+        assert settles(second, 401)
 
 
 def test_the_keys_command_prints_a_key_once_and_lists_owners(tmp_path: Path) -> None:
@@ -279,6 +328,12 @@ def test_the_keys_command_prints_a_key_once_and_lists_owners(tmp_path: Path) -> 
         app, ["keys", "add", "dan", "--groups", "a b", "--keys-file", str(path)]
     )
     assert bad.exit_code == 2 and "not a group name" in bad.output
+    gone = CliRunner().invoke(app, ["keys", "remove", "carol", "--keys-file", str(path)])
+    assert gone.exit_code == 0 and "removed" in gone.output
+    listed = CliRunner().invoke(app, ["keys", "list", "--keys-file", str(path)])
+    assert listed.exit_code == 0 and listed.stdout.strip() == ""
+    again = CliRunner().invoke(app, ["keys", "remove", "carol", "--keys-file", str(path)])
+    assert again.exit_code == 2 and "holds no key for 'carol'" in again.output
 
 
 # ----------------------------------------------------------------------------- every route

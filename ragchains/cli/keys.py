@@ -55,3 +55,18 @@ def list_command(keys_file: Path | None) -> None:
             click.echo(f"{name}: {', '.join(groups)}")
     except KeysFileError as exc:
         fail(str(exc))
+
+
+@keys_group.command("remove")
+@click.argument("principal")
+@click.option("--keys-file", type=click.Path(path_type=Path, dir_okay=False))
+def remove_command(principal: str, keys_file: Path | None) -> None:
+    """Revoke PRINCIPAL's key: a running server refuses it within a second, no restart."""
+    from ragchains.serving.keys import KeysFileError, remove_key
+
+    path = _keys_file(keys_file)
+    try:
+        remove_key(path, principal)
+    except KeysFileError as exc:
+        fail(str(exc))
+    click.echo(f"key for {principal!r} removed from {path}", err=True)

@@ -6,20 +6,32 @@
     sha256 = "…"            # of the key; the key itself is shown once, by `ragchains keys add`
 
 A request with one of these keys reads what its groups may read (see ``retrievers.access``);
-``RAGCHAINS_API_KEY``, when also set, stays a key that reads everything.
+``RAGCHAINS_API_KEY``, when also set, stays a key that reads everything. A running server
+re-reads the file within a second of a change (``ragchains keys add`` / ``remove``), so a key
+is revoked without a restart; a file that can no longer be read then lets no key in.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
+import re
 import secrets
+import stat
+import threading
+import time
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
 from ragchains.retrievers.access import AccessRuleError, checked_groups
+
+log = logging.getLogger(__name__)
+
+RELOAD_INTERVAL = 1.0  # seconds between looks at the keys file for a change
+_DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 
 class KeysFileError(ValueError):
@@ -37,18 +49,53 @@ def key_digest(key: bytes) -> str:
 
 
 class KeyRing:
-    """The keys of a keys file, by the sha256 of each key."""
+    """The keys of a keys file, by the sha256 of each key, re-read when the file changes."""
 
-    def __init__(self, principals: dict[str, Principal]) -> None:
-        self._by_digest = principals
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._by_digest = _principals(path)  # a file that cannot be used stops the start
+        self._seen = _stamp(path)
+        self._looked = time.monotonic()
 
     @classmethod
     def load(cls, path: Path) -> KeyRing:
-        return cls({str(entry["sha256"]): _principal(entry) for entry in _entries(path)})
+        return cls(path)
 
     def find(self, key: bytes) -> Principal | None:
         # A lookup by digest: its timing tells nothing of a key that is not held.
-        return self._by_digest.get(key_digest(key)) if key else None
+        return self._current().get(key_digest(key)) if key else None
+
+    def _current(self) -> dict[str, Principal]:
+        now = time.monotonic()
+        if now - self._looked < RELOAD_INTERVAL:
+            return self._by_digest
+        with self._lock:
+            if now - self._looked >= RELOAD_INTERVAL:
+                self._looked = now
+                stamp = _stamp(self.path)
+                if stamp != self._seen:
+                    self._seen = stamp
+                    try:
+                        self._by_digest = _principals(self.path)
+                        log.info("keys file %s re-read: %d keys", self.path, len(self._by_digest))
+                    except KeysFileError as exc:  # a revocation must not be undone by a typo
+                        self._by_digest = {}
+                        log.error("%s; no key is accepted until it is mended", exc)
+        return self._by_digest
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when the file is rewritten (in place or replaced); None: it is gone."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_mtime_ns, st.st_size)
+
+
+def _principals(path: Path) -> dict[str, Principal]:
+    return {str(entry["sha256"]): _principal(entry) for entry in _entries(path)}
 
 
 def add_key(path: Path, principal: str, groups: list[str]) -> str:
@@ -67,6 +114,22 @@ def add_key(path: Path, principal: str, groups: list[str]) -> str:
     entries.append(
         {"principal": principal, "groups": list(names), "sha256": key_digest(key.encode())}
     )
+    _write(path, entries)
+    return key
+
+
+def remove_key(path: Path, principal: str) -> None:
+    """Take ``principal``'s key out of ``path``: a server using the file refuses it within a
+    second (``RELOAD_INTERVAL``)."""
+    entries = _entries(path)
+    kept = [entry for entry in entries if entry["principal"] != principal]
+    if len(kept) == len(entries):
+        raise KeysFileError(f"{path} holds no key for {principal!r}")
+    _write(path, kept)
+
+
+def _write(path: Path, entries: list[dict[str, object]]) -> None:
+    """Replace the file at once (a server never reads half of it), readable by its owner only."""
     # JSON strings and lists are TOML basic strings and arrays.
     text = "".join(
         f"[[keys]]\nprincipal = {json.dumps(e['principal'])}\n"
@@ -75,10 +138,10 @@ def add_key(path: Path, principal: str, groups: list[str]) -> str:
     )
     tmp = path.with_name(f".{path.name}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # a stale tmp file left by a crash keeps its own mode otherwise
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(text)
     os.replace(tmp, path)
-    return key
 
 
 def list_keys(path: Path) -> list[tuple[str, list[str]]]:
@@ -88,9 +151,15 @@ def list_keys(path: Path) -> list[tuple[str, list[str]]]:
 
 def _entries(path: Path) -> list[dict[str, object]]:
     try:
+        mode = path.stat().st_mode
         data = tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise KeysFileError(f"keys file {path}: {exc}") from exc
+    if mode & (stat.S_IWGRP | stat.S_IWOTH):  # whoever can write it can let themselves in
+        raise KeysFileError(
+            f"keys file {path} can be changed by other users (mode {stat.S_IMODE(mode):o}): "
+            f"chmod 600 {path}"
+        )
     entries = data.get("keys", [])
     if not isinstance(entries, list) or set(data) - {"keys"}:
         raise KeysFileError(f"keys file {path}: expected [[keys]] tables only")
@@ -101,11 +170,11 @@ def _entries(path: Path) -> list[dict[str, object]]:
             or not isinstance(entry["principal"], str)
             or not isinstance(entry["groups"], list)
             or not isinstance(entry["sha256"], str)
-            or len(entry["sha256"]) != 64
+            or not _DIGEST.match(entry["sha256"])
         ):
             raise KeysFileError(
                 f"keys file {path}: key {n + 1} needs principal (text), groups (a list) and "
-                "sha256 (64 hex digits), nothing else"
+                "sha256 (64 lowercase hex digits), nothing else"
             )
     return entries
 
