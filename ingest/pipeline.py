@@ -8,6 +8,7 @@ the index, that version is kept rather than lost.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -25,8 +26,10 @@ from ragchains.retrievers.access import AccessRule, AccessRuleError, groups_for,
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.retrievers.index import (
     LOCK_FILE,
+    MANIFEST_FILE,
     Chunk,
     FileRecord,
     IndexBusyError,
@@ -35,6 +38,7 @@ from ragchains.retrievers.index import (
     IndexLoadError,
     IndexNotFoundError,
     SearchIndex,
+    current_generation,
     file_sha256,
     load_index,
     write_index,
@@ -46,16 +50,6 @@ log = logging.getLogger(__name__)
 
 # Bump when chunk boundaries or metadata change for the same input, so re-runs re-chunk.
 CHUNKER_VERSION = 1
-# Fields every chunk can be filtered on, whatever its format.
-BASE_FIELDS: dict[str, str] = {
-    "source": "string",
-    "filename": "string",
-    "format": "string",
-    "title": "string",
-    "section": "string",
-    "page": "number",
-    "row": "number",
-}
 _NOT_FILTERABLE = frozenset({"citation", "content_hash", "chunk_index"})
 EMBED_BATCH = 256
 
@@ -491,7 +485,14 @@ def _ingest_locked(
                 old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
                 old_vectors[chunk.id] = vectors[row]
         same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
-        kept = (previous.manifest.get("access_rules") or []) if previous is not None else []
+        kept = (
+            (previous.manifest.get("access_rules") or [])
+            if previous is not None
+            else _recorded_rules(index_dir)
+        )
+        # A generation written before BM25's row lengths were kept is written again once:
+        # without them a caller's scores still weigh hidden rows' lengths.
+        lengths_kept = previous is not None and previous.bm25.doc_lengths is not None
     except IndexLoadError as exc:  # damage found reading the chunks (the message says what to do)
         raise IngestError(str(exc)) from exc
     finally:
@@ -515,7 +516,9 @@ def _ingest_locked(
     all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
     report.chunks_total = len(all_chunks)
     if previous is not None and not report.changed and same_chunking:
-        return report  # the index already holds exactly this; leave it untouched
+        if lengths_kept:
+            return report  # the index already holds exactly this; leave it untouched
+        report.notes.append("written again to keep BM25's row lengths (an older generation)")
 
     fields = _resolve_field_types(all_chunks, report)
     contents = IndexContents(
@@ -566,7 +569,8 @@ def ingest_to_store(
             chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking
-            access = rules_for_run(access, meta.get("access_rules") or [], report)
+            recorded = store.meta(fresh=True) if rebuild else meta  # a rebuild keeps the rules
+            access = rules_for_run(access, recorded.get("access_rules") or [], report)
             read = _read_files(
                 found,
                 old_files,
@@ -625,6 +629,17 @@ def rules_for_run(
             + " (--access-clear drops them)"
         )
     return rules
+
+
+def _recorded_rules(index_dir: Path) -> list[dict[str, Any]]:
+    """The access rules the current generation records (for a rebuild, which opens nothing
+    else of it); none when there is no readable generation."""
+    try:
+        manifest = current_generation(index_dir) / MANIFEST_FILE
+        rules = json.loads(manifest.read_text(encoding="utf-8")).get("access_rules")
+    except (IndexLoadError, OSError, ValueError, AttributeError):
+        return []
+    return rules if isinstance(rules, list) else []
 
 
 def _recorded(rules: Sequence[AccessRule]) -> list[dict[str, Any]]:

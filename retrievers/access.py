@@ -2,8 +2,9 @@
 
 A file ingested with access groups (``ingest --access GLOB=GROUP[,GROUP]``, or a
 ``.ragchains-access.toml`` at the root of an input folder) is readable only by callers in one
-of its groups; a file without groups is readable by everyone. The groups are kept per file in
-the index (``chunks.sqlite``'s ``files`` table); each chunk reads them through its source.
+of its groups; a file without groups is readable by everyone. The groups are kept per file:
+in an index folder in ``chunks.sqlite``'s ``files`` table (each chunk reads them through its
+source), in a PostgreSQL store in ``files`` and on each chunk (``retrievers.pgstore``).
 
 A request's groups travel in a context variable (``caller_groups``) set by the server from the
 caller's key, never from the request: every search run for the request (any route, stage,

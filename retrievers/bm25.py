@@ -109,10 +109,11 @@ def _scores_among(model: bm25s.BM25, ids: Sequence[int], readers: np.ndarray) ->
     k1, b = float(model.k1), float(model.b)
     lengths = getattr(model, "doc_lengths", None)
     if lengths is not None:
-        # Averages by dot products, norms only at the rows a word is in: no per-row arrays.
+        # Averages by masked sums (in float64: int32 lengths would overflow), norms only at
+        # the rows a word is in: no per-row arrays.
         # An index whose rows are all empty has no words: ids is empty, nothing divides by 0.
         average_all = float(lengths.sum(dtype=np.float64)) / n_all
-        average = max(float(np.dot(lengths, readers)) / n, 1e-9)
+        average = max(float(lengths.sum(where=readers, dtype=np.float64)) / n, 1e-9)
     for word in ids:
         start, end = int(indptr[word]), int(indptr[word + 1])
         rows = indices[start:end]

@@ -44,6 +44,19 @@ Text = Annotated[str, StringConstraints(max_length=MAX_VALUE_CHARS)]
 FilterScalar = Text | float | int | bool
 
 
+# Fields every chunk can be filtered on, whatever its format (every caller is told of them:
+# whether some file has pages says nothing of who may read it).
+BASE_FIELDS: dict[str, str] = {
+    "source": "string",
+    "filename": "string",
+    "format": "string",
+    "title": "string",
+    "section": "string",
+    "page": "number",
+    "row": "number",
+}
+
+
 class FilterError(ValueError):
     """A filter that does not fit the index: unknown field, wrong operator or wrong value type."""
 

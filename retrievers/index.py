@@ -51,7 +51,7 @@ from langchain_core.documents import Document
 from pydantic import ValidationError
 
 from ragchains.retrievers.access import AccessLabels, current_groups
-from ragchains.retrievers.filters import MetadataColumns
+from ragchains.retrievers.filters import BASE_FIELDS, MetadataColumns
 from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
 
 FORMAT_NAME = "ragchains-index"
@@ -651,7 +651,7 @@ class SearchIndex:
             return self.fields
         key = self.access.known(groups)
         if key not in self._visible_fields:  # one per set of groups: callers share a few
-            present = set(self.columns.present_in(self.access.rows_for(key)))
+            present = set(self.columns.present_in(self.access.rows_for(key))) | BASE_FIELDS.keys()
             self._visible_fields[key] = {f: t for f, t in self.fields.items() if f in present}
         return self._visible_fields[key]
 

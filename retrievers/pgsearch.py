@@ -277,10 +277,12 @@ def search_sql(
     fusion: FusionConfig,
     fetch: int,
     k: int,
+    labelled: bool = True,
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """One statement returning the top ``k`` rows (id, text, metadata, fused score, each
     half's rank and score) and its parameters; ``filters`` are compiled for the ``fields``
-    they were checked against."""
+    they were checked against. ``labelled``: some file has groups (as of the meta last read),
+    so a caller's view may be narrow; the view is applied either way."""
     params = Params()
     groups = current_groups()
     where = sql.SQL("{} AND {}").format(
@@ -309,7 +311,7 @@ def search_sql(
             "ORDER BY c.embedding <=> {v} LIMIT {fetch}"
         ).format(v=v, chunks=chunks, where=where, fetch=params.add(fetch))
         kept: sql.Composable = sql.SQL("")
-        if filters or groups is not None:
+        if filters or (groups is not None and labelled):
             # A filter (or a caller's view) that keeps few rows: their exact distances (the
             # filter's own index finds them), faster than a graph walk that skips most nodes
             # and never short.
@@ -425,7 +427,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         vector: np.ndarray | None,
         k: int,
         filters: list[MetadataFilter],
-        fields: Mapping[str, str],
+        meta: Mapping[str, Any],
     ) -> tuple[sql.Composed, dict[str, Any]]:
         return search_sql(
             self.store,
@@ -433,10 +435,11 @@ class PostgresRetriever(BaseRetriever, FusionFields):
             query=query,
             vector=vector,
             filters=filters,
-            fields=fields,
+            fields=visible_fields(meta),
             fusion=self.fusion_config,
             fetch=max(self.candidates, k),
             k=k,
+            labelled=bool(meta.get("field_readers")),
         )
 
     def _vector(self, query: str) -> np.ndarray | None:
@@ -455,10 +458,10 @@ class PostgresRetriever(BaseRetriever, FusionFields):
     ) -> list[Document]:
         # Field types as of the last commit (re-read once per META_TTL), read once: the
         # filters are checked and compiled against the same ones.
-        fields = visible_fields(self.store.meta())
-        checked, k = self._checked(filters, fields), k or self.k
+        meta = self.store.meta()
+        checked, k = self._checked(filters, visible_fields(meta)), k or self.k
         vector = self._vector(query)
-        statement, params = self._statement(query, vector, k, checked, fields)
+        statement, params = self._statement(query, vector, k, checked, meta)
         with self.store.connection() as conn:
             rows = conn.execute(statement, params).fetchall()
         return documents(rows, self.search, self.fusion_config.fusion)
@@ -471,14 +474,14 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         k: int | None = None,
         filters: Any = None,
     ) -> list[Document]:
-        fields = visible_fields(await self.store.ameta())
-        checked, k = self._checked(filters, fields), k or self.k
+        meta = await self.store.ameta()
+        checked, k = self._checked(filters, visible_fields(meta)), k or self.k
         vector = (
             None
             if self.search == "fulltext"
             else await self.embedder.aencode_query(query, self.executor)
         )
-        statement, params = self._statement(query, vector, k, checked, fields)
+        statement, params = self._statement(query, vector, k, checked, meta)
         async with self.store.aconnection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()

@@ -37,7 +37,7 @@ from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ragchains.retrievers.access import current_groups
-from ragchains.retrievers.filters import LiveFields
+from ragchains.retrievers.filters import BASE_FIELDS, LiveFields
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
 from ragchains.retrievers.storeurl import is_store_url, redact
 
@@ -716,7 +716,7 @@ def visible_fields(meta: Mapping[str, Any]) -> dict[str, str]:
     readers = meta.get("field_readers")
     if groups is None or not readers:
         return fields
-    names = set(readers["public"])
+    names = set(readers["public"]) | BASE_FIELDS.keys()
     for group in groups:
         names.update(readers["groups"].get(group, ()))
     return {name: kind for name, kind in fields.items() if name in names}

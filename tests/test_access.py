@@ -30,7 +30,14 @@ from ragchains.retrievers.access import (
 from ragchains.retrievers.bm25 import BM25Retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import FilterError, MetadataColumns
-from ragchains.retrievers.index import SearchIndex, load_index
+from ragchains.retrievers.index import (
+    BM25_DIR,
+    BM25_LENGTHS_FILE,
+    MANIFEST_FILE,
+    SearchIndex,
+    current_generation,
+    load_index,
+)
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys, remove_key
 from ragchains.settings import Settings
@@ -147,10 +154,48 @@ def test_each_caller_finds_only_what_its_groups_may_read(
         assert found(HR_QUERY, groups, filters=by_glob) == set()
     assert "docs/eng-roadmap.md" not in found(ENG_QUERY, frozenset({"hr"}))
     assert "docs/eng-roadmap.md" in found(ENG_QUERY, frozenset({"eng"}))
-    with caller_groups(frozenset({"eng"})):  # the async path (PostgreSQL's own pool)
-        seen = _sources(asyncio.run(retriever.ainvoke(HR_QUERY)))
+
+    async def found_async() -> set[str]:  # the async path (PostgreSQL's own pool)
+        try:
+            return _sources(await retriever.ainvoke(HR_QUERY))
+        finally:
+            if isinstance(index, PostgresStore):
+                await index.aclose()  # its pool belongs to this event loop
+
+    with caller_groups(frozenset({"eng"})):
+        seen = asyncio.run(found_async())
+        # Fields no file's rows need hold (a page, a row) are told to every caller: their
+        # absence from its rows would tell that labelled files exist.
+        assert {"page", "row", "source"} <= set(retriever.fields)
+        assert "salary_band" not in retriever.fields
     assert seen and "docs/hr-salaries.md" not in seen
     index.close()
+
+
+def test_a_generation_without_row_lengths_is_written_again_by_a_plain_re_run(
+    labelled: Path,
+    docs_dir: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    # As an older ragchains wrote it: BM25 without row lengths (a caller's scores would still
+    # weigh hidden rows' lengths).
+    gen = current_generation(labelled)
+    (gen / BM25_DIR / BM25_LENGTHS_FILE).unlink()
+    manifest = json.loads((gen / MANIFEST_FILE).read_text())
+    del manifest["checksums"][f"{BM25_DIR}/{BM25_LENGTHS_FILE}"]
+    (gen / MANIFEST_FILE).write_text(json.dumps(manifest))
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.bm25.doc_lengths is None
+    with caller_groups(frozenset({"eng"})):  # still served: the readers' idf only
+        assert "docs/eng-roadmap.md" in _sources(BM25Retriever(index=index).invoke(ENG_QUERY))
+    index.close()
+    report = ingest_into(docs_dir, labelled)  # nothing changed, written all the same
+    assert report.wrote and any("row lengths" in n for n in report.notes)
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.bm25.doc_lengths is not None and len(index.bm25.doc_lengths) == len(index)
+    index.close()
+    assert not ingest_into(docs_dir, labelled).wrote  # once
 
 
 def test_keyword_scores_tell_nothing_of_hidden_files(
@@ -233,6 +278,10 @@ def test_a_store_relabels_keeps_rules_and_tells_fields_per_caller(
         # A plain re-run keeps the rules; new groups relabel without embedding again.
         again = ingest_into(docs_dir, labelled_store)
         assert not again.wrote and any("rules of the last run kept" in n for n in again.notes)
+        rebuilt = ingest_into(docs_dir, labelled_store, rebuild=True)
+        assert rebuilt.wrote and any("rules of the last run kept" in n for n in rebuilt.notes)
+        store.forget()
+        assert store.files()["docs/hr-salaries.md"].access == ("hr",)
         report = ingest_into(docs_dir, labelled_store, access=[AccessRule.parse("docs/hr-*=fin")])
         assert report.relabelled == ["docs/hr-payroll.csv", "docs/hr-salaries.md"]
         assert report.chunks_embedded == 0 and report.wrote
@@ -397,6 +446,11 @@ def test_a_plain_re_run_keeps_the_rules_and_only_access_clear_drops_them(
     (docs_dir / "notes.txt").write_text("changed notes\n", encoding="utf-8")  # a real change
     kept = ingest_into(docs_dir, labelled)
     assert any("access rules of the last run kept: docs/hr-*=hr" in n for n in kept.notes)
+    index = load_index(labelled, embedder_name=embedder.name)
+    assert index.store.files()["docs/hr-salaries.md"].access == ("hr",)
+    index.close()
+    rebuilt = ingest_into(docs_dir, labelled, rebuild=True)  # new vectors, the same readers
+    assert any("access rules of the last run kept" in n for n in rebuilt.notes)
     index = load_index(labelled, embedder_name=embedder.name)
     assert index.store.files()["docs/hr-salaries.md"].access == ("hr",)
     index.close()
