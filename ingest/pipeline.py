@@ -22,7 +22,13 @@ from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker, chunk_file
 from ragchains.ingest.loaders import LOADERS, LoadOptions, SkipFile, load_file
-from ragchains.retrievers.access import AccessRule, AccessRuleError, groups_for, sidecar_rules
+from ragchains.retrievers.access import (
+    AccessRule,
+    AccessRuleError,
+    groups_for,
+    mixed_type_problem,
+    sidecar_rules,
+)
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -209,11 +215,16 @@ def discover(paths: Sequence[str | Path]) -> Discovered:
 # ----------------------------------------------------------------------------- the run
 
 
-def _resolve_field_types(chunks: Sequence[Chunk], report: IngestReport) -> dict[str, str]:
+def _resolve_field_types(
+    chunks: Sequence[Chunk], report: IngestReport, groups_of: Mapping[str, tuple[str, ...]]
+) -> dict[str, str]:
     """One type per field over the whole index; a field typed differently in two files
-    becomes a string field (its values stringified) and the run says so."""
+    becomes a string field (its values stringified) and the run says so, unless that type
+    would tell a caller of files it may not read (``groups_of``: each source's groups)."""
     seen: dict[str, set[str]] = {}
+    by_label: dict[str, dict[tuple[str, ...], set[str]]] = {}
     for chunk in chunks:
+        label = groups_of.get(chunk.metadata["source"], ())
         for key, value in chunk.metadata.items():
             if key in _NOT_FILTERABLE or value is None:
                 continue
@@ -225,11 +236,15 @@ def _resolve_field_types(chunks: Sequence[Chunk], report: IngestReport) -> dict[
                 else "string"
             )
             seen.setdefault(key, set()).add(kind)
+            by_label.setdefault(key, {}).setdefault(label, set()).add(kind)
     fields: dict[str, str] = {}
     for key, kinds in seen.items():
         if len(kinds) == 1:
             fields[key] = next(iter(kinds))
             continue
+        problem = mixed_type_problem(key, by_label[key])
+        if problem:
+            raise IngestError(problem)
         fields[key] = "string"
         report.notes.append(
             f"field {key!r} holds {' and '.join(sorted(kinds))} values in different files; "
@@ -520,7 +535,9 @@ def _ingest_locked(
             return report  # the index already holds exactly this; leave it untouched
         report.notes.append("written again to keep BM25's row lengths (an older generation)")
 
-    fields = _resolve_field_types(all_chunks, report)
+    fields = _resolve_field_types(
+        all_chunks, report, {s: r.access for s, r in read.records.items()}
+    )
     contents = IndexContents(
         chunks=all_chunks,
         vectors=_vectors(embedder, all_chunks, old_vectors, report, progress),

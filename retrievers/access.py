@@ -160,6 +160,47 @@ class AccessLabels:
         return visible
 
 
+def type_told_by_hidden(kinds: Mapping[tuple[str, ...], set[str]]) -> str | None:
+    """Who would learn of files they may not read from a field's type, or None.
+
+    ``kinds``: the field's value types by the groups of the files holding them (() for
+    everyone's files). Values of several types make a string field; a caller whose readable
+    files hold numbers only (say) would find it typed string, which tells that other files
+    exist. Each caller reads everyone's files and those of its groups: a caller with one
+    group reads the least of any caller that has it, so checking those is enough.
+    """
+    every = set().union(*kinds.values())
+    if len(every) < 2:
+        return None
+    public = kinds.get((), set())
+    readers: dict[str, set[str]] = {"everyone": set(public)}
+    for label, own in kinds.items():
+        for group in label:
+            readers.setdefault(f"group {group!r}", set(public)).update(own)
+    for who, seen in readers.items():
+        if len(seen) == 1 and seen != {"string"}:
+            return who
+    return None
+
+
+def mixed_type_problem(field: str, kinds: Mapping[tuple[str, ...], set[str]]) -> str | None:
+    """Why a field of several types cannot be one string field (see ``type_told_by_hidden``),
+    for the ingest to refuse it; None when it can."""
+    who = type_told_by_hidden(kinds)
+    if who is None:
+        return None
+    held = "; ".join(
+        f"{','.join(label) or 'everyone'}: {' and '.join(sorted(k))}"
+        for label, k in sorted(kinds.items())
+    )
+    return (
+        f"field {field!r} holds values of different types in files of different readers "
+        f"({held}); as one string field its type would tell {who} that files it may not read "
+        "exist. Give the field one type in every file, or another name where it differs. "
+        "Nothing was written."
+    )
+
+
 def combined(*masks: np.ndarray | None) -> np.ndarray | None:
     """Rows every given mask keeps (None: no restriction)."""
     result = None

@@ -36,7 +36,7 @@ from psycopg import sql
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
-from ragchains.retrievers.access import current_groups
+from ragchains.retrievers.access import current_groups, mixed_type_problem
 from ragchains.retrievers.filters import BASE_FIELDS, LiveFields
 from ragchains.retrievers.index import Chunk, FileRecord, IndexLoadError, embedder_mismatch
 from ragchains.retrievers.storeurl import is_store_url, redact
@@ -643,20 +643,26 @@ class StoreWriter:
         """One type per field over the whole store, as the on-disk index records them: a
         field typed differently in two files becomes a string field, its values stringified."""
         kinds: dict[str, set[str]] = {}
-        for key, kind in conn.execute(
+        by_label: dict[str, dict[tuple[str, ...], set[str]]] = {}
+        for key, kind, access in conn.execute(
             sql.SQL(
-                "SELECT DISTINCT e.key, jsonb_typeof(e.value) FROM {} c, jsonb_each(c.metadata) e"
+                "SELECT DISTINCT e.key, jsonb_typeof(e.value), c.access "
+                "FROM {} c, jsonb_each(c.metadata) e"
                 " WHERE jsonb_typeof(e.value) IN ('string', 'number', 'boolean')"
             ).format(self.table("chunks"))
         ):
             if key not in not_filterable:
                 kinds.setdefault(key, set()).add(kind)
+                by_label.setdefault(key, {}).setdefault(tuple(access), set()).add(kind)
         fields: dict[str, str] = {}
         notes = []
         for key, seen in sorted(kinds.items()):
             if len(seen) == 1:
                 fields[key] = next(iter(seen))
                 continue
+            problem = mixed_type_problem(key, by_label[key])
+            if problem:
+                raise StoreError(problem)  # the write's transaction is rolled back
             fields[key] = "string"
             notes.append(
                 f"field {key!r} holds {' and '.join(sorted(seen))} values in different files; "

@@ -26,6 +26,7 @@ from ragchains.retrievers.access import (
     AccessRuleError,
     caller_groups,
     groups_for,
+    type_told_by_hidden,
 )
 from ragchains.retrievers.bm25 import BM25Retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -79,6 +80,19 @@ def test_rules_parse_match_first_and_refuse_what_they_cannot_use(tmp_path: Path)
 
 def _rows(*sources: str) -> MetadataColumns:
     return MetadataColumns([{"source": s} for s in sources], {"source": "string"})
+
+
+def test_a_fields_type_must_not_tell_of_files_a_caller_may_not_read() -> None:
+    # Values of several types make a string field: fine when every caller reads both types.
+    assert type_told_by_hidden({(): {"number", "string"}, ("hr",): {"string"}}) is None
+    assert type_told_by_hidden({(): {"number"}}) is None  # one type: the same for all
+    # Numbers for everyone, strings in HR's files: everyone else would see "string".
+    assert type_told_by_hidden({(): {"number"}, ("hr",): {"string"}}) == "everyone"
+    # Only labelled files hold it: a group reading numbers only would see "string".
+    told = type_told_by_hidden({("hr", "fin"): {"number"}, ("fin",): {"string"}})
+    assert told == "group 'hr'"
+    # A string field for a group whose files hold strings only tells it nothing.
+    assert type_told_by_hidden({("hr",): {"string"}, ("fin",): {"boolean", "string"}}) is None
 
 
 def test_labels_mask_rows_by_group_and_leave_unlabelled_rows_public() -> None:
@@ -240,6 +254,36 @@ def test_keyword_scores_tell_nothing_of_hidden_files(
         assert {k: unmasked[k] for k in shared} != pytest.approx({k: expected[k] for k in shared})
     whole.close()
     alone.close()
+
+
+def test_an_ingest_whose_field_types_would_tell_of_hidden_files_is_refused(
+    labelled_any: Path | str,
+    docs_dir: Path,
+    ingest_into: Callable[..., Any],
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    from ragchains.ingest.pipeline import IngestError
+
+    # tools.csv (everyone's) has numbers in its weight_kg column; an HR table with words there
+    # would make it a string field for everyone, telling them that some other file exists.
+    (docs_dir / "hr-weights.csv").write_text("name,weight_kg\nrake,heavy\n", encoding="utf-8")
+    before = open_index(labelled_any, embedder)
+    try:
+        count = len(before)
+    finally:
+        before.close()
+    with pytest.raises(IngestError, match=r"field 'weight_kg' .* would tell everyone") as refused:
+        ingest_into(docs_dir, labelled_any)
+    assert "Nothing was written" in str(refused.value)
+    after = open_index(labelled_any, embedder)
+    try:
+        assert len(after) == count and after.fields["weight_kg"] == "number"
+    finally:
+        after.close()
+    # Readable by everyone, the same table is one string field (the run says so).
+    rules = [AccessRule.parse("docs/hr-sal*=hr"), AccessRule.parse("docs/hr-pay*=hr")]
+    report = ingest_into(docs_dir, labelled_any, access=rules)
+    assert report.wrote and any("'weight_kg'" in note for note in report.notes)
 
 
 def test_new_groups_relabel_files_without_embedding_them_again(
