@@ -49,7 +49,7 @@ def build_bm25(texts: Sequence[str]) -> StoredBM25:
     model = StoredBM25(method=BM25_PARAMS["method"], k1=BM25_PARAMS["k1"], b=BM25_PARAMS["b"])
     tokens = [tokenize(t) for t in texts]
     model.index(tokens, show_progress=False)
-    model.doc_lengths = np.array([len(t) for t in tokens], dtype=np.int32)
+    model.doc_lengths = np.array([len(t) for t in tokens], dtype=np.float64)
     return model
 
 
@@ -109,11 +109,12 @@ def _scores_among(model: bm25s.BM25, ids: Sequence[int], readers: np.ndarray) ->
     k1, b = float(model.k1), float(model.b)
     lengths = getattr(model, "doc_lengths", None)
     if lengths is not None:
-        # Averages by masked sums (in float64: int32 lengths would overflow), norms only at
-        # the rows a word is in: no per-row arrays.
+        # Averages by a dot product (float64: no overflow), norms only at the rows a word is
+        # in: no per-row arrays.
         # An index whose rows are all empty has no words: ids is empty, nothing divides by 0.
-        average_all = float(lengths.sum(dtype=np.float64)) / n_all
-        average = max(float(lengths.sum(where=readers, dtype=np.float64)) / n, 1e-9)
+        lengths = np.asarray(lengths, dtype=np.float64)  # a no-op for StoredBM25's
+        average_all = float(lengths.sum()) / n_all
+        average = max(float(np.dot(lengths, readers)) / n, 1e-9)
     for word in ids:
         start, end = int(indptr[word]), int(indptr[word + 1])
         rows = indices[start:end]
@@ -123,7 +124,7 @@ def _scores_among(model: bm25s.BM25, ids: Sequence[int], readers: np.ndarray) ->
         rows = rows[keep]
         part = data[start:end][keep].astype(np.float64) / _idf(end - start, n_all)
         if lengths is not None:
-            length = lengths[rows].astype(np.float64)
+            length = lengths[rows]
             norm_all = k1 * (1 - b + b * length / average_all)
             tf = np.rint(part * norm_all / np.maximum(1 - part, 1e-12))
             part = tf / (tf + k1 * (1 - b + b * length / average))

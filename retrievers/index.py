@@ -83,19 +83,21 @@ class StoredBM25(bm25s.BM25):
     A generation written before they were kept loads with ``doc_lengths`` None.
     """
 
+    # float64 in memory: sums over a caller's rows neither overflow nor convert per query.
     doc_lengths: np.ndarray | None = None
 
     def save(self, save_dir: str, **kwargs: Any) -> None:  # type: ignore[override]
         super().save(save_dir, **kwargs)
         if self.doc_lengths is not None:
-            np.save(Path(save_dir) / BM25_LENGTHS_FILE, self.doc_lengths, allow_pickle=False)
+            lengths = self.doc_lengths.astype(np.int32)  # token counts: whole numbers
+            np.save(Path(save_dir) / BM25_LENGTHS_FILE, lengths, allow_pickle=False)
 
     @classmethod
     def load(cls, save_dir: str, **kwargs: Any) -> StoredBM25:  # type: ignore[override]
         model = super().load(save_dir, **kwargs)
         lengths = Path(save_dir) / BM25_LENGTHS_FILE
         if lengths.exists():
-            model.doc_lengths = np.load(lengths, allow_pickle=False)
+            model.doc_lengths = np.load(lengths, allow_pickle=False).astype(np.float64)
         return model  # type: ignore[no-any-return]
 
 
