@@ -9,6 +9,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
@@ -361,9 +362,6 @@ def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
     path.chmod(0o664)  # whoever may write it could add a key of their own
     with pytest.raises(KeysFileError, match="can be changed by other users"):
         KeyRing.load(path)
-    stale = path.with_name(f".{path.name}.tmp")  # left by a crash, with a looser mode
-    stale.write_text("")
-    stale.chmod(0o644)
     path.chmod(0o600)
     add_key(path, "carol", ["hr"])
     assert path.stat().st_mode & 0o777 == 0o600
@@ -371,6 +369,40 @@ def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
         path.write_text(broken)
         with pytest.raises(KeysFileError, match="needs principal"):
             KeyRing.load(path)
+
+
+def test_keys_changed_at_once_lose_no_change(tmp_path: Path) -> None:
+    # Each command reads the file, changes it and writes it back: without a lock, one would
+    # write back a list read before another's change (a removed key would come back).
+    path = tmp_path / "keys.toml"
+    names = [f"user{i}" for i in range(16)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: add_key(path, name, ["hr"]), names))
+    assert sorted(name for name, _ in list_keys(path)) == sorted(names)
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda name: remove_key(path, name), names[::2]))
+    assert sorted(name for name, _ in list_keys(path)) == sorted(names[1::2])
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keys.toml.")] == [
+        ".keys.toml.lock"
+    ]
+
+
+def test_a_keyring_lets_no_key_in_while_its_file_is_unusable_and_recovers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragchains.serving import keys as keys_module
+
+    monkeypatch.setattr(keys_module, "RELOAD_INTERVAL", 0.0)  # look on every call
+    path = tmp_path / "keys.toml"
+    key = add_key(path, "erin", ["hr"]).encode()
+    ring = KeyRing.load(path)
+    assert ring.find(key) is not None
+    path.chmod(0o666)
+    assert ring.find(key) is None  # refused while others may write it
+    path.chmod(0o600)  # the mend the log asks for: a chmod changes only the inode's times
+    assert ring.find(key) is not None
+    remove_key(path, "erin")
+    assert ring.find(key) is None
 
 
 def _entry(principal: str, digest: str) -> str:

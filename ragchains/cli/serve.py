@@ -58,9 +58,13 @@ def serve_command(
     click.echo(f"loading models and index {shown(index)} ...", err=True)
     service = load_service(settings, index, {}, "chat")
     verbose = bool(ctx.parent and ctx.parent.params.get("verbose"))
+    try:
+        app = create_app(settings, service=service)
+    except KeysFileError as exc:  # changed while the models loaded
+        fail(str(exc))
     server = uvicorn.Server(
         uvicorn.Config(
-            create_app(settings, service=service),
+            app,
             log_level="info" if verbose else "warning",
             timeout_graceful_shutdown=5,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,

@@ -13,6 +13,7 @@ is revoked without a restart; a file that can no longer be read then lets no key
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -20,9 +21,12 @@ import os
 import re
 import secrets
 import stat
+import tempfile
 import threading
 import time
 import tomllib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,8 +58,10 @@ class KeyRing:
     def __init__(self, path: Path) -> None:
         self.path = path
         self._lock = threading.Lock()
-        self._by_digest = _principals(path)  # a file that cannot be used stops the start
-        self._seen = _stamp(path)
+        # A file that cannot be used stops the start. The stamp is that of the file read.
+        entries, self._seen = _read(path)
+        self._by_digest = _principals(entries)
+        self._failed: Stamp | None = None
         self._looked = time.monotonic()
 
     @classmethod
@@ -75,27 +81,43 @@ class KeyRing:
                 self._looked = now
                 stamp = _stamp(self.path)
                 if stamp != self._seen:
-                    self._seen = stamp
-                    try:
-                        self._by_digest = _principals(self.path)
-                        log.info("keys file %s re-read: %d keys", self.path, len(self._by_digest))
-                    except KeysFileError as exc:  # a revocation must not be undone by a typo
-                        self._by_digest = {}
-                        log.error("%s; no key is accepted until it is mended", exc)
+                    self._reread(stamp)
         return self._by_digest
 
+    def _reread(self, stamp: Stamp | None) -> None:
+        try:
+            entries, self._seen = _read(self.path)
+        except KeysFileError as exc:
+            # A revocation must not be undone by a typo: no key until it is mended. The
+            # stamp stays the last good one, so every look retries (a chmod, a passing I/O
+            # error); the log says so once per state of the file.
+            self._by_digest = {}
+            if stamp != self._failed:
+                self._failed = stamp
+                log.error("%s; no key is accepted until it is mended", exc)
+            return
+        self._by_digest = _principals(entries)
+        self._failed = None
+        log.info("keys file %s re-read: %d keys", self.path, len(self._by_digest))
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What changes when the file is rewritten (in place or replaced); None: it is gone."""
+
+# What changes when the file is rewritten, replaced, or has its mode or owner changed.
+Stamp = tuple[int, int, int, int, int, int]
+
+
+def _stamp_of(st: os.stat_result) -> Stamp:
+    return (st.st_ino, st.st_mtime_ns, st.st_ctime_ns, st.st_size, st.st_mode, st.st_uid)
+
+
+def _stamp(path: Path) -> Stamp | None:
     try:
-        st = path.stat()
+        return _stamp_of(path.stat())
     except OSError:
-        return None
-    return (st.st_ino, st.st_mtime_ns, st.st_size)
+        return None  # gone, for now
 
 
-def _principals(path: Path) -> dict[str, Principal]:
-    return {str(entry["sha256"]): _principal(entry) for entry in _entries(path)}
+def _principals(entries: list[dict[str, object]]) -> dict[str, Principal]:
+    return {str(entry["sha256"]): _principal(entry) for entry in entries}
 
 
 def add_key(path: Path, principal: str, groups: list[str]) -> str:
@@ -107,25 +129,42 @@ def add_key(path: Path, principal: str, groups: list[str]) -> str:
         names = checked_groups(groups, "--groups")
     except AccessRuleError as exc:
         raise KeysFileError(str(exc)) from exc
-    entries = _entries(path) if path.exists() else []
-    if any(entry["principal"] == principal for entry in entries):
-        raise KeysFileError(f"{path} already holds a key for {principal!r}")
-    key = f"rk-{secrets.token_urlsafe(32)}"
-    entries.append(
-        {"principal": principal, "groups": list(names), "sha256": key_digest(key.encode())}
-    )
-    _write(path, entries)
+    with _editing(path):
+        entries = _read(path)[0] if path.exists() else []
+        if any(entry["principal"] == principal for entry in entries):
+            raise KeysFileError(f"{path} already holds a key for {principal!r}")
+        key = f"rk-{secrets.token_urlsafe(32)}"
+        entries.append(
+            {"principal": principal, "groups": list(names), "sha256": key_digest(key.encode())}
+        )
+        _write(path, entries)
     return key
 
 
 def remove_key(path: Path, principal: str) -> None:
     """Take ``principal``'s key out of ``path``: a server using the file refuses it within a
     second (``RELOAD_INTERVAL``)."""
-    entries = _entries(path)
-    kept = [entry for entry in entries if entry["principal"] != principal]
-    if len(kept) == len(entries):
-        raise KeysFileError(f"{path} holds no key for {principal!r}")
-    _write(path, kept)
+    with _editing(path):
+        entries = _read(path)[0]
+        kept = [entry for entry in entries if entry["principal"] != principal]
+        if len(kept) == len(entries):
+            raise KeysFileError(f"{path} holds no key for {principal!r}")
+        _write(path, kept)
+
+
+@contextmanager
+def _editing(path: Path) -> Iterator[None]:
+    """One change to the file at a time: two commands at once must not write back a list
+    read before the other's change (a removed key would come back)."""
+    try:
+        fd = os.open(path.with_name(f".{path.name}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    except OSError as exc:
+        raise KeysFileError(f"keys file {path}: cannot lock it ({exc.strerror})") from exc
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _write(path: Path, entries: list[dict[str, object]]) -> None:
@@ -136,30 +175,48 @@ def _write(path: Path, entries: list[dict[str, object]]) -> None:
         f"groups = {json.dumps(e['groups'])}\nsha256 = {json.dumps(e['sha256'])}\n\n"
         for e in entries
     )
-    tmp = path.with_name(f".{path.name}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    os.fchmod(fd, 0o600)  # a stale tmp file left by a crash keeps its own mode otherwise
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
+    # A new file of our own (mode 0600), never one a crash or another user left.
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def list_keys(path: Path) -> list[tuple[str, list[str]]]:
     """Each key's owner and groups, in the file's order."""
-    return [(str(e["principal"]), [str(g) for g in e["groups"]]) for e in _entries(path)]  # type: ignore[attr-defined]
+    return [(str(e["principal"]), [str(g) for g in e["groups"]]) for e in _read(path)[0]]  # type: ignore[attr-defined]
 
 
-def _entries(path: Path) -> list[dict[str, object]]:
+def _read(path: Path) -> tuple[list[dict[str, object]], Stamp]:
+    """The file's entries and the stamp of the very file read (opened once: its mode and
+    owner are checked on what is read, not on a name that may have been replaced since)."""
     try:
-        mode = path.stat().st_mode
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            raw = fh.read()
+        data = tomllib.loads(raw.decode("utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise KeysFileError(f"keys file {path}: {exc}") from exc
-    if mode & (stat.S_IWGRP | stat.S_IWOTH):  # whoever can write it can let themselves in
+    if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):  # whoever can write it can let themselves in
         raise KeysFileError(
-            f"keys file {path} can be changed by other users (mode {stat.S_IMODE(mode):o}): "
-            f"chmod 600 {path}"
+            f"keys file {path} can be changed by other users (mode {stat.S_IMODE(st.st_mode):o})"
+            f": chmod 600 {path}"
         )
+    if st.st_uid not in (os.geteuid(), 0):
+        raise KeysFileError(
+            f"keys file {path} belongs to another user (uid {st.st_uid}), who could add keys: "
+            "give it to the user the server runs as"
+        )
+    return _entries(path, data), _stamp_of(st)
+
+
+def _entries(path: Path, data: dict[str, object]) -> list[dict[str, object]]:
     entries = data.get("keys", [])
     if not isinstance(entries, list) or set(data) - {"keys"}:
         raise KeysFileError(f"keys file {path}: expected [[keys]] tables only")
