@@ -235,10 +235,12 @@ def create_app(
     service: Service | None = None,
     llm: LLM | None = None,
     embedder: SentenceTransformerEmbedder | None = None,
+    keyring: KeyRing | None = None,
 ) -> FastAPI:
     """The app, over ``service`` or one built now from ``settings.index`` (models and index
     load here, before any route exists); ``llm`` and ``embedder`` replace the configured
-    ones (tests and benchmarks)."""
+    ones (tests and benchmarks); ``keyring``: the keys of ``settings.keys_file``, when the
+    caller has read them already."""
     settings = settings or Settings()
     configure_runtime(settings)
     if service is None:
@@ -250,7 +252,8 @@ def create_app(
         service = build_service(settings, target, llm=llm, embedder=embedder, live=True)
     limits = Limits.from_settings(settings)
     # Keys with groups: each caller reads only what its groups may (retrievers.access).
-    keyring = KeyRing.load(settings.keys_file) if settings.keys_file is not None else None
+    if keyring is None and settings.keys_file is not None:
+        keyring = KeyRing(settings.keys_file)
     keyed = settings.api_key is not None or keyring is not None
     if keyring is not None and settings.api_key is not None:
         log.warning(

@@ -15,13 +15,19 @@ synthetic corpus, half its rows readable, the top 50 rows per query:
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from bench.common import machine_line, percentile_ms, synthetic_run, time_calls, write_section
+from bench.common import (
+    machine_line,
+    median_of,
+    percentile_ms,
+    synthetic_run,
+    time_calls,
+    write_section,
+)
 from bench.synthetic import make_corpus
 from ragchains.retrievers.bm25 import bm25_search, build_bm25
 
@@ -60,8 +66,8 @@ def main() -> None:
                 samples = time_calls(run, len(corpus.queries))
                 p50[name].append(percentile_ms(samples, 50))
                 p95[name].append(percentile_ms(samples, 95))
-        med = {name: statistics.median(v) for name, v in p50.items()}
-        med95 = {name: statistics.median(v) for name, v in p95.items()}
+        med = {name: median_of(v) for name, v in p50.items()}
+        med95 = {name: median_of(v) for name, v in p95.items()}
         lines.append(
             f"| {n:,} | {med['whole']:.2f} / {med95['whole']:.2f} | {med['masked']:.2f} | "
             f"{med['caller']:.2f} / {med95['caller']:.2f} | {med['caller'] / med['whole']:.2f}x |"

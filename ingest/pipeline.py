@@ -8,7 +8,6 @@ the index, that version is kept rather than lost.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
@@ -35,7 +34,6 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.retrievers.index import (
     LOCK_FILE,
-    MANIFEST_FILE,
     Chunk,
     FileRecord,
     IndexBusyError,
@@ -47,6 +45,7 @@ from ragchains.retrievers.index import (
     current_generation,
     file_sha256,
     load_index,
+    read_manifest,
     write_index,
     writer_lock,
 )
@@ -574,7 +573,8 @@ def ingest_to_store(
     report.skipped.extend(found.skipped)
     try:
         with store.writer() as writer:
-            meta = {} if rebuild else store.meta(fresh=True)
+            recorded = store.meta(fresh=True)  # a rebuild keeps its access rules, and only them
+            meta = {} if rebuild else recorded
             if meta:
                 try:
                     store.check(
@@ -586,7 +586,6 @@ def ingest_to_store(
             chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking
-            recorded = store.meta(fresh=True) if rebuild else meta  # a rebuild keeps the rules
             access = rules_for_run(access, recorded.get("access_rules") or [], report)
             read = _read_files(
                 found,
@@ -652,9 +651,8 @@ def _recorded_rules(index_dir: Path) -> list[dict[str, Any]]:
     """The access rules the current generation records (for a rebuild, which opens nothing
     else of it); none when there is no readable generation."""
     try:
-        manifest = current_generation(index_dir) / MANIFEST_FILE
-        rules = json.loads(manifest.read_text(encoding="utf-8")).get("access_rules")
-    except (IndexLoadError, OSError, ValueError, AttributeError):
+        rules = read_manifest(index_dir, current_generation(index_dir)).get("access_rules")
+    except IndexLoadError:
         return []
     return rules if isinstance(rules, list) else []
 

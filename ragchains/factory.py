@@ -84,9 +84,7 @@ def open_index(
 
 def filterable_fields(index: Store) -> Mapping[str, str]:
     """The fields a request may filter on, as each request reads them: those its caller may
-    see (``SearchIndex.visible_fields``, ``pgstore.visible_fields``)."""
-    if isinstance(index, PostgresStore):
-        return index.fields
+    see."""
     return LiveFields(index.visible_fields)
 
 

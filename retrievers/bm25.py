@@ -62,7 +62,7 @@ def bm25_search(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Top-k (rows, scores) with score > 0, best first, among rows where ``mask`` is true.
 
-    ``readers``: the rows the caller may read (``mask`` must keep no others). The scores then
+    ``readers``: the rows the caller may read (no others are returned). The scores then
     use those rows' statistics alone (their number, each word's document frequency, their
     average length), as an index of only them would: a row the caller may not read changes
     neither a score nor the order, so neither tells that it exists.
@@ -74,6 +74,7 @@ def bm25_search(
         scores = model.get_scores_from_ids(ids)
     else:
         scores = _scores_among(model, ids, readers)
+    mask = combined(mask, readers)
     if mask is not None:
         scores = np.where(mask, scores, 0.0)
     hits = np.flatnonzero(scores > 0)
@@ -138,7 +139,6 @@ class BM25Retriever(IndexRetriever):
     def _search(
         self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
     ) -> list[Document]:
-        readers = index.readable_rows()
-        mask = combined(index.columns.mask(filters), readers)
+        mask, readers = index.columns.mask(filters), index.readable_rows()
         rows, scores = bm25_search(index.bm25, query, k, mask, readers)
         return self._ranked_documents(index, rows, scores, "bm25")

@@ -129,8 +129,7 @@ class SentenceTransformerEmbedder(Embeddings):
         """The future of ``text``'s vector, queued for the next batch unless it already is
         (or the vector, when it is remembered: one lock for a query asked again)."""
         with self._queue_lock:
-            if (vector := self._recent.get(text)) is not None:
-                self._recent.move_to_end(text)
+            if (vector := self._lookup(text)) is not None:
                 return vector
             future = self._waiting.get(text) or self._encoding_now.get(text)
             if future is not None:
@@ -171,10 +170,14 @@ class SentenceTransformerEmbedder(Embeddings):
 
     def _remembered(self, text: str) -> np.ndarray | None:
         with self._queue_lock:
-            vector = self._recent.get(text)
-            if vector is not None:
-                self._recent.move_to_end(text)
-            return vector
+            return self._lookup(text)
+
+    def _lookup(self, text: str) -> np.ndarray | None:
+        """``text``'s remembered vector, made the most recent (under ``_queue_lock``)."""
+        vector = self._recent.get(text)
+        if vector is not None:
+            self._recent.move_to_end(text)
+        return vector
 
     def _remember(self, vectors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._queue_lock:

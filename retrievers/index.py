@@ -495,7 +495,8 @@ def _damaged(index_dir: str | Path, what: str) -> str:
     return f"index {index_dir} is damaged: {what}; {_repair(index_dir)}"
 
 
-def _read_manifest(index_dir: str | Path, gen: Path) -> dict[str, Any]:
+def read_manifest(index_dir: str | Path, gen: Path) -> dict[str, Any]:
+    """A generation's manifest, checked for format and version."""
     try:
         manifest = json.loads((gen / MANIFEST_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError as exc:
@@ -742,7 +743,7 @@ def load_index(
     """Load the current generation (or ``generation``, a folder of the index), checking
     format, embedder, checksums and internal consistency."""
     gen = generation or current_generation(index_dir)  # once: a writer may switch CURRENT
-    manifest = _read_manifest(index_dir, gen)
+    manifest = read_manifest(index_dir, gen)
     problem = embedder_mismatch(
         f"index {index_dir}", manifest.get("embedder") or {}, embedder_name, embedder_dimension
     )
@@ -913,7 +914,7 @@ def verify_index(index_dir: str | Path) -> Verification:
     CURRENT or manifest cannot be read."""
     root = Path(index_dir)
     gen = current_generation(root)
-    manifest = _read_manifest(index_dir, gen)
+    manifest = read_manifest(index_dir, gen)
     checksums = _recorded_checksums(index_dir, manifest)
     result = Verification(root, gen.name, checksums is not None, [])
     if checksums is None:

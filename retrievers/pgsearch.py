@@ -31,6 +31,7 @@ from pydantic import ConfigDict, Field
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import (
+    LiveFields,
     MetadataFilter,
     Scalar,
     is_glob,
@@ -277,7 +278,7 @@ def search_sql(
     fusion: FusionConfig,
     fetch: int,
     k: int,
-    labelled: bool = True,
+    labelled: bool,
 ) -> tuple[sql.Composed, dict[str, Any]]:
     """One statement returning the top ``k`` rows (id, text, metadata, fused score, each
     half's rank and score) and its parameters; ``filters`` are compiled for the ``fields``
@@ -419,7 +420,8 @@ class PostgresRetriever(BaseRetriever, FusionFields):
 
     @property
     def fields(self) -> Mapping[str, str]:
-        return self.store.fields
+        """The metadata fields (name -> type) ``filters`` may name: the caller's."""
+        return LiveFields(self.store.visible_fields)
 
     def _statement(
         self,
@@ -427,6 +429,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         vector: np.ndarray | None,
         k: int,
         filters: list[MetadataFilter],
+        fields: Mapping[str, str],
         meta: Mapping[str, Any],
     ) -> tuple[sql.Composed, dict[str, Any]]:
         return search_sql(
@@ -435,7 +438,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
             query=query,
             vector=vector,
             filters=filters,
-            fields=visible_fields(meta),
+            fields=fields,
             fusion=self.fusion_config,
             fetch=max(self.candidates, k),
             k=k,
@@ -459,9 +462,10 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         # Field types as of the last commit (re-read once per META_TTL), read once: the
         # filters are checked and compiled against the same ones.
         meta = self.store.meta()
-        checked, k = self._checked(filters, visible_fields(meta)), k or self.k
+        fields = visible_fields(meta)
+        checked, k = self._checked(filters, fields), k or self.k
         vector = self._vector(query)
-        statement, params = self._statement(query, vector, k, checked, meta)
+        statement, params = self._statement(query, vector, k, checked, fields, meta)
         with self.store.connection() as conn:
             rows = conn.execute(statement, params).fetchall()
         return documents(rows, self.search, self.fusion_config.fusion)
@@ -475,13 +479,14 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         filters: Any = None,
     ) -> list[Document]:
         meta = await self.store.ameta()
-        checked, k = self._checked(filters, visible_fields(meta)), k or self.k
+        fields = visible_fields(meta)
+        checked, k = self._checked(filters, fields), k or self.k
         vector = (
             None
             if self.search == "fulltext"
             else await self.embedder.aencode_query(query, self.executor)
         )
-        statement, params = self._statement(query, vector, k, checked, meta)
+        statement, params = self._statement(query, vector, k, checked, fields, meta)
         async with self.store.aconnection() as conn:
             cursor = await conn.execute(statement, params)
             rows = await cursor.fetchall()

@@ -322,9 +322,13 @@ class PostgresStore:
 
     @property
     def fields(self) -> Mapping[str, str]:
-        # Follows committed ingests: the meta last read, re-read at most once per META_TTL;
-        # the fields this request's caller may filter on (see visible_fields).
-        return LiveFields(lambda: visible_fields(self.known_meta()))
+        # Follows committed ingests: the meta last read, re-read at most once per META_TTL.
+        return LiveFields(lambda: self.known_meta().get("fields") or {})
+
+    def visible_fields(self) -> dict[str, str]:
+        """The fields this request's caller may filter on (as ``SearchIndex.visible_fields``),
+        from the meta last read."""
+        return visible_fields(self.known_meta())
 
     @property
     def generation(self) -> int:
@@ -500,14 +504,16 @@ class StoreWriter:
                         for f in delta.files
                     ],
                 )
-            # Each chunk takes its file's groups: new chunks, and a relabelled file's old ones.
+            # New chunks came with their file's groups; a relabelled file's kept ones take them.
             conn.execute(
                 sql.SQL(
                     "UPDATE {chunks} c SET access = f.access FROM {files} f "
                     "WHERE c.source = f.source AND c.access IS DISTINCT FROM f.access"
                 ).format(chunks=chunks, files=files)
             )
-            fields, notes = self._field_types(conn, delta.base_fields, delta.not_filterable)
+            fields, notes, readers = self._field_types(
+                conn, delta.base_fields, delta.not_filterable
+            )
             counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(chunks)).fetchone()
             self._set_meta(
                 conn,
@@ -520,7 +526,7 @@ class StoreWriter:
                     "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
                     "chunks": int(counted[0]) if counted else 0,
                     "access_rules": delta.access_rules,
-                    "field_readers": self._field_readers(conn, fields),
+                    "field_readers": readers,
                 },
             )
         self.store.forget()
@@ -619,18 +625,22 @@ class StoreWriter:
 
     def _copy_chunks(self, conn: psycopg.Connection[Any], delta: StoreDelta) -> None:
         statement = sql.SQL(
-            "COPY {} (id, source, text, metadata, embedding) FROM STDIN WITH (FORMAT BINARY)"
+            "COPY {} (id, source, text, metadata, embedding, access) FROM STDIN "
+            "WITH (FORMAT BINARY)"
         ).format(self.table("chunks"))
+        groups = {f.source: list(f.access) for f in delta.files}
         with conn.cursor() as cur, cur.copy(statement) as copy:
-            copy.set_types(["text", "text", "text", "jsonb", "vector"])
+            copy.set_types(["text", "text", "text", "jsonb", "vector", "text[]"])
             for chunk, vector in zip(delta.chunks, delta.vectors, strict=True):
+                source = chunk.metadata["source"]
                 copy.write_row(
                     (
                         chunk.id,
-                        clean_text(chunk.metadata["source"]),
+                        clean_text(source),
                         clean_text(chunk.text),
                         Jsonb(_clean(chunk.metadata)),
                         np.asarray(vector, dtype=np.float32),
+                        groups.get(source, []),
                     )
                 )
 
@@ -639,9 +649,10 @@ class StoreWriter:
         conn: psycopg.Connection[Any],
         base_fields: Mapping[str, str],
         not_filterable: Collection[str],
-    ) -> tuple[dict[str, str], list[str]]:
+    ) -> tuple[dict[str, str], list[str], dict[str, Any] | None]:
         """One type per field over the whole store, as the on-disk index records them: a
-        field typed differently in two files becomes a string field, its values stringified."""
+        field typed differently in two files becomes a string field, its values stringified.
+        Also returns which fields whose rows hold (see ``field_readers``)."""
         kinds: dict[str, set[str]] = {}
         by_label: dict[str, dict[tuple[str, ...], set[str]]] = {}
         for key, kind, access in conn.execute(
@@ -676,32 +687,10 @@ class StoreWriter:
                 ).format(self.table("chunks")),
                 {"k": key},
             )
+        readers = field_readers(by_label)
         for key, kind in base_fields.items():
             fields.setdefault(key, kind)
-        return dict(sorted(fields.items())), notes
-
-    def _field_readers(
-        self, conn: psycopg.Connection[Any], fields: Mapping[str, str]
-    ) -> dict[str, Any] | None:
-        """Which fields the public rows hold, and which each group's rows hold, for
-        ``visible_fields``; None when no file has groups (every field is everyone's)."""
-        public: set[str] = set()
-        by_group: dict[str, set[str]] = {}
-        for group, key in conn.execute(
-            sql.SQL(
-                "SELECT DISTINCT g.name, e.key FROM {} c, jsonb_object_keys(c.metadata) e(key), "
-                "unnest(CASE WHEN cardinality(c.access) = 0 THEN ARRAY[NULL::text] "
-                "ELSE c.access END) g(name)"
-            ).format(self.table("chunks"))
-        ):
-            if key in fields:
-                (public if group is None else by_group.setdefault(group, set())).add(key)
-        if not by_group:
-            return None
-        return {
-            "public": sorted(public),
-            "groups": {g: sorted(keys) for g, keys in sorted(by_group.items())},
-        }
+        return dict(sorted(fields.items())), notes, readers
 
     def _set_meta(self, conn: psycopg.Connection[Any], values: Mapping[str, Any]) -> None:
         with conn.cursor() as cur:
@@ -712,6 +701,23 @@ class StoreWriter:
                 ).format(self.table("meta")),
                 [(k, Jsonb(v)) for k, v in values.items()],
             )
+
+
+def field_readers(
+    by_label: Mapping[str, Mapping[tuple[str, ...], object]],
+) -> dict[str, Any] | None:
+    """Which fields everyone's rows hold, and which each group's rows hold (from each field's
+    value types by the groups of the files holding them), for ``visible_fields``; None when
+    no file has groups (every field is everyone's)."""
+    public = sorted(key for key, labels in by_label.items() if () in labels)
+    by_group: dict[str, set[str]] = {}
+    for key, labels in by_label.items():
+        for label in labels:
+            for group in label:
+                by_group.setdefault(group, set()).add(key)
+    if not by_group:
+        return None
+    return {"public": public, "groups": {g: sorted(k) for g, k in sorted(by_group.items())}}
 
 
 def visible_fields(meta: Mapping[str, Any]) -> dict[str, str]:

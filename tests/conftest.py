@@ -25,6 +25,11 @@ SHARED = REPO.parent / "shared"
 CONFIG_ONLY_CROSS_ENCODER = SHARED / "models" / "ms-marco-MiniLM-L-6-v2-config-only"
 
 
+def sources(docs: list[Any]) -> set[str]:
+    """The source names of retrieved documents."""
+    return {str(d.metadata.get("source", "")) for d in docs}
+
+
 @pytest.fixture(scope="session")
 def settings() -> Settings:
     # Defaults only: a developer's .env or RAGCHAINS_* variables must not change test results.

@@ -11,7 +11,7 @@ import socket
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -39,6 +39,19 @@ async def _listen_for_exit_signal() -> None:
 
 
 EventSourceResponse.listen_for_exit_signal = staticmethod(_listen_for_exit_signal)  # type: ignore[method-assign]
+
+
+def wait_until(
+    check: Callable[[], Any], what: str, *, timeout: float = 30, every: float = 0.2
+) -> Any:
+    """Call ``check`` until it returns something true, and return that; fail after
+    ``timeout`` seconds naming ``what`` and the last value seen (shared machines are slow:
+    a deadline, never a timed assertion)."""
+    deadline = time.monotonic() + timeout
+    while not (value := check()):
+        assert time.monotonic() < deadline, f"{what} not within {timeout:g} s (last: {value!r})"
+        time.sleep(every)
+    return value
 
 
 @contextmanager

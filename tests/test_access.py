@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import time
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -20,6 +20,7 @@ from click.testing import CliRunner
 
 from ragchains.cli import app
 from ragchains.factory import build_retriever, open_index
+from ragchains.ingest.pipeline import IngestError
 from ragchains.retrievers.access import (
     SIDECAR,
     AccessLabels,
@@ -43,6 +44,8 @@ from ragchains.retrievers.index import (
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys, remove_key
 from ragchains.settings import Settings
+from tests.conftest import sources
+from tests.servers import wait_until
 
 HR_DOC = (
     "# Quokka salary bands\n\nThe quokka salary band for senior engineers runs from 91,000 "
@@ -55,10 +58,6 @@ ENG_DOC = (
 HR_TABLE = "name,salary_band\nAda,7\nGrace,9\n"  # a field only HR's files have
 HR_QUERY = "quokka salary band senior engineers bonus pool"
 ENG_QUERY = "zephyr migration cluster region freeze"
-
-
-def _sources(docs: list[Any]) -> set[str]:
-    return {str(d.metadata["source"]) for d in docs}
 
 
 # ----------------------------------------------------------------------------- rules
@@ -155,7 +154,7 @@ def test_each_caller_finds_only_what_its_groups_may_read(
 
     def found(query: str, groups: frozenset[str] | None, **kw: Any) -> set[str]:
         with caller_groups(groups):
-            return _sources(retriever.invoke(query, **kw))
+            return sources(retriever.invoke(query, **kw))
 
     assert "docs/hr-salaries.md" in found(HR_QUERY, None)  # no access control: everything
     assert "docs/hr-salaries.md" in found(HR_QUERY, frozenset({"hr"}))
@@ -167,12 +166,15 @@ def test_each_caller_finds_only_what_its_groups_may_read(
         by_glob = [{"field": "source", "op": "=", "value": "docs/hr-*"}]
         assert found(HR_QUERY, groups, filters=by_name) == set()
         assert found(HR_QUERY, groups, filters=by_glob) == set()
+    hr_files = {"docs/hr-salaries.md", "docs/hr-payroll.csv"}  # the same filters, as HR
+    assert found(HR_QUERY, frozenset({"hr"}), filters=by_glob) == hr_files
+    assert found(HR_QUERY, frozenset({"hr"}), filters=by_name) == {"docs/hr-salaries.md"}
     assert "docs/eng-roadmap.md" not in found(ENG_QUERY, frozenset({"hr"}))
     assert "docs/eng-roadmap.md" in found(ENG_QUERY, frozenset({"eng"}))
 
     async def found_async() -> set[str]:  # the async path (PostgreSQL's own pool)
         try:
-            return _sources(await retriever.ainvoke(HR_QUERY))
+            return sources(await retriever.ainvoke(HR_QUERY))
         finally:
             if isinstance(index, PostgresStore):
                 await index.aclose()  # its pool belongs to this event loop
@@ -203,7 +205,7 @@ def test_a_generation_without_row_lengths_is_written_again_by_a_plain_re_run(
     index = load_index(labelled, embedder_name=embedder.name)
     assert index.bm25.doc_lengths is None
     with caller_groups(frozenset({"eng"})):  # still served: the readers' idf only
-        assert "docs/eng-roadmap.md" in _sources(BM25Retriever(index=index).invoke(ENG_QUERY))
+        assert "docs/eng-roadmap.md" in sources(BM25Retriever(index=index).invoke(ENG_QUERY))
     index.close()
     report = ingest_into(docs_dir, labelled)  # nothing changed, written all the same
     assert report.wrote and any("row lengths" in n for n in report.notes)
@@ -263,8 +265,6 @@ def test_an_ingest_whose_field_types_would_tell_of_hidden_files_is_refused(
     ingest_into: Callable[..., Any],
     embedder: SentenceTransformerEmbedder,
 ) -> None:
-    from ragchains.ingest.pipeline import IngestError
-
     # tools.csv (everyone's) has numbers in its weight_kg column; an HR table with words there
     # would make it a string field for everyone, telling them that some other file exists.
     (docs_dir / "hr-weights.csv").write_text("name,weight_kg\nrake,heavy\n", encoding="utf-8")
@@ -313,12 +313,12 @@ def test_a_store_relabels_keeps_rules_and_tells_fields_per_caller(
     on_salary = [{"field": "salary_band", "op": ">", "value": 1}]
     try:
         with caller_groups(frozenset({"eng"})):
-            assert "salary_band" not in store.fields  # only HR's table has it
+            assert "salary_band" not in store.visible_fields()  # only HR's table has it
             with pytest.raises(FilterError, match="unknown filter field") as refused:
                 retriever.invoke(HR_QUERY, filters=on_salary)
             assert "salary_band" not in str(refused.value).split("known fields")[1]
         with caller_groups(frozenset({"hr"})):
-            assert "salary_band" in store.fields
+            assert "salary_band" in store.visible_fields()
             assert retriever.invoke(HR_QUERY, filters=on_salary)
         # A plain re-run keeps the rules; new groups relabel without embedding again.
         again = ingest_into(docs_dir, labelled_store)
@@ -333,9 +333,9 @@ def test_a_store_relabels_keeps_rules_and_tells_fields_per_caller(
         store.forget()
         assert store.files()["docs/hr-salaries.md"].access == ("fin",)
         with caller_groups(frozenset({"fin"})):
-            assert "docs/hr-salaries.md" in _sources(retriever.invoke(HR_QUERY))
+            assert "docs/hr-salaries.md" in sources(retriever.invoke(HR_QUERY))
         with caller_groups(frozenset({"hr"})):
-            assert "docs/hr-salaries.md" not in _sources(retriever.invoke(HR_QUERY))
+            assert "docs/hr-salaries.md" not in sources(retriever.invoke(HR_QUERY))
     finally:
         store.close()
 
@@ -348,7 +348,7 @@ def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
     text = path.read_text()
     assert alice not in text and bob not in text  # only their sha256
     assert path.stat().st_mode & 0o777 == 0o600
-    ring = KeyRing.load(path)
+    ring = KeyRing(path)
     found = ring.find(alice.encode())
     assert found is not None and found.name == "alice" and found.groups == {"hr"}
     assert ring.find(b"rk-wrong") is None and ring.find(b"") is None
@@ -361,14 +361,14 @@ def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
         remove_key(path, "alice")
     path.chmod(0o664)  # whoever may write it could add a key of their own
     with pytest.raises(KeysFileError, match="can be changed by other users"):
-        KeyRing.load(path)
+        KeyRing(path)
     path.chmod(0o600)
     add_key(path, "carol", ["hr"])
     assert path.stat().st_mode & 0o777 == 0o600
     for broken in ('[[keys]]\nprincipal = "x"\n', _entry("x", "Z" * 64)):
         path.write_text(broken)
         with pytest.raises(KeysFileError, match="needs principal"):
-            KeyRing.load(path)
+            KeyRing(path)
 
 
 def test_keys_changed_at_once_lose_no_change(tmp_path: Path) -> None:
@@ -376,11 +376,20 @@ def test_keys_changed_at_once_lose_no_change(tmp_path: Path) -> None:
     # write back a list read before another's change (a removed key would come back).
     path = tmp_path / "keys.toml"
     names = [f"user{i}" for i in range(16)]
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda name: add_key(path, name, ["hr"]), names))
+
+    def together(change: Callable[[str], object], some: list[str]) -> None:
+        start = threading.Barrier(len(some))  # every thread at its change at once
+
+        def run(name: str) -> object:
+            start.wait()
+            return change(name)
+
+        with ThreadPoolExecutor(len(some)) as pool:
+            list(pool.map(run, some))
+
+    together(lambda name: add_key(path, name, ["hr"]), names)
     assert sorted(name for name, _ in list_keys(path)) == sorted(names)
-    with ThreadPoolExecutor(8) as pool:
-        list(pool.map(lambda name: remove_key(path, name), names[::2]))
+    together(lambda name: remove_key(path, name), names[::2])
     assert sorted(name for name, _ in list_keys(path)) == sorted(names[1::2])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keys.toml.")] == [
         ".keys.toml.lock"
@@ -395,7 +404,7 @@ def test_a_keyring_lets_no_key_in_while_its_file_is_unusable_and_recovers(
     monkeypatch.setattr(keys_module, "RELOAD_INTERVAL", 0.0)  # look on every call
     path = tmp_path / "keys.toml"
     key = add_key(path, "erin", ["hr"]).encode()
-    ring = KeyRing.load(path)
+    ring = KeyRing(path)
     assert ring.find(key) is not None
     path.chmod(0o666)
     assert ring.find(key) is None  # refused while others may write it
@@ -421,22 +430,17 @@ def test_a_running_server_follows_the_keys_file(
             f"{base}/retrieve/invoke", json=body, headers={"X-API-Key": key}, timeout=60
         ).status_code
 
-    def settles(key: str, expected: int) -> bool:
-        deadline = time.monotonic() + 15  # re-read within a second; the machine is shared
-        while status(key) != expected:
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(0.2)
-        return True
+    def settles(key: str, expected: int) -> None:  # the file is re-read within a second
+        wait_until(lambda: status(key) == expected, f"status {expected}", timeout=15)
 
     with serve_upstream(keys_file=keys, openai_model="ok-keys") as base:
         assert status(first) == 200
         remove_key(keys, "dora")  # revoked: refused without a restart
-        assert settles(first, 401)
+        settles(first, 401)
         second = add_key(keys, "dora", ["hr"])
-        assert settles(second, 200)
+        settles(second, 200)
         keys.write_text("not toml [")  # a broken file lets no key in (and says so in the log)
-        assert settles(second, 401)
+        settles(second, 401)
 
 
 def test_the_keys_command_prints_a_key_once_and_lists_owners(tmp_path: Path) -> None:
@@ -545,8 +549,6 @@ def test_rules_that_would_leave_files_open_by_mistake_are_caught(
     ingest_into: Callable[..., Any],
     embedder: SentenceTransformerEmbedder,
 ) -> None:
-    from ragchains.ingest.pipeline import IngestError
-
     with pytest.raises(IngestError, match="matches no file: files are named"):
         ingest_into(docs_dir, tmp_path / "a", access=[AccessRule.parse("hr/*=hr")])
     # A sidecar deeper down applies to its folder; a folder named like a glob is literal.
@@ -568,8 +570,6 @@ def test_a_field_only_hidden_files_have_is_not_told_of_even_in_an_error(
 ) -> None:
     """Its name and type were listed in the 422's "known fields", in the rewrite's tools
     and in /readyz: each told that a hidden file exists."""
-    from ragchains.retrievers.filters import FilterError
-
     index = load_index(labelled, embedder_name=embedder.name)
     retriever = build_retriever(settings, index, embedder)
     band = [{"field": "salary_band", "op": ">", "value": 8}]
@@ -581,6 +581,6 @@ def test_a_field_only_hidden_files_have_is_not_told_of_even_in_an_error(
         assert "salary" not in known and "source" in known
     with caller_groups(frozenset({"hr"})):
         assert retriever.fields["salary_band"] == "number"
-        assert _sources(retriever.invoke("payroll", filters=band)) == {"docs/hr-payroll.csv"}
+        assert sources(retriever.invoke("payroll", filters=band)) == {"docs/hr-payroll.csv"}
     assert "salary_band" in retriever.fields  # no access control: every field
     index.close()

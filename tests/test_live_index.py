@@ -23,6 +23,8 @@ from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.index import CURRENT_FILE, write_fusion
 from ragchains.retrievers.live import LiveIndex
 from ragchains.settings import Settings
+from tests.conftest import sources
+from tests.servers import wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -31,10 +33,6 @@ NEW_DOC = (
     "indicator; the kit costs 12 dollars.\n"
 )
 NEW_ROWS = "name,price,warranty_years\nMoisture meter,31,3\nPruning saw,19,1\n"
-
-
-def _sources(docs: list[Any]) -> set[str]:
-    return {str(d.metadata.get("source", "")) for d in docs}
 
 
 @pytest.fixture
@@ -72,13 +70,13 @@ def test_a_pinned_search_keeps_its_generation_and_the_next_one_sees_the_ingest(
         # In flight: the generation it started on, though another is current now.
         assert live.path.name == first and len(live) == before
         found = retriever.invoke("zanzibarite blue mineral humidity indicator")
-        assert not any(s.endswith("zanzibarite.md") for s in _sources(found))
+        assert not any(s.endswith("zanzibarite.md") for s in sources(found))
         assert "warranty_years" not in live.pinned().fields
         assert old is live.pinned()
 
     assert live.path.name != first and len(live) > before
     found = retriever.invoke("zanzibarite blue mineral humidity indicator")
-    assert any(s.endswith("zanzibarite.md") for s in _sources(found))
+    assert any(s.endswith("zanzibarite.md") for s in sources(found))
     assert live.pinned().fields["warranty_years"] == "number"  # a new field, filterable at once
     kept = retriever.invoke(
         "pruning saw", filters=[{"field": "warranty_years", "op": "<", "value": 2}]
@@ -194,10 +192,10 @@ def test_the_server_serves_an_ingest_committed_while_it_runs_without_an_error(
             (docs_dir / "meters.csv").write_text(NEW_ROWS, encoding="utf-8")
             ingest_into(docs_dir, index)
             committed = (index / CURRENT_FILE).read_text().strip()
-            deadline = time.monotonic() + 30
-            while httpx.get(f"{base}/readyz").json()["index"]["generation"] != committed:
-                assert time.monotonic() < deadline, "the new generation was not served in 30 s"
-                time.sleep(0.2)
+            wait_until(
+                lambda: httpx.get(f"{base}/readyz").json()["index"]["generation"] == committed,
+                "the new generation served",
+            )
             time.sleep(0.5)  # some searches on the new generation too
         finally:
             stop.set()

@@ -19,6 +19,7 @@ from openai import OpenAI
 
 from tests.conftest import REPO
 from tests.postgres import LocalPostgres, free_port
+from tests.servers import wait_until
 from tests.test_cli import RAGCHAINS, run
 
 pytestmark = pytest.mark.e2e
@@ -149,14 +150,15 @@ def test_two_servers_on_one_database_see_one_ingest(
             "# Drip irrigation\n\nZorblatt drip lines water each tomato plant at its roots.\n"
         )
         ingest(docs_dir)  # while both serve: no restart, no reload call
-        deadline = time.monotonic() + 30
-        while True:
-            query = "Zorblatt drip lines water each tomato plant"
-            seen = [retrieved(base, query)[:1] for base in (first, second)]
-            if seen == [["irrigation.md#drip-irrigation"]] * 2:
-                break
-            assert time.monotonic() < deadline, seen
-            time.sleep(0.5)
+        query = "Zorblatt drip lines water each tomato plant"
+        wait_until(
+            lambda: (
+                [retrieved(base, query)[:1] for base in (first, second)]
+                == [["irrigation.md#drip-irrigation"]] * 2
+            ),
+            "both servers showing the new file",
+            every=0.5,
+        )
         for base in (first, second):
             ready = httpx.get(f"{base}/readyz", timeout=30)
             assert "s3cret" not in ready.text
@@ -218,11 +220,12 @@ def test_a_server_reads_a_replica_while_ingestion_writes_to_the_primary(
                 "# Drip irrigation\n\nZorblatt drip lines water each tomato plant at its roots.\n"
             )
             assert run("ingest", docs_dir, "--store", pg_url, "-q").returncode == 0
-            deadline = time.monotonic() + 30
             query = "Zorblatt drip lines water each tomato plant"
-            while retrieved(base, query)[:1] != ["irrigation.md#drip-irrigation"]:
-                assert time.monotonic() < deadline, "the replica never showed the new file"
-                time.sleep(0.5)
+            wait_until(
+                lambda: retrieved(base, query)[:1] == ["irrigation.md#drip-irrigation"],
+                "the replica showing the new file",
+                every=0.5,
+            )
     finally:
         standby.stop()
 

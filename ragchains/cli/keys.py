@@ -23,14 +23,17 @@ def _keys_file(path: Path | None) -> Path:
     return chosen
 
 
+KEYS_FILE_OPTION = click.option(
+    "--keys-file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    help="The keys file (default: RAGCHAINS_KEYS_FILE); `add` creates it, owner-only.",
+)
+
+
 @keys_group.command("add")
 @click.argument("principal")
 @click.option("--groups", required=True, metavar="GROUP[,GROUP]", help="What the key may read.")
-@click.option(
-    "--keys-file",
-    type=click.Path(path_type=Path, dir_okay=False),
-    help="The keys file (default: RAGCHAINS_KEYS_FILE); created if missing, owner-only.",
-)
+@KEYS_FILE_OPTION
 def add_command(principal: str, groups: str, keys_file: Path | None) -> None:
     """Make a key for PRINCIPAL (a person or a program) and print it, once."""
     from ragchains.serving.keys import KeysFileError, add_key
@@ -45,7 +48,7 @@ def add_command(principal: str, groups: str, keys_file: Path | None) -> None:
 
 
 @keys_group.command("list")
-@click.option("--keys-file", type=click.Path(path_type=Path, dir_okay=False))
+@KEYS_FILE_OPTION
 def list_command(keys_file: Path | None) -> None:
     """Each key's owner and groups (never the keys)."""
     from ragchains.serving.keys import KeysFileError, list_keys
@@ -59,7 +62,7 @@ def list_command(keys_file: Path | None) -> None:
 
 @keys_group.command("remove")
 @click.argument("principal")
-@click.option("--keys-file", type=click.Path(path_type=Path, dir_okay=False))
+@KEYS_FILE_OPTION
 def remove_command(principal: str, keys_file: Path | None) -> None:
     """Revoke PRINCIPAL's key: a running server refuses it within a second, no restart."""
     from ragchains.serving.keys import KeysFileError, remove_key

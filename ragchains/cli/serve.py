@@ -39,9 +39,10 @@ def serve_command(
     from ragchains.serving.keys import KeyRing, KeysFileError
 
     settings = load_settings()
+    keyring = None
     if settings.keys_file is not None:  # before the slow loading, as the port below
         try:
-            KeyRing.load(settings.keys_file)
+            keyring = KeyRing(settings.keys_file)  # it follows the file from then on
         except KeysFileError as exc:
             fail(str(exc))
     index = target_of(index, settings)
@@ -58,10 +59,7 @@ def serve_command(
     click.echo(f"loading models and index {shown(index)} ...", err=True)
     service = load_service(settings, index, {}, "chat")
     verbose = bool(ctx.parent and ctx.parent.params.get("verbose"))
-    try:
-        app = create_app(settings, service=service)
-    except KeysFileError as exc:  # changed while the models loaded
-        fail(str(exc))
+    app = create_app(settings, service=service, keyring=keyring)
     server = uvicorn.Server(
         uvicorn.Config(
             app,

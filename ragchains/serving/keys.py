@@ -64,10 +64,6 @@ class KeyRing:
         self._failed: Stamp | None = None
         self._looked = time.monotonic()
 
-    @classmethod
-    def load(cls, path: Path) -> KeyRing:
-        return cls(path)
-
     def find(self, key: bytes) -> Principal | None:
         # A lookup by digest: its timing tells nothing of a key that is not held.
         return self._current().get(key_digest(key)) if key else None

@@ -17,6 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from ragchains.prompts.registry import DEFAULT_DOMAIN
 from ragchains.serving.errors import OPENAI_PREFIX
 from ragchains.serving.guards import is_open
 from ragchains.serving.requests import BODY_KEYS
@@ -177,6 +178,7 @@ def _amend_operation(
     keyed: bool,
 ) -> None:
     endpoint = path.rsplit("/", 1)[-1]
+    route = path.strip("/").split("/")[0]
     # LangServe's stand-in handlers take a config_hash argument the real ones never read.
     parameters = [p for p in operation.get("parameters", []) if p.get("name") != "config_hash"]
     if parameters:
@@ -190,7 +192,7 @@ def _amend_operation(
         statuses += BODY_CHECKS
     if endpoint in RUNNING or path == f"{OPENAI_PREFIX}chat/completions":
         statuses.append(503)  # the store or the index
-        if path.strip("/").split("/")[0] not in MODEL_FREE:
+        if route not in MODEL_FREE:
             statuses += MODEL_FAILURES
     if path == "/feedback":
         statuses.append(503)  # the feedback store cannot be written
@@ -202,7 +204,7 @@ def _amend_operation(
         responses["503"] = {"description": "Not ready", "content": responses["200"]["content"]}
     if endpoint in STREAMING:
         responses["200"]["content"] = copy.deepcopy(EVENT_STREAM)
-    example = EXAMPLE_INPUTS.get(path.strip("/").split("/")[0])
+    example = EXAMPLE_INPUTS.get(route)
     if example is not None and endpoint in RUNNING:
         body = {"inputs": [example]} if endpoint == "batch" else {"input": example}
         operation["requestBody"]["content"]["application/json"]["example"] = body
@@ -213,7 +215,7 @@ def _amend_operation(
             "content": {
                 "application/json": {
                     "schema": _ref(chat_request.__name__),
-                    "example": {"model": _default(models), "messages": [question]},
+                    "example": {"model": DEFAULT_DOMAIN, "messages": [question]},
                 }
             },
         }
@@ -241,7 +243,3 @@ def _add_models(schemas: dict[str, Any], model: type[BaseModel]) -> None:
 
 def _ref(name: str) -> dict[str, str]:
     return {"$ref": f"#/components/schemas/{name}"}
-
-
-def _default(models: list[str]) -> str:
-    return "default" if "default" in models else models[0]
