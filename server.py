@@ -279,8 +279,10 @@ def create_app(
         gc.collect()
         gc.freeze()
         log.info("ready: %d chunks from %s", len(service.index), service.index.location)
-        if isinstance(service.index, LiveIndex):
-            service.index.watch()  # ingests are served as they commit, without a restart
+        # Ingests are served as they commit, without a restart: an index folder's new
+        # generation, a store's new fields and groups' fields.
+        if isinstance(service.index, LiveIndex | PostgresStore):
+            service.index.watch()
         yield
         gc.unfreeze()
         if isinstance(service.index, LiveIndex):
@@ -335,6 +337,8 @@ def create_app(
             # (LangServe accepts the name but leaves it out of its Literal type.)
             disabled_endpoints=["token_feedback"],  # type: ignore[list-item]
         )
+
+    app.state.service = service  # what `ragchains serve` announces (domains, index)
 
     app.openapi = truthful_openapi(  # type: ignore[method-assign]
         app,

@@ -20,6 +20,7 @@ A second writer of the same schema fails at once (a transaction-scoped advisory 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Collection, Iterator, Mapping, Sequence
@@ -58,6 +59,7 @@ TEXT_SEARCH_CONFIG = "english"  # the stemmer BM25 uses on disk (PyStemmer's Eng
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100
 HNSW_EF_SEARCH = 128
+log = logging.getLogger(__name__)
 META_TTL = 1.0  # seconds a reader trusts its copy of meta (field types, generation)
 POOL_TIMEOUT = 10.0  # seconds a request waits for a connection before a 503
 
@@ -130,6 +132,8 @@ class PostgresStore:
         self._lock = threading.Lock()
         self._meta: dict[str, Any] = {}
         self._meta_at = -1.0
+        self._stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     # ------------------------------------------------------------------ connections
     @property
@@ -216,7 +220,33 @@ class PostgresStore:
                 await pool.close()
         return self._apool
 
+    def watch(self) -> None:
+        """Re-read meta every ``META_TTL`` seconds in a thread of its own, until ``close``:
+        what request validation reads (``known_meta``: fields, each group's fields) then
+        follows committed ingests even when no search runs to refresh it, and the event loop
+        never waits on the database for it."""
+        if self._watcher is not None:
+            return
+        self._stop.clear()
+
+        def run() -> None:
+            while not self._stop.wait(META_TTL):
+                try:
+                    self.meta(fresh=True)
+                except Exception as exc:  # unreachable for now: the last meta read stands
+                    log.warning("store %s: meta not re-read: %s", self.redacted, exc)
+
+        self._watcher = threading.Thread(target=run, name="ragchains-store-watch", daemon=True)
+        self._watcher.start()
+
     def close(self) -> None:
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=10)
+            self._watcher = None
+        self._close_pools()
+
+    def _close_pools(self) -> None:
         if self._pool is not None:
             self._pool.close()
             self._pool = None
@@ -226,7 +256,7 @@ class PostgresStore:
     def forget(self) -> None:
         """After a write: re-read meta, and open new connections (those opened before the
         vector type existed cannot read it)."""
-        self.close()
+        self._close_pools()
         self._meta_at = -1.0
 
     async def aclose(self) -> None:

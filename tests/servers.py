@@ -57,7 +57,8 @@ def wait_until(
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
     """Run ``app`` under uvicorn (lifespan included) and yield its base URL."""
-    listener = socket.socket()
+    # IPPROTO_TCP as `ragchains serve` binds it: asyncio sets TCP_NODELAY only then.
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [listener]}, daemon=True)

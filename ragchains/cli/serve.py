@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from ragchains.cli.common import fail, index_option, load_service, load_settings, target_of
+from ragchains.cli.common import fail, index_option, load_settings, target_of
 from ragchains.retrievers.storeurl import shown
 
 
@@ -46,20 +46,29 @@ def serve_command(
         except KeysFileError as exc:
             fail(str(exc))
     index = target_of(index, settings)
-    where = {"store": index, "index": None} if isinstance(index, str) else {"index": index}
+    # The one target chosen above, whichever of the two settings named it.
+    where = {"store": index, "index": None} if isinstance(index, str) else {"index": index, "store": None}
     updates = {**where, "host": host or settings.host, "port": port or settings.port}
     settings = settings.model_copy(update=updates)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on accepted sockets whose protocol
+    # says TCP (they inherit it from this one); without it every reply on a kept-alive
+    # connection waits ~40 ms for the client's delayed ACK (Nagle).
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:  # before the slow loading: a busy port is the quickest failure
         listener.bind((settings.host, settings.port))
     except OSError as exc:
         fail(f"cannot listen on {settings.host}:{settings.port}: {exc.strerror}")
     click.echo(f"loading models and index {shown(index)} ...", err=True)
-    service = load_service(settings, index, {}, "chat")
+    # The app builds its service itself, exactly as `uvicorn --factory` builds it: one path,
+    # so what the tests serve is what users run (an index folder is served live).
+    try:
+        app = create_app(settings, keyring=keyring)
+    except ValueError as exc:  # every expected failure (index, model, key, prompt files)
+        fail(str(exc))
+    service = app.state.service
     verbose = bool(ctx.parent and ctx.parent.params.get("verbose"))
-    app = create_app(settings, service=service, keyring=keyring)
     server = uvicorn.Server(
         uvicorn.Config(
             app,
