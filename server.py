@@ -47,7 +47,7 @@ from ragchains.factory import Service, build_service, configure_runtime, filtera
 from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.index import IndexLoadError
+from ragchains.retrievers.indexformat import IndexLoadError
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.errors import STORE_UNREACHABLE, ErrorMiddleware, error_body

@@ -21,7 +21,7 @@ from ragchains.factory import build_embedder, configure_runtime, run_ingest
 from ragchains.ingest.pipeline import EMBED_BATCH
 from ragchains.retrievers.bm25 import build_bm25
 from ragchains.retrievers.dense import build_faiss
-from ragchains.retrievers.index import load_index
+from ragchains.retrievers.searchindex import load_index
 from ragchains.settings import Settings
 
 PARAGRAPHS_PER_FILE = 6

@@ -37,9 +37,10 @@ from bench.retrieval_latency import (
 from bench.synthetic import Corpus, cached_embeddings, make_corpus
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import Chunk
+from ragchains.retrievers.indexformat import Chunk
 from ragchains.retrievers.pgsearch import PostgresRetriever
-from ragchains.retrievers.pgstore import PostgresStore, StoreDelta
+from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.pgwriter import StoreDelta
 from ragchains.settings import Settings
 from tests.postgres import LocalPostgres, free_port, local_postgres
 

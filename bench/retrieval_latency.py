@@ -40,7 +40,9 @@ from ragchains.retrievers.dense import (
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import Chunk, IndexContents, SearchIndex, load_index, write_index
+from ragchains.retrievers.indexformat import Chunk
+from ragchains.retrievers.indexwriter import IndexContents, write_index
+from ragchains.retrievers.searchindex import SearchIndex, load_index
 
 CANDIDATES = 50
 K = 10

@@ -21,7 +21,8 @@ from ragchains.evaluation.datasets import QAItem
 from ragchains.evaluation.metrics import normalize_text
 from ragchains.prompts.registry import Prompt, PromptRegistry
 from ragchains.retrievers.bm25 import STOPWORDS
-from ragchains.retrievers.index import Chunk, SearchIndex
+from ragchains.retrievers.indexformat import Chunk
+from ragchains.retrievers.searchindex import SearchIndex
 
 GENERATORS = ("qa_pair", "related_absent", "unrelated", "nonsensical")
 UNRELATED_TOPICS = (

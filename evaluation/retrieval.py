@@ -30,18 +30,12 @@ from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.dense import FaissRetriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import (
-    Chunk,
-    FileRecord,
-    IndexContents,
-    IndexLoadError,
-    IndexNotFoundError,
-    SearchIndex,
-    load_index,
-    writer_lock,
-)
+from ragchains.retrievers.indexformat import Chunk, FileRecord, IndexLoadError, IndexNotFoundError
+from ragchains.retrievers.indexwriter import IndexContents, writer_lock
 from ragchains.retrievers.pgsearch import LEXICAL_RANK, PostgresRetriever
-from ragchains.retrievers.pgstore import PostgresStore, StoreDelta
+from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.pgwriter import StoreDelta
+from ragchains.retrievers.searchindex import SearchIndex, load_index
 
 DEPTH = 100  # recall@100 needs 100 results
 RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")

@@ -32,24 +32,23 @@ from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import BASE_FIELDS
-from ragchains.retrievers.index import (
+from ragchains.retrievers.indexformat import (
     LOCK_FILE,
     Chunk,
     FileRecord,
     IndexBusyError,
-    IndexContents,
     IndexDamagedError,
     IndexLoadError,
     IndexNotFoundError,
-    SearchIndex,
     current_generation,
     file_sha256,
-    load_index,
     read_manifest,
-    write_index,
-    writer_lock,
 )
-from ragchains.retrievers.pgstore import SCHEMA_VERSION, PostgresStore, StoreDelta, StoreError
+from ragchains.retrievers.indexwriter import IndexContents, write_index, writer_lock
+from ragchains.retrievers.pgerrors import StoreError
+from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
+from ragchains.retrievers.searchindex import SearchIndex, load_index
 
 log = logging.getLogger(__name__)
 

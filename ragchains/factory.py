@@ -27,10 +27,11 @@ from ragchains.retrievers.compressors import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import LiveFields
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import SearchIndex, load_index
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgsearch import PostgresRetriever
-from ragchains.retrievers.pgstore import PostgresStore, is_store_url
+from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.searchindex import SearchIndex, load_index
+from ragchains.retrievers.storeurl import is_store_url
 from ragchains.retrievers.workers import cpu_pool
 from ragchains.settings import Settings
 

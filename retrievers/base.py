@@ -17,8 +17,8 @@ from pydantic import ConfigDict, Field
 
 from ragchains.retrievers.access import combined
 from ragchains.retrievers.filters import LiveFields, MetadataFilter, validate_filters
-from ragchains.retrievers.index import SearchIndex
 from ragchains.retrievers.live import LiveIndex
+from ragchains.retrievers.searchindex import SearchIndex
 from ragchains.retrievers.workers import run_off_loop
 
 FilterArg = Sequence[MetadataFilter | dict[str, Any]] | None

@@ -18,7 +18,8 @@ from langchain_core.documents import Document
 from ragchains.retrievers.access import combined
 from ragchains.retrievers.base import IndexRetriever
 from ragchains.retrievers.filters import MetadataFilter
-from ragchains.retrievers.index import SearchIndex, StoredBM25
+from ragchains.retrievers.indexformat import StoredBM25
+from ragchains.retrievers.searchindex import SearchIndex
 
 # bm25s sets its own logger to DEBUG on import, which floods any application log.
 logging.getLogger("bm25s").setLevel(logging.WARNING)

@@ -11,7 +11,7 @@ from langchain_core.documents import Document
 from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
-from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.searchindex import SearchIndex
 
 # Chosen with bench/retrieval_latency.py: on 100k chunks M=64 reaches the recall of M=32 with
 # efSearch=256 at lower latency (see bench/RESULTS.md).

@@ -28,7 +28,7 @@ from ragchains.retrievers.fusion import (
     fused_order,
     reciprocal_rank_fusion,
 )
-from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.searchindex import SearchIndex
 
 __all__ = [
     "HybridHit",

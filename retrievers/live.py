@@ -2,7 +2,7 @@
 served without a restart, and each request keeps to the generation it started on.
 
 ``ragchains ingest`` writes a new generation beside the current one and then switches
-CURRENT to it (see ``retrievers.index``). A ``LiveIndex`` notices the switch (a thread reads
+CURRENT to it (see ``retrievers.indexwriter``). A ``LiveIndex`` notices the switch (a thread reads
 CURRENT every ``poll`` seconds), loads the new generation in full (checksums, filter
 columns) away from any request, and only then makes it current. A request pinned to a
 generation (``pin``, which the server does for each request) reads that one to its end, even
@@ -24,14 +24,9 @@ from typing import Any
 import numpy as np
 
 from ragchains.retrievers.fusion import FusionConfig
-from ragchains.retrievers.index import (
-    FUSION_FILE,
-    IndexLoadError,
-    SearchIndex,
-    current_generation,
-    load_index,
-    read_fusion,
-)
+from ragchains.retrievers.fusionfile import FUSION_FILE, read_fusion
+from ragchains.retrievers.indexformat import IndexLoadError, current_generation
+from ragchains.retrievers.searchindex import SearchIndex, load_index
 
 log = logging.getLogger(__name__)
 

@@ -43,12 +43,8 @@ from ragchains.retrievers.fusion import (
     FusionConfig,
     FusionFields,
 )
-from ragchains.retrievers.pgstore import (
-    TEXT_SEARCH_CONFIG,
-    PostgresStore,
-    clean_text,
-    visible_fields,
-)
+from ragchains.retrievers.pgstore import PostgresStore, visible_fields
+from ragchains.retrievers.pgwriter import TEXT_SEARCH_CONFIG, clean_text
 
 SearchMode = Literal["hybrid", "fulltext", "dense"]
 # PostgreSQL's frequency ranking, divided by 1 + log(document length) (normalisation 1). On

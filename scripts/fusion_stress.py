@@ -25,7 +25,7 @@ from ragchains.factory import build_embedder, configure_runtime
 from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
 from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
-from ragchains.retrievers.index import load_index
+from ragchains.retrievers.searchindex import load_index
 from ragchains.settings import Settings
 
 SCENARIOS: dict[str, dict[str, float]] = {

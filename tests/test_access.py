@@ -33,15 +33,14 @@ from ragchains.retrievers.access import (
 from ragchains.retrievers.bm25 import BM25Retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import FilterError, MetadataColumns
-from ragchains.retrievers.index import (
+from ragchains.retrievers.indexformat import (
     BM25_DIR,
     BM25_LENGTHS_FILE,
     MANIFEST_FILE,
-    SearchIndex,
     current_generation,
-    load_index,
 )
 from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.searchindex import SearchIndex, load_index
 from ragchains.serving.keys import KeyRing, KeysFileError, add_key, list_keys, remove_key
 from ragchains.settings import Settings
 from tests.conftest import sources

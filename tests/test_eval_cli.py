@@ -12,7 +12,7 @@ from ragchains.evaluation.datasets import load_beir, load_qa
 from ragchains.evaluation.metrics import ndcg_at_k
 from ragchains.evaluation.runs import load_run
 from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
-from ragchains.retrievers.index import read_fusion
+from ragchains.retrievers.fusionfile import read_fusion
 from tests.conftest import FIXTURES
 from tests.test_cli import run
 

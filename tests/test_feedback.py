@@ -28,7 +28,7 @@ from ragchains.feedback import (
     feedback_path,
 )
 from ragchains.ingest.pipeline import IngestReport
-from ragchains.retrievers.index import current_generation
+from ragchains.retrievers.indexformat import current_generation
 from ragchains.settings import Settings
 from tests.conftest import REPO
 

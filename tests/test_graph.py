@@ -34,7 +34,7 @@ from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import SearchIndex
+from ragchains.retrievers.searchindex import SearchIndex
 from tests.fakes import NoCallModel, RecordingModel
 
 PROMPTS = PromptRegistry(required=CHAIN_PROMPTS)

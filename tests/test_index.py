@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 
 from ragchains.ingest.pipeline import IngestError, IngestReport
-from ragchains.retrievers.index import (
+from ragchains.retrievers.indexformat import (
     EmbedderMismatchError,
     IndexChecksumError,
     IndexDamagedError,
     IndexFormatError,
     IndexNotFoundError,
     current_generation,
-    load_index,
 )
+from ragchains.retrievers.searchindex import load_index
 from tests.conftest import REPO
 
 Ingest = Callable[..., IngestReport]
@@ -31,7 +31,7 @@ CRASHING_INGEST = textwrap.dedent(
     """
     import os, sys
     import faiss
-    import ragchains.retrievers.index as index_module
+    import ragchains.retrievers.indexwriter as index_module
     from ragchains.factory import configure_runtime, run_ingest
     from ragchains.settings import Settings
 
@@ -97,7 +97,7 @@ def test_crash_during_write_leaves_previous_index_loadable(
 
 
 def test_second_writer_is_refused(docs_dir: Path, tmp_path: Path, ingest_into: Ingest) -> None:
-    from ragchains.retrievers.index import writer_lock
+    from ragchains.retrievers.indexwriter import writer_lock
 
     index_dir = tmp_path / "idx"
     ingest_into(docs_dir, index_dir)
@@ -109,7 +109,7 @@ def test_second_writer_is_refused(docs_dir: Path, tmp_path: Path, ingest_into: I
 def test_failed_write_cleans_its_temporary_folder(
     docs_dir: Path, tmp_path: Path, ingest_into: Ingest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import ragchains.retrievers.index as index_module
+    import ragchains.retrievers.indexwriter as index_module
 
     index_dir = tmp_path / "idx"
     ingest_into(docs_dir, index_dir)

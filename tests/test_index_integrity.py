@@ -22,19 +22,20 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-import ragchains.retrievers.index as index_module
+import ragchains.retrievers.indexformat as indexformat
+import ragchains.retrievers.indexwriter as index_module
 from ragchains.cli import app
 from ragchains.factory import build_retriever, run_ingest
 from ragchains.ingest.pipeline import IngestError, IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.index import (
+from ragchains.retrievers.indexformat import (
     IndexChecksumError,
     IndexDamagedError,
     IndexWriteError,
     current_generation,
-    load_index,
-    verify_index,
 )
+from ragchains.retrievers.indexverify import verify_index
+from ragchains.retrievers.searchindex import load_index
 from ragchains.settings import Settings
 from tests.conftest import FIXTURES, REPO
 
@@ -144,13 +145,13 @@ def test_checksums_are_hashed_once_per_load_not_per_query(
     index: Path, settings: Settings, embedder: SentenceTransformerEmbedder, monkeypatch
 ) -> None:
     calls: list[Path] = []
-    real = index_module._digest
+    real = indexformat._digest
 
     def counting(path: Path) -> str:
         calls.append(path)
         return real(path)
 
-    monkeypatch.setattr(index_module, "_digest", counting)
+    monkeypatch.setattr(indexformat, "_digest", counting)
     loaded = load_index(index)
     assert len(calls) == len(_manifest(index)["checksums"])
     retriever = build_retriever(settings, loaded, embedder)
@@ -273,11 +274,11 @@ def test_legacy_index_with_nan_vectors_is_refused(index: Path) -> None:
 
 def test_legacy_index_loads_with_one_warning(index: Path, caplog: pytest.LogCaptureFixture) -> None:
     _make_legacy(index)
-    with caplog.at_level(logging.WARNING, logger="ragchains.retrievers.index"):
+    with caplog.at_level(logging.WARNING, logger="ragchains.retrievers.searchindex"):
         loaded = load_index(index)
     loaded.close()
     assert len(loaded) == 15
-    warnings = [r for r in caplog.records if r.name == "ragchains.retrievers.index"]
+    warnings = [r for r in caplog.records if r.name == "ragchains.retrievers.searchindex"]
     assert len(warnings) == 1 and "has no checksums" in warnings[0].getMessage()
     code, out, _ = _verify(index)
     assert code == 0 and "has no checksums" in out and "15 rows in every part" in out
@@ -390,7 +391,7 @@ def test_a_full_disk_changes_nothing_and_says_so(
     holder = {
         "faiss": index_module.faiss,
         "os": index_module.os,
-        "bm25s.BM25": index_module.bm25s.BM25,
+        "bm25s.BM25": indexformat.bm25s.BM25,
     }
     monkeypatch.setattr(holder[owner], name, replacement)
     with pytest.raises(IndexWriteError) as caught:
@@ -436,7 +437,7 @@ def test_other_write_failures_name_the_file_too(
 FULL_DISK_INGEST = textwrap.dedent(
     """
     import errno, os, sys
-    import ragchains.retrievers.index as index_module
+    import ragchains.retrievers.indexwriter as index_module
     from ragchains.cli import run
 
     def full(fd):

@@ -12,7 +12,7 @@ import pytest
 from ragchains.ingest.chunking import Chunker
 from ragchains.ingest.pipeline import IngestError, IngestReport, discover
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.index import load_index
+from ragchains.retrievers.searchindex import load_index
 from tests.fixtures.make_pdf import write_encrypted_pdf, write_pdf
 
 Ingest = Callable[..., IngestReport]

@@ -20,7 +20,8 @@ import pytest
 from ragchains.factory import build_retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.fusion import FusionConfig
-from ragchains.retrievers.index import CURRENT_FILE, write_fusion
+from ragchains.retrievers.fusionfile import write_fusion
+from ragchains.retrievers.indexformat import CURRENT_FILE
 from ragchains.retrievers.live import LiveIndex
 from ragchains.settings import Settings
 from tests.conftest import sources

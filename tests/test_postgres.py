@@ -29,9 +29,11 @@ from ragchains.retrievers.filters import (
 )
 from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.index import load_index
+from ragchains.retrievers.pgerrors import StoreError
 from ragchains.retrievers.pgsearch import PostgresRetriever, glob_regex
-from ragchains.retrievers.pgstore import SCHEMA_VERSION, PostgresStore, StoreDelta, StoreError
+from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
+from ragchains.retrievers.searchindex import load_index
 from ragchains.settings import Settings
 from tests.conftest import REPO
 from tests.postgres import LocalPostgres
@@ -108,18 +110,18 @@ def test_a_re_run_embeds_only_what_changed(docs_dir: Path, pg_url: str, ingest_i
 CRASHING_INGEST = """
 import sys, time
 from pathlib import Path
-from ragchains.retrievers import pgstore
+from ragchains.retrievers import pgwriter
 from ragchains.factory import run_ingest
 from ragchains.settings import Settings
 
-copy = pgstore.StoreWriter._copy_chunks
+copy = pgwriter.StoreWriter._copy_chunks
 
 def copy_then_hang(self, conn, delta):
     copy(self, conn, delta)  # the new rows are in, uncommitted
     Path(sys.argv[3]).write_text("copied")
     time.sleep(600)
 
-pgstore.StoreWriter._copy_chunks = copy_then_hang
+pgwriter.StoreWriter._copy_chunks = copy_then_hang
 run_ingest(Settings(_env_file=None), [sys.argv[1]], sys.argv[2], progress=False)
 """
 
@@ -493,15 +495,15 @@ def test_build_retriever_picks_the_store_by_its_url(
 def test_an_older_store_is_migrated_and_a_newer_one_refused(
     pg_url: str, docs_dir: Path, ingest_into: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ragchains.retrievers import pgstore
+    from ragchains.retrievers import pgwriter
 
     ingest_into(docs_dir, pg_url)
     newer = SCHEMA_VERSION + 1
-    monkeypatch.setattr(pgstore, "SCHEMA_VERSION", newer)
+    monkeypatch.setattr(pgwriter, "SCHEMA_VERSION", newer)
     monkeypatch.setattr(
-        pgstore,
+        pgwriter,
         "MIGRATIONS",
-        {**pgstore.MIGRATIONS, newer: ["ALTER TABLE {chunks} ADD COLUMN reviewed boolean"]},
+        {**pgwriter.MIGRATIONS, newer: ["ALTER TABLE {chunks} ADD COLUMN reviewed boolean"]},
     )
     (docs_dir / "new.md").write_text("# New\n\nA file that makes the run write.\n")
     assert ingest_into(docs_dir, pg_url).wrote  # migrated in the write's transaction
@@ -510,7 +512,7 @@ def test_an_older_store_is_migrated_and_a_newer_one_refused(
         assert store.meta(fresh=True)["schema_version"] == newer
         with store.connection() as conn:
             conn.execute(f'SELECT reviewed FROM "{store.schema}".chunks LIMIT 1')
-        monkeypatch.setattr(pgstore, "SCHEMA_VERSION", newer - 1)
+        monkeypatch.setattr(pgwriter, "SCHEMA_VERSION", newer - 1)
         with pytest.raises(StoreError, match=f"schema version {newer}"):
             store.check()
     finally:
@@ -550,7 +552,7 @@ def test_a_rebuild_for_another_embedder_replaces_the_vectors(
 ) -> None:
     """A store written by an 8-dimensional embedder: re-ingesting with this one (384) is
     refused with the way out, and --rebuild takes it."""
-    from ragchains.retrievers.index import Chunk
+    from ragchains.retrievers.indexformat import Chunk
 
     store = PostgresStore(pg_url)
     try:

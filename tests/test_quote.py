@@ -23,7 +23,7 @@ from ragchains.chains.quote import (
     units_of,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.index import load_index
+from ragchains.retrievers.searchindex import load_index
 
 
 @pytest.fixture(scope="module")

@@ -30,14 +30,9 @@ from ragchains.retrievers.fusion import (
     fused_order,
     normalize,
 )
+from ragchains.retrievers.fusionfile import FUSION_FILE, FusionFileError, write_fusion
 from ragchains.retrievers.hybrid import HybridRetriever, reciprocal_rank_fusion
-from ragchains.retrievers.index import (
-    FUSION_FILE,
-    FusionFileError,
-    SearchIndex,
-    load_index,
-    write_fusion,
-)
+from ragchains.retrievers.searchindex import SearchIndex, load_index
 from ragchains.settings import Settings
 
 CORPUS = (Path(__file__).resolve().parent / "fixtures" / "bm25_corpus.txt").read_text().splitlines()

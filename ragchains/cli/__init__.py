@@ -66,7 +66,7 @@ def run() -> None:
         if os.environ.get("RAGCHAINS_DEBUG"):
             raise
         # Imported here: `ragchains --help` should not wait for FAISS.
-        from ragchains.retrievers.index import IndexLoadError, IndexWriteError
+        from ragchains.retrievers.indexformat import IndexLoadError, IndexWriteError
 
         # An index found damaged in the middle of a command (a chunk store page read late,
         # a full disk while writing): the message names the file and says what to do.

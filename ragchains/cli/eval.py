@@ -221,7 +221,8 @@ def tune_command(
     from ragchains.evaluation.runs import RunWriter
     from ragchains.evaluation.tuning import collect_split, default_grid, env_lines, sweep
     from ragchains.factory import build_retriever
-    from ragchains.retrievers.index import IndexLoadError, current_generation, fusion_json
+    from ragchains.retrievers.fusionfile import fusion_json
+    from ragchains.retrievers.indexformat import IndexLoadError, current_generation
 
     if tune_split == split:
         fail(f"--tune-split and --split are both {split!r}: tune on one split, report on another")
@@ -303,7 +304,7 @@ def tune_command(
         )
     click.echo("as settings:  " + " ".join(env_lines(best)))
     if apply_to is not None:
-        from ragchains.retrievers.index import write_fusion
+        from ragchains.retrievers.fusionfile import write_fusion
 
         written = write_fusion(apply_to, best, provenance)
         click.echo(f"written to {written}: the index's hybrid retriever now defaults to it")
@@ -881,7 +882,7 @@ def generate_command(
 
     from ragchains.evaluation.generate import QuestionWriter, generate
     from ragchains.factory import build_embedder, build_llm, open_index
-    from ragchains.retrievers.index import SearchIndex
+    from ragchains.retrievers.searchindex import SearchIndex
 
     if out_file.exists():
         fail(f"{out_file} already exists; choose another --out file")

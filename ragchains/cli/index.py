@@ -36,7 +36,8 @@ def verify_command(index: Path | str) -> None:
     Indexes written before checksums were recorded are checked as far as they can be: files
     present, SQLite's own check, row counts, no NaN or infinite vectors.
     """
-    from ragchains.retrievers.index import IndexDamagedError, IndexLoadError, verify_index
+    from ragchains.retrievers.indexformat import IndexDamagedError, IndexLoadError
+    from ragchains.retrievers.indexverify import verify_index
 
     if isinstance(index, str):
         fail(

@@ -59,7 +59,7 @@ def retrieve_command(
         filterable_fields,
         open_index,
     )
-    from ragchains.retrievers.index import IndexLoadError
+    from ragchains.retrievers.indexformat import IndexLoadError
 
     settings = load_settings()
     if not query.strip():

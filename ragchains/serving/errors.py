@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from ragchains.llms import LLMFailure, explain_failure
-from ragchains.retrievers.index import IndexLoadError
-from ragchains.retrievers.pgstore import StoreError
+from ragchains.retrievers.indexformat import IndexLoadError
+from ragchains.retrievers.pgerrors import StoreError
 
 log = logging.getLogger("ragchains.server")
 
