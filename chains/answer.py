@@ -25,17 +25,17 @@ and in ``answer_style``: the style may come from a domain file or a server setti
 caller does not control, and an answer with a note serves them better than an error.
 """
 
-from __future__ import annotations
-
 import json
 import re
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
+from contextlib import aclosing, closing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Literal
 
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import BaseMessage
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
@@ -43,6 +43,7 @@ from langchain_core.runnables import (
 )
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
 
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
@@ -54,7 +55,7 @@ from ragchains.chains.quote import (
     shortlist,
 )
 from ragchains.chains.retrieve import citation_label, compressor_score, to_source
-from ragchains.chains.state import StreamStep, inline, read_input
+from ragchains.chains.state import agathered, answer_stage, gathered, quick, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 
 DONT_KNOW = "I don't know based on the available documents."
@@ -86,6 +87,16 @@ class AnswerOutput(BaseModel):
     answer_style: Literal["quote", "free"] = Field(description="the style that answered")
     notes: list[str] = Field(default_factory=list)
     prompt: str | None = None  # "domain/answer@vN", None when no LLM was called
+
+
+class AnswerState(TypedDict):
+    """What the answer stage reads: the question and history, the chunks to answer from and
+    the request's resolved choices."""
+
+    question: str
+    chat_history: list[BaseMessage]
+    documents: list[Document]
+    options: Options
 
 
 def format_context(documents: Sequence[Document]) -> str:
@@ -239,15 +250,15 @@ class Answerer:
         self.history_tokens = history_tokens
         self.answer_style = answer_style
 
-    def style(self, state: Mapping[str, Any]) -> tuple[Literal["quote", "free"], str | None]:
-        """The style this turn answers in, and a note when it is not the one asked for."""
-        options: Options = state["options"]
+    def style(self, options: Options) -> tuple[Literal["quote", "free"], str | None]:
+        """The style a turn with these choices answers in, and a note when it is not the one
+        asked for."""
         return resolve_style(
             options.answer_style, self.answer_style, grammar=self.llm.grammar, model=self.llm.name
         )
 
-    def plan(self, state: Mapping[str, Any]) -> _Plan:
-        style, note = self.style(state)
+    def plan(self, state: AnswerState) -> _Plan:
+        style, note = self.style(state["options"])
         notes = [note] if note else []
         documents: list[Document] = list(state.get("documents") or [])
         if not documents:
@@ -275,27 +286,51 @@ class Answerer:
             variables["context"] = format_context(documents)
         return _Plan(chain, variables, documents, prompt.ref, style, notes)
 
-    def stream(self, state: Mapping[str, Any], config: RunnableConfig) -> Iterator[AddableDict]:
+    def events(
+        self, state: AnswerState, config: RunnableConfig
+    ) -> Generator[AddableDict, None, None]:
+        """The answer's events for sync callers: the model's reply (``prompt | model |
+        parser``, a child of ``config``'s run) token by token, then the ending."""
         p = self.plan(state)
         written = _Written()
-        for piece in [DONT_KNOW] if p.chain is None else p.chain.stream(p.variables, config):
-            if (event := written.add(piece)) is not None:
-                yield event
+        pieces = iter([DONT_KNOW]) if p.chain is None else p.chain.stream(p.variables, config)
+        # Closed with this generator: a consumer that stops early stops the model at once.
+        with closing(pieces):  # type: ignore[type-var]
+            for piece in pieces:
+                if (event := written.add(piece)) is not None:
+                    yield event
         yield _ending(written.text, p)
 
-    async def astream(
-        self, state: Mapping[str, Any], config: RunnableConfig
-    ) -> AsyncIterator[AddableDict]:
+    async def aevents(
+        self, state: AnswerState, config: RunnableConfig
+    ) -> AsyncGenerator[AddableDict, None]:
+        """``events`` for async callers, through the model's async API."""
         p = self.plan(state)
         written = _Written()
         if p.chain is None:
             written.add(DONT_KNOW)
             yield AddableDict(answer=DONT_KNOW)
         else:
-            async for piece in p.chain.astream(p.variables, config):
-                if (event := written.add(piece)) is not None:
-                    yield event
+            async with aclosing(p.chain.astream(p.variables, config)) as pieces:  # type: ignore[type-var]
+                async for piece in pieces:
+                    if (event := written.add(piece)) is not None:
+                        yield event
         yield _ending(written.text, p)
+
+    def transform(
+        self, states: Iterator[AnswerState], config: RunnableConfig
+    ) -> Iterator[AddableDict]:
+        """The answer stage as a ``RunnableGenerator``'s transform: the state (streamed in
+        by the stage before, in parts) gathered, then its events."""
+        with closing(self.events(gathered(states), config)) as events:
+            yield from events
+
+    async def atransform(
+        self, states: AsyncIterator[AnswerState], config: RunnableConfig
+    ) -> AsyncIterator[AddableDict]:
+        async with aclosing(self.aevents(await agathered(states), config)) as events:
+            async for event in events:
+                yield event
 
 
 def create_answer_chain(
@@ -312,9 +347,9 @@ def create_answer_chain(
     free for others); a request's or domain's ``answer_style`` wins over it."""
     answerer = Answerer(llm=as_llm(llm), history_tokens=history_tokens, answer_style=answer_style)
     choices = Choices(prompts or default_registry(), PROMPTS)
-    answer = StreamStep(answerer.stream, answerer.astream, name="answer")
+    answer = answer_stage(answerer.transform, answerer.atransform)
     chain = (
-        inline(partial(read_input, AnswerInput), name="input")
+        quick(partial(read_input, AnswerInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | answer
     )

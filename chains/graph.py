@@ -1,50 +1,52 @@
 """The chat and ask chains: rewrite → retrieve → compress → (re-query) → answer.
 
-Each is one LCEL sequence over a plain dict, the turn's state. Every stage adds its result
-under its own key, in one run named after the stage (``_Stage``); nothing is mutated in place:
+Each is one LCEL sequence over the turn's state, a dict that each stage extends with one key
+(``RunnablePassthrough.assign``); nothing is changed in place:
 
     input       question, chat_history (ask: question, filters), started
     configure   options   the request's domain, prompts, k and threshold, resolved once
     rewrite     search    query, filters, alternatives, notes (ask: the question as asked)
     retrieve    retrieved documents from the retriever (all phrasings fused), notes
     compress    compressed documents kept by the compressor, best score, threshold
-    requery     only when the best score is low: a new query from the model, searched and
-                compressed; adopted only when clearly better
-    answer      streams the sources (and the answer style) first, then the answer's tokens,
-                then its citations, prompt refs and timings
+    requery     a ``RunnableBranch``: only when the best score is low, a new query from the
+                model, searched and compressed; adopted only when clearly better
+    answer      a ``RunnableGenerator`` that streams the sources (and the answer style)
+                first, then the answer's tokens, then its citations, prompt refs and timings
 
-``get_graph()`` draws these stages and ``astream_events`` reports each by name. ``invoke``
-returns the stream's events merged into one dict (``ChatOutput``). A streamed turn runs the
-stages before the answer as one call (they stream nothing), then streams the answer
-(``chains.state.Turn``); each stage is one light run (``chains.state.Step``).
+``get_graph()`` draws these stages and ``astream_events`` reports each by name. Streamed
+chunks are ``AddableDict``s, so ``invoke``, ``RemoteRunnable.stream``, ``astream_log`` and
+LangServe's playground merge them into one dict (``ChatOutput``).
 
 The parts are LangChain's contracts: any chat model, any ``BaseRetriever`` (or runnable from a
 query to documents), any ``BaseDocumentCompressor``; see ``chains.retrieve`` for what each
 must offer for filters, ``k``, thresholds and the re-query to reach it.
 """
 
-from __future__ import annotations
-
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
+from contextlib import aclosing, closing
 from dataclasses import dataclass
-from typing import Any, Literal, cast
+from typing import Any, Literal, NotRequired, cast
 
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.language_models import BaseChatModel
 from langchain_core.runnables import (
     Runnable,
+    RunnableBranch,
     RunnableConfig,
+    RunnableLambda,
+    RunnablePassthrough,
 )
 from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
-from ragchains.chains.answer import Answerer, Citation, create_answer_chain
+from ragchains.chains.answer import Answerer, AnswerState, Citation, create_answer_chain
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import AnswerStyle, Choices, Options
 from ragchains.chains.retrieve import (
     Compressed,
+    Kept,
     Retrieved,
     Searcher,
     Source,
@@ -69,7 +71,15 @@ from ragchains.chains.rewrite import (
     parse_alternatives,
     rewrite_stage,
 )
-from ragchains.chains.state import Step, StreamStep, Turn, inline, read_input
+from ragchains.chains.state import (
+    Configured,
+    TurnInput,
+    agathered,
+    answer_stage,
+    gathered,
+    quick,
+    read_input,
+)
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.compressors import ScoringCompressor
 from ragchains.retrievers.filters import MAX_FILTERS, MetadataFilter
@@ -144,16 +154,37 @@ class RequeryPolicy:
 
 
 # ----------------------------------------------------------------------------- the stages
-def read_chat_input(inputs: Any) -> dict[str, Any]:
+class Requeried(Kept):
+    """After ``requery``: when it ran, its report (and the new search, retrieved and
+    compressed when its results were kept)."""
+
+    requery: NotRequired[RequeryReport]
+    requery_prompt: NotRequired[str]
+    requery_seconds: NotRequired[float]
+
+
+def read_chat_input(inputs: Any) -> TurnInput:
     """``{"question", "chat_history"}`` checked, the history as message objects."""
-    return {**read_input(ChatInput, inputs), "started": time.perf_counter()}
+    read = read_input(ChatInput, inputs)
+    return TurnInput(
+        question=read["question"],
+        chat_history=read["chat_history"],
+        filters=[],
+        started=time.perf_counter(),
+    )
 
 
-def read_ask_input(inputs: Any) -> dict[str, Any]:
-    return {**read_input(AskInput, inputs), "chat_history": [], "started": time.perf_counter()}
+def read_ask_input(inputs: Any) -> TurnInput:
+    read = read_input(AskInput, inputs)
+    return TurnInput(
+        question=read["question"],
+        chat_history=[],
+        filters=read["filters"],
+        started=time.perf_counter(),
+    )
 
 
-def as_asked(state: Mapping[str, Any]) -> RewriteOutput:
+def as_asked(state: Configured) -> RewriteOutput:
     """Ask mode's search: the question as asked (blanks collapsed, the domain's glossary
     expanded) with the given filters."""
     query = expand_glossary(" ".join(state["question"].split()), state["options"].glossary)
@@ -183,7 +214,7 @@ class _Requery:
             return self.compressor.requery_threshold()
         return None
 
-    def wanted(self, state: Mapping[str, Any]) -> bool:
+    def wanted(self, state: Kept) -> bool:
         compressed: Compressed = state["compressed"]
         if not self.policy.enabled or self.compressor is None:
             return False
@@ -198,14 +229,14 @@ class _Requery:
             return bool(new.documents) and not old.documents
         return self.policy.keeps(old.best_score, new.best_score)
 
-    def _ask(self, state: Mapping[str, Any]) -> tuple[Runnable[Any, str], dict[str, Any]]:
+    def _ask(self, state: Kept) -> tuple[Runnable[Any, str], dict[str, Any]]:
         prompt = state["options"].prompt("requery")
         chain = self.llm.text(prompt, grammar=lines_grammar(1))
         variables = {"question": state["question"], "previous_query": state["search"].search_query}
         return chain, variables
 
     @staticmethod
-    def _new_query(state: Mapping[str, Any], reply: str) -> str | None:
+    def _new_query(state: Kept, reply: str) -> str | None:
         """A usable query that differs from the one already searched, or None."""
         search: RewriteOutput = state["search"]
         fresh = parse_alternatives(reply, main=search.search_query, count=1)
@@ -213,11 +244,11 @@ class _Requery:
 
     def _result(
         self,
-        state: Mapping[str, Any],
+        state: Kept,
         new_query: str | None,
         found: tuple[Retrieved, Compressed] | None,
         since: float,
-    ) -> dict[str, Any]:
+    ) -> Requeried:
         search: RewriteOutput = state["search"]
         old: Compressed = state["compressed"]
         report = RequeryReport(
@@ -236,15 +267,18 @@ class _Requery:
                     "retrieved": retrieved,
                     "compressed": new,
                 }
-        return {
-            **state,
-            **update,
-            "requery": report,
-            "requery_prompt": state["options"].prompt("requery").ref,
-            "requery_seconds": round(time.perf_counter() - since, 4),
-        }
+        return cast(
+            Requeried,
+            {
+                **state,
+                **update,
+                "requery": report,
+                "requery_prompt": state["options"].prompt("requery").ref,
+                "requery_seconds": round(time.perf_counter() - since, 4),
+            },
+        )
 
-    def __call__(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    def __call__(self, state: Kept, config: RunnableConfig) -> Requeried:
         since = time.perf_counter()
         chain, variables = self._ask(state)
         new_query = self._new_query(state, chain.invoke(variables, config))
@@ -264,16 +298,16 @@ class _Requery:
             found = (retrieved, new)
         return self._result(state, new_query, found, since)
 
-    def when_wanted(self, state: Mapping[str, Any], config: RunnableConfig) -> Mapping[str, Any]:
-        """The turn's state, re-queried when the best score is low (``wanted``)."""
-        return self(state, config) if self.wanted(state) else state
+    def stage(self) -> Runnable[Any, Requeried]:
+        """The ``requery`` stage: a branch that re-queries when the best score is low
+        (``wanted``) and passes the state on unchanged otherwise."""
+        requery = RunnableLambda(self, afunc=self.acall, name="requery")
+        wanted = quick(self.wanted, name="requery_wanted")
+        branch: RunnableBranch[Any, Any] = RunnableBranch((wanted, requery), RunnablePassthrough())
+        branch.name = "requery"  # its node in get_graph(), its run in astream_events
+        return branch
 
-    async def awhen_wanted(
-        self, state: Mapping[str, Any], config: RunnableConfig
-    ) -> Mapping[str, Any]:
-        return await self.acall(state, config) if self.wanted(state) else state
-
-    async def acall(self, state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
+    async def acall(self, state: Kept, config: RunnableConfig) -> Requeried:
         since = time.perf_counter()
         chain, variables = self._ask(state)
         new_query = self._new_query(state, await chain.ainvoke(variables, config))
@@ -306,11 +340,11 @@ class _Respond:
         self.answerer = answerer
         self.compressor = compressor
 
-    def head(self, state: Mapping[str, Any]) -> AddableDict:
+    def head(self, state: Requeried) -> AddableDict:
         search: RewriteOutput = state["search"]
         retrieved: Retrieved = state["retrieved"]
         requery: RequeryReport | None = state.get("requery")
-        style, note = self.answerer.style(state)
+        style, note = self.answerer.style(state["options"])
         return AddableDict(
             sources=[to_source(d).model_dump() for d in state["compressed"].documents],
             search_query=search.search_query,
@@ -331,11 +365,16 @@ class _Respond:
         return status
 
     @staticmethod
-    def answer_state(state: Mapping[str, Any]) -> dict[str, Any]:
-        return {**state, "documents": state["compressed"].documents}
+    def answer_state(state: Requeried) -> AnswerState:
+        return AnswerState(
+            question=state["question"],
+            chat_history=state["chat_history"],
+            documents=state["compressed"].documents,
+            options=state["options"],
+        )
 
     @staticmethod
-    def tail(state: Mapping[str, Any], since: float, answer_prompt: str | None) -> AddableDict:
+    def tail(state: Requeried, since: float, answer_prompt: str | None) -> AddableDict:
         search: RewriteOutput = state["search"]
         prompts = dict(search.prompts)
         timings: dict[str, float] = {}
@@ -353,32 +392,39 @@ class _Respond:
         timings["total"] = round(now - state["started"], 4)
         return AddableDict(prompts=prompts, timings=timings)
 
-    def stream(self, state: Mapping[str, Any], config: RunnableConfig) -> Iterator[AddableDict]:
+    def transform(
+        self, states: Iterator[Requeried], config: RunnableConfig
+    ) -> Generator[AddableDict, None, None]:
+        state: Requeried = gathered(states)
         yield self.head(state)
         since, prompt = time.perf_counter(), None
-        for event in self.answerer.stream(self.answer_state(state), config):
-            prompt = event.pop("prompt", prompt)
-            for key in _SAID_IN_HEAD:
-                event.pop(key, None)
-            if event:
-                yield event
+        with closing(self.answerer.events(self.answer_state(state), config)) as events:
+            for event in events:
+                prompt = event.pop("prompt", prompt)
+                for key in _SAID_IN_HEAD:
+                    event.pop(key, None)
+                if event:
+                    yield event
         yield self.tail(state, since, prompt)
 
-    async def astream(
-        self, state: Mapping[str, Any], config: RunnableConfig
+    async def atransform(
+        self, states: AsyncIterator[Requeried], config: RunnableConfig
     ) -> AsyncIterator[AddableDict]:
+        state: Requeried = await agathered(states)
         yield self.head(state)
         since, prompt = time.perf_counter(), None
-        async for event in self.answerer.astream(self.answer_state(state), config):
-            prompt = event.pop("prompt", prompt)
-            for key in _SAID_IN_HEAD:
-                event.pop(key, None)
-            if event:
-                yield event
+        async with aclosing(self.answerer.aevents(self.answer_state(state), config)) as events:
+            async for event in events:
+                prompt = event.pop("prompt", prompt)
+                for key in _SAID_IN_HEAD:
+                    event.pop(key, None)
+                if event:
+                    yield event
         yield self.tail(state, since, prompt)
 
-    def runnable(self) -> StreamStep:
-        return StreamStep(self.stream, self.astream, name="answer")
+    def stage(self) -> Runnable[Any, Any]:
+        """The ``answer`` stage: a ``RunnableGenerator`` streaming the turn's output."""
+        return answer_stage(self.transform, self.atransform)
 
 
 # ----------------------------------------------------------------------------- builders
@@ -401,25 +447,6 @@ def _parts(
 ) -> _Parts:
     retriever, compressor = checked_parts(retriever, compressor)
     return _Parts(as_llm(llm), Searcher(retriever), compressor, prompts or default_registry())
-
-
-def _stage(name: str, key: str, step: Step) -> Step:
-    """A stage of a turn: ``step``'s function on the turn's state, its result added under
-    ``key`` (nothing is mutated in place), as one run named after the stage.
-
-    ``RunnablePassthrough.assign(key=step)`` does the same in three runs (the assign, a
-    one-key map and the step itself); each run is work on the event loop that concurrent
-    turns queue for. The step's declared choices (``config_specs``) stay declared.
-    """
-    call, acall = step.call, step.acall
-
-    def add(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-        return {**state, key: call(state, config)}
-
-    async def aadd(state: Mapping[str, Any], config: RunnableConfig) -> dict[str, Any]:
-        return {**state, key: await acall(state, config)}
-
-    return Step(add, aadd, name=name, config_specs=lambda: step.config_specs)
 
 
 def create_chat_chain(
@@ -452,20 +479,18 @@ def create_chat_chain(
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
     respond = _Respond(answerer, parts.compressor)
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
-    # One run that re-queries only when wanted (a RunnableBranch took three on every turn:
-    # the branch, its condition and the pass-through).
-    requery_stage = Step(requery_step.when_wanted, requery_step.awhen_wanted, name="requery")
-    search = (
-        inline(read_chat_input, name="input")
-        | _stage("configure", "options", parts.choices(CHAIN_PROMPTS).step())
-        | _stage("rewrite", "search", rewrite)
-        | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
-        | _stage("compress", "compressed", compress_stage(parts.compressor))
-        | requery_stage
+    chain = (
+        quick(read_chat_input, name="input")
+        | RunnablePassthrough.assign(options=parts.choices(CHAIN_PROMPTS).step())
+        | RunnablePassthrough.assign(search=rewrite)
+        | RunnablePassthrough.assign(retrieved=retrieve_stage(parts.searcher))
+        | RunnablePassthrough.assign(compressed=compress_stage(parts.compressor))
+        | requery_step.stage()
+        | respond.stage()
     )
-    # The search stages stream nothing: run them as one call, then stream the answer.
-    chain = Turn(search, respond.runnable(), name="chat")
-    return chain.with_types(input_type=ChatInput, output_type=ChatOutput)
+    return chain.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
+        run_name="chat"
+    )
 
 
 def create_ask_chain(
@@ -483,15 +508,15 @@ def create_ask_chain(
     parts = _parts(llm, retriever, compressor, prompts)
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
     respond = _Respond(answerer, parts.compressor)
-    search = (
-        inline(read_ask_input, name="input")
-        | _stage("configure", "options", parts.choices(ANSWER_PROMPTS).step())
-        | _stage("query", "search", inline(as_asked, name="query"))
-        | _stage("retrieve", "retrieved", retrieve_stage(parts.searcher))
-        | _stage("compress", "compressed", compress_stage(parts.compressor))
+    chain = (
+        quick(read_ask_input, name="input")
+        | RunnablePassthrough.assign(options=parts.choices(ANSWER_PROMPTS).step())
+        | RunnablePassthrough.assign(search=quick(as_asked, name="query"))
+        | RunnablePassthrough.assign(retrieved=retrieve_stage(parts.searcher))
+        | RunnablePassthrough.assign(compressed=compress_stage(parts.compressor))
+        | respond.stage()
     )
-    chain = Turn(search, respond.runnable(), name="ask")
-    return chain.with_types(input_type=AskInput, output_type=ChatOutput)
+    return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")
 
 
 @dataclass

@@ -8,16 +8,15 @@ constrains decoding, as llama.cpp does).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import AnyMessage, BaseMessage, convert_to_messages, trim_messages
 from langchain_core.messages.utils import count_tokens_approximately
-from langchain_core.outputs import ChatGeneration
-from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.runnables import Runnable
 from pydantic import BeforeValidator
 
 from ragchains.prompts.registry import Prompt
@@ -79,17 +78,19 @@ class LLM:
         tools: list[dict[str, Any]] | None = None,
         grammar: str | None = None,
     ) -> Runnable[dict[str, Any], Any]:
-        """``prompt``'s template piped into the model with the prompt's own parameters (see
-        ``PromptedModel``): the model's reply out."""
-        return PromptedModel(prompt.template, self._for(prompt, tools, grammar), text=False)
+        """``prompt | model``: the prompt's template piped into the model bound to the
+        prompt's own parameters (and ``tools`` or ``grammar``); the model's reply out."""
+        return (prompt.template | self._for(prompt, tools, grammar)).with_config(
+            run_name=prompt.ref
+        )
 
     def text(
         self, prompt: Prompt, *, grammar: str | None = None, temperature: float | None = None
     ) -> Runnable[dict[str, Any], str]:
-        """``prompted`` with the reply's text out (streamed: each chunk's text);
-        ``temperature`` overrides the prompt's."""
+        """``prompt | model | StrOutputParser()``: the reply's text (streamed: each chunk's
+        text); ``temperature`` overrides the prompt's."""
         model = self._for(prompt, None, grammar, temperature)
-        return PromptedModel(prompt.template, model, text=True)
+        return (prompt.template | model | StrOutputParser()).with_config(run_name=prompt.ref)
 
     def _for(
         self,
@@ -108,63 +109,6 @@ class LLM:
 
     def trim_history(self, history: Sequence[BaseMessage], max_tokens: int) -> list[BaseMessage]:
         return trim_history(history, max_tokens=max_tokens, count_tokens=self.count_tokens)
-
-
-class PromptedModel(Runnable[dict[str, Any], Any]):
-    """A prompt's template filled in and sent to a chat model, as one step: ``prompt |
-    model``, and with ``text=True`` ``prompt | model | StrOutputParser()``.
-
-    The model's call is the step's only run (it records the filled-in messages, as the
-    prompt's run did). LCEL's sequence adds a run for itself, one for the prompt and one for
-    the parser, and when streamed a task per token at each of those levels, all on the
-    event loop: for a chat turn's two model calls that was a fifth of the loop's work, which
-    concurrent turns queue for. Calls pass straight to the model's own sync or async API;
-    text is read from each reply or chunk on the spot (the stock parser's async path sends
-    every token to a worker thread).
-    """
-
-    def __init__(self, template: ChatPromptTemplate, model: Runnable[Any, Any], *, text: bool):
-        self.template = template
-        self.model = model
-        self.text = text
-
-    def _out(self, reply: Any) -> Any:
-        return _text(reply) if self.text else reply
-
-    def invoke(
-        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
-        messages = self.template.format_messages(**input)
-        return self._out(self.model.invoke(messages, config, **kwargs))
-
-    async def ainvoke(
-        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Any:
-        messages = await self.template.aformat_messages(**input)
-        return self._out(await self.model.ainvoke(messages, config, **kwargs))
-
-    def stream(
-        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> Iterator[Any]:
-        messages = self.template.format_messages(**input)
-        for chunk in self.model.stream(messages, config, **kwargs):
-            yield self._out(chunk)
-
-    async def astream(
-        self, input: dict[str, Any], config: RunnableConfig | None = None, **kwargs: Any
-    ) -> AsyncIterator[Any]:
-        messages = await self.template.aformat_messages(**input)
-        async for chunk in self.model.astream(messages, config, **kwargs):
-            yield self._out(chunk)
-
-
-def _text(message: Any) -> str:
-    """What StrOutputParser makes of a reply or chunk: its text."""
-    if isinstance(message, BaseMessage):
-        if isinstance(message.content, str):
-            return message.content
-        return ChatGeneration(message=message).text
-    return str(message)
 
 
 def as_llm(model: LLM | Any) -> LLM:

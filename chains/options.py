@@ -16,13 +16,11 @@ again. Keys the chain does not declare are left alone, so our chains compose wit
 have configurable fields of their own.
 """
 
-from __future__ import annotations
-
 import weakref
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final, Literal
 
-from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables import RunnableConfig, RunnableLambda
 from langchain_core.runnables.utils import ConfigurableFieldSpec
 from pydantic import (
     BaseModel,
@@ -34,7 +32,6 @@ from pydantic import (
     create_model,
 )
 
-from ragchains.chains.state import Step
 from ragchains.prompts.registry import (
     DEFAULT_DOMAIN,
     Domain,
@@ -139,7 +136,7 @@ class Options(BaseModel):
         k: int | None = None,
         threshold: float | None = None,
         answer_style: str = AUTO,
-    ) -> Options:
+    ) -> "Options":
         options = cls(
             domain=domain.name,
             glossary=domain.query_glossary,
@@ -320,15 +317,31 @@ class Choices:
             answer_style=values.get(ANSWER_STYLE_KEY, AUTO),
         )
 
-    def step(self) -> Step:
-        """The ``configure`` step: declares the specs (so LangServe and ``config_schema``
+    def step(self) -> "Configure":
+        """The ``configure`` stage: declares the specs (so LangServe and ``config_schema``
         see what the chain lets a request choose) and resolves a request's choices."""
+        return Configure(self)
 
+
+class Configure(RunnableLambda[Any, Options]):
+    """``RunnableLambda`` that resolves the request's ``configurable`` into ``Options`` and
+    declares what it reads as ``config_specs``, as langchain-core's own
+    ``RunnableWithMessageHistory`` declares its session keys. Quick and non-blocking: async
+    callers resolve in their own task, not in a worker thread."""
+
+    def __init__(self, choices: "Choices") -> None:
         def configure(_: Any, config: RunnableConfig) -> Options:
-            return self.resolve(config.get("configurable"))
+            return choices.resolve(config.get("configurable"))
 
-        # Quick and non-blocking: async callers run it on the event loop, not in a thread.
-        return Step(configure, name="configure", config_specs=lambda: self.specs)
+        async def aconfigure(_: Any, config: RunnableConfig) -> Options:
+            return choices.resolve(config.get("configurable"))
+
+        super().__init__(configure, afunc=aconfigure, name="configure")
+        self.choices = choices
+
+    @property
+    def config_specs(self) -> list[ConfigurableFieldSpec]:
+        return self.choices.specs
 
 
 def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None:

@@ -12,8 +12,6 @@ of all candidates, kept or not, which the re-query compares; for any other compr
 score is read from the kept chunks' ``rerank_score`` / ``relevance_score`` metadata, if any.
 """
 
-from __future__ import annotations
-
 import asyncio
 import inspect
 import logging
@@ -27,10 +25,11 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, RunnablePassthrough
 from langchain_core.runnables.config import run_in_executor
 from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
 
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import RewriteOutput, expand_glossary
-from ragchains.chains.state import Step, inline, read_input
+from ragchains.chains.state import Configured, quick, read_input, stage
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.compressors import Reranked, ScoringCompressor
 from ragchains.retrievers.filters import MAX_FILTERS, LiveFields, MetadataFilter
@@ -247,6 +246,24 @@ class Compressed:
     seconds: float = 0.0
 
 
+class Searched(Configured):
+    """After the rewrite (or the question as asked): what to search for."""
+
+    search: RewriteOutput
+
+
+class Found(Searched):
+    """After ``retrieve``: the retriever's documents for every phrasing, fused."""
+
+    retrieved: Retrieved
+
+
+class Kept(Found):
+    """After ``compress``: the documents kept, best first, and the best score."""
+
+    compressed: Compressed
+
+
 def compress(
     compressor: BaseDocumentCompressor | None,
     documents: Sequence[Document],
@@ -363,12 +380,12 @@ def choices_for(
     )
 
 
-def retrieve_stage(searcher: Searcher) -> Step:
-    """The retrieve step over a turn's state: its ``search`` (query, filters, phrasings)
-    and ``options`` (k) in, ``Retrieved`` out."""
+def retrieve_stage(searcher: Searcher) -> Runnable[Any, Retrieved]:
+    """The retrieve stage over a turn's state: its ``search`` (query, filters, phrasings)
+    and ``options`` (k) in, ``Retrieved`` out. The retriever's runs are its children."""
 
-    def request(state: Mapping[str, Any]) -> dict[str, Any]:
-        search: RewriteOutput = state["search"]
+    def request(state: Searched) -> dict[str, Any]:
+        search = state["search"]
         return {
             "query": search.search_query,
             "filters": search.filters,
@@ -376,24 +393,22 @@ def retrieve_stage(searcher: Searcher) -> Step:
             "k": state["options"].k,
         }
 
-    def retrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+    def retrieve(state: Searched, config: RunnableConfig) -> Retrieved:
         request_ = request(state)
         return searcher.search(request_.pop("query"), config=config, **request_)
 
-    async def aretrieve(state: Mapping[str, Any], config: RunnableConfig) -> Retrieved:
+    async def aretrieve(state: Searched, config: RunnableConfig) -> Retrieved:
         request_ = request(state)
         return await searcher.asearch(request_.pop("query"), config=config, **request_)
 
-    return Step(retrieve, aretrieve, name="retrieve")
+    return stage(retrieve, aretrieve, name="retrieve")
 
 
-def compress_stage(
-    compressor: BaseDocumentCompressor | None,
-) -> Step:
-    """The compress step over a turn's state: ``retrieved`` documents, the ``search`` query
+def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, Compressed]:
+    """The compress stage over a turn's state: ``retrieved`` documents, the ``search`` query
     and ``options`` (threshold) in, ``Compressed`` out."""
 
-    def compress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
+    def compress_(state: Found, config: RunnableConfig) -> Compressed:
         return compress(
             compressor,
             state["retrieved"].documents,
@@ -402,7 +417,7 @@ def compress_stage(
             config=config,
         )
 
-    async def acompress_(state: Mapping[str, Any], config: RunnableConfig) -> Compressed:
+    async def acompress_(state: Found, config: RunnableConfig) -> Compressed:
         return await acompress(
             compressor,
             state["retrieved"].documents,
@@ -411,10 +426,19 @@ def compress_stage(
             config=config,
         )
 
-    return Step(compress_, acompress_, name="compress")
+    return stage(compress_, acompress_, name="compress")
 
 
-def as_search(state: Mapping[str, Any]) -> RewriteOutput:
+class RetrieveState(TypedDict):
+    """The retrieve chain's own input, checked, with the request's choices."""
+
+    query: str
+    filters: list[MetadataFilter]
+    alternatives: list[str]
+    options: Options
+
+
+def as_search(state: RetrieveState) -> RewriteOutput:
     """The query and phrasings as given, the domain's glossary expanded, with the filters."""
     glossary = state["options"].glossary
     return RewriteOutput(
@@ -424,7 +448,7 @@ def as_search(state: Mapping[str, Any]) -> RewriteOutput:
     )
 
 
-def kept_documents(state: Mapping[str, Any]) -> list[Document]:
+def kept_documents(state: Kept) -> list[Document]:
     for note in state["retrieved"].notes:
         log.warning("%s", note)
     return list(state["compressed"].documents)
@@ -448,12 +472,12 @@ def create_retrieve_chain(
     retriever, compressor = checked_parts(retriever, compressor)
     choices = choices_for(prompts or default_registry(), (), retriever, compressor)
     chain = (
-        inline(read_retrieve_input, name="input")
+        quick(read_retrieve_input, name="input")
         | RunnablePassthrough.assign(options=choices.step())
-        | RunnablePassthrough.assign(search=inline(as_search, name="query"))
+        | RunnablePassthrough.assign(search=quick(as_search, name="query"))
         | RunnablePassthrough.assign(retrieved=retrieve_stage(Searcher(retriever)))
         | RunnablePassthrough.assign(compressed=compress_stage(compressor))
-        | inline(kept_documents, name="documents")
+        | quick(kept_documents, name="documents")
     )
     return chain.with_types(input_type=RetrieveInput, output_type=list[Document]).with_config(
         run_name="retrieve"

@@ -13,8 +13,6 @@ A domain may ask for multi-query: the model writes N-1 more phrasings, and retri
 the N result lists by reciprocal rank fusion.
 """
 
-from __future__ import annotations
-
 import ast
 import json
 import re
@@ -32,7 +30,7 @@ from pydantic import BaseModel, Field
 from ragchains.chains.grounding import ground_filters
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
-from ragchains.chains.state import Step, inline, read_input
+from ragchains.chains.state import Configured, quick, read_input, stage
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.bm25 import tokenize
 from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
@@ -347,11 +345,14 @@ def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
 PROMPTS = ("rewrite", "multi_query")
 
 
-def rewrite_stage(*, llm: LLM, fields: Mapping[str, str], history_tokens: int = 1024) -> Step:
-    """The rewrite step over a turn's state: ``question``, ``chat_history`` and the resolved
-    ``options`` in, a ``RewriteOutput`` out."""
+def rewrite_stage(
+    *, llm: LLM, fields: Mapping[str, str], history_tokens: int = 1024
+) -> Runnable[Any, RewriteOutput]:
+    """The rewrite stage over a turn's state: ``question``, ``chat_history`` and the resolved
+    ``options`` in, a ``RewriteOutput`` out. The model's calls (``prompt | model``) run as
+    its children."""
     rewriter = _Rewriter(llm, fields, history_tokens)
-    return Step(rewriter.run, rewriter.arun, name="rewrite")
+    return stage(rewriter.run, rewriter.arun, name="rewrite")
 
 
 @dataclass(frozen=True)
@@ -376,22 +377,18 @@ class _Rewriter:
         self.fields = fields
         self.history_tokens = history_tokens
 
-    def _turn(self, state: Mapping[str, Any]) -> _Turn:
+    def _turn(self, state: Configured) -> _Turn:
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
         return _Turn(dict(self.fields), history)
 
-    def _call(
-        self, state: Mapping[str, Any], turn: _Turn
-    ) -> tuple[Runnable[Any, Any], dict[str, Any]]:
+    def _call(self, state: Configured, turn: _Turn) -> tuple[Runnable[Any, Any], dict[str, Any]]:
         prompt = state["options"].prompt("rewrite")
         tools, grammar = build_tools(turn.fields), call_grammar(turn.fields)
         variables = {"question": state["question"], "fields": describe_fields(turn.fields)}
         model = self.llm.prompted(prompt, tools=tools, grammar=grammar)
         return model, {**variables, "chat_history": turn.history}
 
-    def _read(
-        self, state: Mapping[str, Any], turn: _Turn, reply: Any, notes: list[str]
-    ) -> RewriteOutput:
+    def _read(self, state: Configured, turn: _Turn, reply: Any, notes: list[str]) -> RewriteOutput:
         out = interpret(reply, state["question"], turn.fields)
         grounded = ground_filters(
             out.filters,
@@ -407,7 +404,7 @@ class _Rewriter:
         return out
 
     def _alternatives_call(
-        self, state: Mapping[str, Any], out: RewriteOutput
+        self, state: Configured, out: RewriteOutput
     ) -> tuple[Runnable[Any, str], dict[str, Any]] | None:
         options: Options = state["options"]
         if options.multi_query < 2:
@@ -420,7 +417,7 @@ class _Rewriter:
 
     @staticmethod
     def _finish(
-        state: Mapping[str, Any], turn: _Turn, out: RewriteOutput, text: str, since: float
+        state: Configured, turn: _Turn, out: RewriteOutput, text: str, since: float
     ) -> RewriteOutput:
         options: Options = state["options"]
         if text:
@@ -434,7 +431,7 @@ class _Rewriter:
         out.seconds = round(time.perf_counter() - since, 4)
         return out
 
-    def run(self, state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
+    def run(self, state: Configured, config: RunnableConfig) -> RewriteOutput:
         since, notes, turn = time.perf_counter(), [], self._turn(state)
         model, variables = self._call(state, turn)
         try:
@@ -446,7 +443,7 @@ class _Rewriter:
         text = more[0].invoke(more[1], config) if more else ""
         return self._finish(state, turn, out, text, since)
 
-    async def arun(self, state: Mapping[str, Any], config: RunnableConfig) -> RewriteOutput:
+    async def arun(self, state: Configured, config: RunnableConfig) -> RewriteOutput:
         since, notes, turn = time.perf_counter(), [], self._turn(state)
         model, variables = self._call(state, turn)
         try:
@@ -478,7 +475,7 @@ def create_rewrite_chain(
     """
     choices = Choices(prompts or default_registry(), PROMPTS)
     chain = (
-        inline(partial(read_input, RewriteInput), name="input")
+        quick(partial(read_input, RewriteInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
         | rewrite_stage(llm=as_llm(llm), fields=fields or {}, history_tokens=history_tokens)
     )

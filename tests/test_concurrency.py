@@ -9,6 +9,7 @@ regression into a failure instead of a hang.
 from __future__ import annotations
 
 import asyncio
+import functools
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,21 +21,17 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.language_models.fake_chat_models import GenericFakeChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
-from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnableLambda
-from langchain_core.runnables.utils import AddableDict
 from pydantic import PrivateAttr
 
-from ragchains.chains.llm import LLM, PromptedModel
-from ragchains.chains.state import Step, StreamStep, Turn, settled
+from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service
 from ragchains.llms import ChatLlamaCpp, LockedChatLlamaCpp
+from ragchains.prompts.registry import default_registry
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
 from tests.fakes import RecordingModel
@@ -52,6 +49,9 @@ class AsyncOnlyChat(BaseChatModel):
     when ``gate`` is set, until that many streams are open at once."""
 
     gate: int = 0
+    # Streams ended, finished or closed early (a private attribute: LangChain copies the
+    # model's fields, not its private state, when it binds one).
+    _closed: list[int] = PrivateAttr(default_factory=list)
     _open: int = PrivateAttr(0)
     _all_in: asyncio.Event | None = PrivateAttr(None)
 
@@ -73,22 +73,46 @@ class AsyncOnlyChat(BaseChatModel):
     async def _astream(
         self, messages: list[BaseMessage], *args: Any, **kwargs: Any
     ) -> AsyncIterator[ChatGenerationChunk]:
-        if self.gate:
-            if self._all_in is None:
-                self._all_in = asyncio.Event()
-            self._open += 1
-            if self._open == self.gate:
-                self._all_in.set()
-            await asyncio.wait_for(self._all_in.wait(), HANG_GUARD)
-        for word in ANSWER.split(" "):
-            yield ChatGenerationChunk(message=AIMessageChunk(word + " "))
+        try:
+            if self.gate:
+                if self._all_in is None:
+                    self._all_in = asyncio.Event()
+                self._open += 1
+                if self._open == self.gate:
+                    self._all_in.set()
+                await asyncio.wait_for(self._all_in.wait(), HANG_GUARD)
+            for word in ANSWER.split(" "):
+                yield ChatGenerationChunk(message=AIMessageChunk(word + " "))
+        finally:
+            self._closed.append(1)
+
+
+def _called(fn: Any) -> list[str]:
+    """The qualified names of the functions a pool job would call (LangChain's
+    ``run_in_executor`` wraps them in a context's ``run`` and a closure)."""
+    names, stack = [], [fn]
+    while stack:
+        f = stack.pop()
+        if isinstance(f, functools.partial):
+            stack += [f.func, *f.args]
+            continue
+        names.append(getattr(f, "__qualname__", ""))
+        for cell in getattr(f, "__closure__", None) or ():
+            value = cell.cell_contents
+            if callable(value):
+                stack.append(value)
+    return names
 
 
 class RefusingPool(ThreadPoolExecutor):
-    """An event loop's default pool that fails whatever is sent to it."""
+    """An event loop's default pool that fails whatever is sent to it, but for an output
+    parser's parse of one chunk (LangChain's parsers hand each to the default pool on their
+    async path: quick, never waiting on anything)."""
 
-    def submit(self, *args: Any, **kwargs: Any) -> Any:
-        raise AssertionError("a turn used the event loop's default thread pool")
+    def submit(self, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        if not any(name.endswith(".parse_result") for name in _called(fn)):
+            raise AssertionError(f"a turn used the event loop's default thread pool: {fn}")
+        return super().submit(fn, *args, **kwargs)
 
 
 def service_with(
@@ -243,29 +267,37 @@ def test_embedded_model_queues_async_callers_without_holding_threads() -> None:
     assert [m.content for m in invoked] == ["one two three "] * 4
 
 
-def test_prompted_model_is_one_run_and_reads_text_on_the_loop() -> None:
-    """A prompt sent to a model: the same replies and chunks as prompt | model (| parser),
-    the model's call its only run, its async path never in a thread."""
-    template = ChatPromptTemplate.from_messages([("system", "Be brief."), ("human", "{q}")])
-    recording = RecordingModel(responses=["a b"])
-    assert PromptedModel(template, recording, text=True).invoke({"q": "hi"}) == "a b"
-    assert [m.content for m in recording.seen[0]] == ["Be brief.", "hi"]
-    text = PromptedModel(
-        template, GenericFakeChatModel(messages=iter([AIMessage("a b")])), text=True
+def test_a_prompt_is_sent_as_prompt_model_parser() -> None:
+    """A prompt file sent to a model is stock LCEL: ``prompt | model | StrOutputParser()``
+    (``LLM.text``) or ``prompt | model`` (``LLM.prompted``), one run named by the prompt's
+    ref (``domain/name@vN``) with the template, the model and the parser as its children;
+    the model's async path is awaited, never run in a thread."""
+    prompt = default_registry().get("default", "requery", None)
+    llm = LLM(model=GenericFakeChatModel(messages=iter([AIMessage("a b")])), name="fake")
+    variables = {"question": "hi", "previous_query": "hello"}
+    text = llm.text(prompt)
+    stock = (
+        prompt.template
+        | GenericFakeChatModel(messages=iter([AIMessage("a b")]))
+        | StrOutputParser()
     )
-    stock = template | GenericFakeChatModel(messages=iter([AIMessage("a b")])) | StrOutputParser()
-    assert list(text.stream({"q": "hi"})) == list(stock.stream({"q": "hi"})) == ["a", " ", "b"]
+    assert list(text.stream(variables)) == list(stock.stream(variables)) == ["a", " ", "b"]
+    recording = RecordingModel(responses=["a b"])
+    assert LLM(model=recording, name="rec").text(prompt).invoke(variables) == "a b"
+    assert any("hello" in str(m.content) for m in recording.seen[0])
 
-    async def run() -> tuple[Any, Any, list[str], list[str]]:
+    async def run() -> tuple[Any, Any, list[str], list[tuple[str, int]]]:
         asyncio.get_running_loop().set_default_executor(RefusingPool(1))
-        message = PromptedModel(template, AsyncOnlyChat(), text=False)
-        streamed = PromptedModel(template, AsyncOnlyChat(), text=True)
-        events = streamed.astream_events({"q": "hi"}, version="v2")
-        starts = [e["name"] async for e in events if e["event"].endswith("_start")]
-        pieces = [piece async for piece in streamed.astream({"q": "hi"})]
+        message = LLM(model=AsyncOnlyChat(), name="a").prompted(prompt)
+        streamed = LLM(model=AsyncOnlyChat(), name="a").text(prompt)
+        events = streamed.astream_events(variables, version="v2")
+        starts = [
+            (e["name"], len(e["parent_ids"])) async for e in events if e["event"].endswith("_start")
+        ]
+        pieces = [piece async for piece in streamed.astream(variables)]
         return (
-            await message.ainvoke({"q": "hi"}),
-            await streamed.ainvoke({"q": "hi"}),
+            await message.ainvoke(variables),
+            await streamed.ainvoke(variables),
             pieces,
             starts,
         )
@@ -273,126 +305,45 @@ def test_prompted_model_is_one_run_and_reads_text_on_the_loop() -> None:
     reply, said, pieces, starts = asyncio.run(run())
     assert isinstance(reply, AIMessage) and reply.content == REWRITE and said == REWRITE
     assert "".join(pieces).strip() == ANSWER and all(isinstance(p, str) for p in pieces)
-    assert starts == ["AsyncOnlyChat"]
+    assert starts == [
+        (prompt.ref, 0),
+        ("ChatPromptTemplate", 1),
+        ("AsyncOnlyChat", 1),
+        ("StrOutputParser", 1),
+    ]
 
 
-def test_settled_steps_stream_as_one_invoke() -> None:
-    calls: list[str] = []
-
-    def step(name: str) -> RunnableLambda[Any, Any]:
-        return RunnableLambda(lambda x: calls.append(name) or x + 1, name=name)
-
-    steps = step("one") | step("two")
-    chain = settled(steps) | RunnableLambda(lambda x: x * 10, name="last")
-    assert list(chain.stream(1)) == [30]
-    assert asyncio.run(drain(chain, 1)) == [30]
-    assert chain.invoke(1) == 30 and calls == ["one", "two"] * 3
-    nodes = [node.name for node in chain.get_graph().nodes.values()]
-    assert nodes.index("one") < nodes.index("two") < nodes.index("last")
-
-    async def names() -> list[str]:
-        return [e["name"] async for e in chain.astream_events(1, version="v2")]
-
-    assert {"one", "two", "last"} <= set(asyncio.run(names()))
-
-
-def test_a_step_is_one_named_run_whose_children_nest_under_it() -> None:
-    """A Step reports to callbacks as a RunnableLambda does: its run by name, its failure,
-    and a runnable its function calls (with or without the config) as a child run."""
-    inner = RunnableLambda(lambda x: x + 1, name="inner")
-
-    def add(x: int, config: Any) -> int:
-        return inner.invoke(x, config) + inner.invoke(x)  # the config given, then the current
-
-    async def aadd(x: int, config: Any) -> int:
-        return await inner.ainvoke(x, config) + await inner.ainvoke(x)
-
-    def fail(x: int) -> int:
-        raise ValueError("no")
-
-    step = Step(add, aadd, name="adding")
-    failing = Step(fail, name="failing")
-
-    async def events(runnable: Any) -> list[tuple[str, str, int]]:
-        seen = []
-        async for e in runnable.astream_events(1, version="v2"):
-            seen.append((e["event"], e["name"], len(e["parent_ids"])))
-        return seen
-
-    assert step.invoke(1) == 4 and asyncio.run(step.ainvoke(1)) == 4
-    seen = asyncio.run(events(step))
-    assert ("on_chain_start", "adding", 0) in seen and ("on_chain_end", "adding", 0) in seen
-    assert [e[1] for e in seen].count("adding") == 2  # a start and an end
-    assert [e for e in seen if e[1] == "inner" and e[0] == "on_chain_end"] == [
-        ("on_chain_end", "inner", 1)
-    ] * 2
-    errors = ErrorNames()
-    with pytest.raises(ValueError, match="no"):
-        failing.invoke(1, {"callbacks": [errors]})
-    with pytest.raises(ValueError, match="no"):
-        asyncio.run(failing.ainvoke(1, {"callbacks": [errors]}))
-    assert errors.names == ["failing", "failing"]
-
-
-class ErrorNames(BaseCallbackHandler):
-    """The names of the runs that reported a failure."""
-
-    def __init__(self) -> None:
-        self.names: list[str] = []
-        self.started: dict[Any, str] = {}
-
-    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: Any, **kw: Any) -> None:
-        self.started[run_id] = kw.get("name", "")
-
-    def on_chain_error(self, error: BaseException, *, run_id: Any, **kw: Any) -> None:
-        self.names.append(self.started[run_id])
-
-
-def test_a_streamed_turn_sets_the_current_config_and_closes_what_it_stops() -> None:
-    """Inside a StreamStep (and so a Turn) a runnable called without the config is still a
-    child run, as under LangChain's own streaming runs; a consumer that stops early closes
-    the generator at once, and the run reports the stop."""
-    inner = RunnableLambda(lambda x: x, name="inner")
-    closed: list[str] = []
-
-    async def agen(state: Any, config: Any) -> AsyncIterator[AddableDict]:
-        try:
-            for n in range(3):
-                yield AddableDict(n=await inner.ainvoke(n))  # no config given
-        finally:
-            closed.append("answer")
-
-    def gen(state: Any, config: Any) -> Iterator[AddableDict]:
-        yield from (AddableDict(n=n) for n in range(3))
-
-    answer = StreamStep(gen, agen, name="answer")
-    turn = Turn(RunnableLambda(lambda x: x, name="search"), answer, name="turn")
-
-    async def children() -> list[int]:
-        events = turn.astream_events(1, version="v2")
-        return [len(e["parent_ids"]) async for e in events if e["name"] == "inner"]
-
-    assert set(asyncio.run(children())) == {2}  # under the answer, under the turn
-
-    errors = ErrorNames()
-
-    async def stop_early() -> None:
-        chunks = turn.astream(1, {"callbacks": [errors]})
-        await anext(chunks)
-        await chunks.aclose()
-
-    asyncio.run(stop_early())
-    assert closed == ["answer", "answer"]
-    assert errors.names == ["answer", "turn"]  # the answer stopped, then the turn
-    assert turn.invoke(1) == {"n": 3}  # 0 + 1 + 2, added as invoke returns them
-
-
-def test_each_stage_of_a_turn_is_one_run(
+def test_a_consumer_that_goes_away_stops_the_models_stream(
     settings: Settings, sample_index: Path, embedder: SentenceTransformerEmbedder
 ) -> None:
-    """A run costs about a thousand Python calls on the event loop: a stage makes one (no
-    assign and map around it), and the search stages are invoked, not streamed, inside a
-    streamed turn. The choices the stages declare stay declared."""
+    """A client that goes away mid-answer (the server cancels its streaming task): the
+    model's stream is closed at once, and it decodes no more for nobody."""
+    model = AsyncOnlyChat(gate=2)  # the stream waits for a second one that never comes
+    service = service_with(settings, sample_index, embedder, model)
+    seen: list[Any] = []
+
+    async def consume() -> None:
+        async for chunk in service.chains.chat.astream({"question": QUESTION}):
+            seen.append(chunk)
+
+    async def go_away() -> None:
+        task = asyncio.create_task(consume())
+        while not seen:  # the head (sources) arrived: the answer's stream is waiting
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go_away())
+    assert seen[0]["sources"] and model._closed == [1]
+
+
+def test_each_stage_of_a_turn_is_one_named_run(
+    settings: Settings, sample_index: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    """``astream_events`` names each stage of a turn once, and the choices the stages
+    declare are the chain's config specs."""
     service = service_with(settings, sample_index, embedder, AsyncOnlyChat())
 
     async def started() -> list[str]:
@@ -400,9 +351,12 @@ def test_each_stage_of_a_turn_is_one_run(
         return [e["name"] async for e in events if e["event"].endswith("_start")]
 
     names = asyncio.run(started())
-    for stage in ("input", "configure", "rewrite", "retrieve", "compress", "answer"):
+    for stage in ("chat", "input", "configure", "rewrite", "retrieve", "compress", "requery"):
         assert names.count(stage) == 1, (stage, names)
-    assert not [n for n in names if n.startswith(("RunnableParallel", "RunnableAssign"))]
+    assert names.count("answer") == 1
+    assert "default/rewrite@v1" in names[names.index("rewrite") :]  # the prompt, by its ref
+    assert names.index("configure") < names.index("rewrite") < names.index("retrieve")
+    assert names.index("retrieve") < names.index("compress") < names.index("requery")
     specs = {spec.id for spec in service.chains.chat.config_specs}
     assert {"domain", "k", "threshold", "rewrite_version", "answer_version"} <= specs
 

@@ -47,7 +47,11 @@ def serve_command(
             fail(str(exc))
     index = target_of(index, settings)
     # The one target chosen above, whichever of the two settings named it.
-    where = {"store": index, "index": None} if isinstance(index, str) else {"index": index, "store": None}
+    where = (
+        {"store": index, "index": None}
+        if isinstance(index, str)
+        else {"index": index, "store": None}
+    )
     updates = {**where, "host": host or settings.host, "port": port or settings.port}
     settings = settings.model_copy(update=updates)
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
