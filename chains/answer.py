@@ -293,7 +293,8 @@ class Answerer:
         parser``, a child of ``config``'s run) token by token, then the ending."""
         p = self.plan(state)
         written = _Written()
-        pieces = iter([DONT_KNOW]) if p.chain is None else p.chain.stream(p.variables, config)
+        said = (piece for piece in [DONT_KNOW])  # a generator: it closes as the model's does
+        pieces = said if p.chain is None else p.chain.stream(p.variables, config)
         # Closed with this generator: a consumer that stops early stops the model at once.
         with closing(pieces):  # type: ignore[type-var]
             for piece in pieces:
