@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import langserve
 from fastapi import Depends, FastAPI, HTTPException, Request
@@ -35,6 +36,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from langchain_core.tracers.log_stream import RunLogPatch
 from langserve import add_routes
 from langserve.callbacks import AsyncEventAggregatorCallback
 from starlette.concurrency import run_in_threadpool
@@ -99,6 +101,9 @@ class _PageFiles(StaticFiles):
         return response
 
 
+# The metadata key that marks a run the playground asked for.
+PLAYGROUND_METADATA = "ragchains_playground"
+
 # Route name (also the chain's name on Service.chains) -> what it does.
 ROUTES: dict[str, str] = {
     "chat": "A chat turn: rewrite, retrieve, rerank, cited answer.",
@@ -125,6 +130,35 @@ class _Served(KnownKeysOnly):  # type: ignore[no-redef]  # pydantic plugin
             config = {**config, "callbacks": kept}
         return config
 
+    async def astream_log(  # type: ignore[override]
+        self, input: Any, config: Any = None, **kwargs: Any
+    ) -> AsyncIterator[RunLogPatch]:
+        """For the playground, the run's output as one object that grows as it streams.
+
+        LangServe's playground prints each chunk of a run's ``streamed_output`` as a JSON
+        object of its own (it adds up only message chunks), so a turn's answer showed as one
+        object per token (``}{"answer": " di"}{"answer": "em"``). The chunks are
+        ``AddableDict``s: for a request from the playground, ``streamed_output`` holds their
+        sum so far, one element replaced as it grows. Other callers get the chunks as
+        streamed.
+        """
+        patches = super().astream_log(input, config, **kwargs)
+        if not ((config or {}).get("metadata") or {}).get(PLAYGROUND_METADATA):
+            async for patch in patches:
+                yield patch
+            return
+        output: Any = None
+        async for patch in patches:
+            ops = []
+            for op in patch.ops:
+                if op["op"] == "add" and op["path"] == "/streamed_output/-":
+                    first = output is None
+                    output = op["value"] if first else output + op["value"]
+                    path = "/streamed_output/-" if first else "/streamed_output/0"
+                    op = {"op": "add" if first else "replace", "path": path, "value": output}
+                ops.append(op)
+            yield RunLogPatch(*ops)
+
 
 @dataclass
 class _Health:
@@ -149,6 +183,12 @@ def _config_check(route: Route) -> Any:
         # (/c/{config_hash}/...) is checked here, merged with it.
         if request.path_params.get("config_hash"):
             route.check(config.get("configurable") or {})
+        # A run the playground asked for (its page is the referrer): see _Served.astream_log.
+        if urlsplit(request.headers.get("referer", "")).path.endswith("/playground/"):
+            config = {
+                **config,
+                "metadata": {**config.get("metadata", {}), PLAYGROUND_METADATA: True},
+            }
         return config
 
     return check

@@ -16,7 +16,7 @@ from langchain_core.language_models import LanguageModelInput
 from langchain_core.messages import AnyMessage, BaseMessage, convert_to_messages, trim_messages
 from langchain_core.messages.utils import count_tokens_approximately
 from langchain_core.output_parsers import StrOutputParser
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BeforeValidator
 
 from ragchains.prompts.registry import Prompt
@@ -81,7 +81,7 @@ class LLM:
         """``prompt | model``: the prompt's template piped into the model bound to the
         prompt's own parameters (and ``tools`` or ``grammar``); the model's reply out."""
         return (prompt.template | self._for(prompt, tools, grammar)).with_config(
-            run_name=prompt.ref
+            _run_config(prompt)
         )
 
     def text(
@@ -90,7 +90,7 @@ class LLM:
         """``prompt | model | StrOutputParser()``: the reply's text (streamed: each chunk's
         text); ``temperature`` overrides the prompt's."""
         model = self._for(prompt, None, grammar, temperature)
-        return (prompt.template | model | StrOutputParser()).with_config(run_name=prompt.ref)
+        return (prompt.template | model | StrOutputParser()).with_config(_run_config(prompt))
 
     def _for(
         self,
@@ -109,6 +109,12 @@ class LLM:
 
     def trim_history(self, history: Sequence[BaseMessage], max_tokens: int) -> list[BaseMessage]:
         return trim_history(history, max_tokens=max_tokens, count_tokens=self.count_tokens)
+
+
+def _run_config(prompt: Prompt) -> RunnableConfig:
+    """A prompt's run: named ``name@vN`` (no "/": run names are keys of astream_log's JSON
+    patch paths, where a slash would read as a level) with its full ref in the metadata."""
+    return {"run_name": f"{prompt.name}@v{prompt.version}", "metadata": {"prompt": prompt.ref}}
 
 
 def as_llm(model: LLM | Any) -> LLM:

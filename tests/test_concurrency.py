@@ -269,8 +269,8 @@ def test_embedded_model_queues_async_callers_without_holding_threads() -> None:
 
 def test_a_prompt_is_sent_as_prompt_model_parser() -> None:
     """A prompt file sent to a model is stock LCEL: ``prompt | model | StrOutputParser()``
-    (``LLM.text``) or ``prompt | model`` (``LLM.prompted``), one run named by the prompt's
-    ref (``domain/name@vN``) with the template, the model and the parser as its children;
+    (``LLM.text``) or ``prompt | model`` (``LLM.prompted``), one run named ``name@vN`` with
+    the template, the model and the parser as its children;
     the model's async path is awaited, never run in a thread."""
     prompt = default_registry().get("default", "requery", None)
     llm = LLM(model=GenericFakeChatModel(messages=iter([AIMessage("a b")])), name="fake")
@@ -306,7 +306,7 @@ def test_a_prompt_is_sent_as_prompt_model_parser() -> None:
     assert isinstance(reply, AIMessage) and reply.content == REWRITE and said == REWRITE
     assert "".join(pieces).strip() == ANSWER and all(isinstance(p, str) for p in pieces)
     assert starts == [
-        (prompt.ref, 0),
+        (f"requery@v{prompt.version}", 0),
         ("ChatPromptTemplate", 1),
         ("AsyncOnlyChat", 1),
         ("StrOutputParser", 1),
@@ -354,7 +354,7 @@ def test_each_stage_of_a_turn_is_one_named_run(
     for stage in ("chat", "input", "configure", "rewrite", "retrieve", "compress", "requery"):
         assert names.count(stage) == 1, (stage, names)
     assert names.count("answer") == 1
-    assert "default/rewrite@v1" in names[names.index("rewrite") :]  # the prompt, by its ref
+    assert "rewrite@v1" in names[names.index("rewrite") :]  # the prompt, by name and version
     assert names.index("configure") < names.index("rewrite") < names.index("retrieve")
     assert names.index("retrieve") < names.index("compress") < names.index("requery")
     specs = {spec.id for spec in service.chains.chat.config_specs}

@@ -8,6 +8,7 @@ output panel.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -58,8 +59,13 @@ def test_playground_renders_and_offers_the_domains(url: str, browser: Any, route
     watched.assert_clean()
 
 
-def test_chat_playground_streams_an_answer_with_citations(url: str, browser: Any) -> None:
-    watched = open_page(browser, f"{url}/chat/playground/")
+@pytest.mark.parametrize("route", ["chat", "ask"])
+def test_playground_shows_the_answer_once_with_its_citations(
+    url: str, browser: Any, route: str
+) -> None:
+    """The streamed chunks add up (AddableDict) into one output: the answer once, as text,
+    with its sources and citations; never a run of JSON objects, one per token."""
+    watched = open_page(browser, f"{url}/{route}/playground/")
     page = watched.page
     field(page, "domain").select_option("hr")
     field(page, "question").fill("What does the standard plan cost?")
@@ -69,6 +75,10 @@ def test_chat_playground_streams_an_answer_with_citations(url: str, browser: Any
     panel.get_by_text('"sources"').first.wait_for(timeout=120_000)
     panel.get_by_text('"timings"').wait_for(timeout=240_000)
     text = panel.inner_text()
+    assert "}{" not in text, text[:2000]
+    output = json.loads(text)  # one object: the chunks added up
+    said = f'"answer": {json.dumps(output["answer"], ensure_ascii=False)}'
+    assert output["answer"].strip() and text.count(said) == 1
     assert text.index('"sources"') < text.index('"answer"') < text.index('"citations"')
     assert '"label": "employee-handbook.md#' in text
     assert '"abstained": false' in text
