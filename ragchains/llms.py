@@ -8,6 +8,7 @@ to count the model's tokens and how it can be made to give structured replies.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import importlib.util
 import logging
@@ -255,38 +256,74 @@ def _checked_chat_openai() -> type[Any]:
     from langchain_openai import ChatOpenAI
 
     class CheckedChatOpenAI(ChatOpenAI):
-        def _create_chat_result(self, response: Any, generation_info: Any = None) -> Any:
-            try:
-                return super()._create_chat_result(response, generation_info)
-            except (TypeError, ValueError, KeyError, AttributeError) as exc:
-                raise UpstreamReplyError(_NOT_A_COMPLETION) from exc
+        """Through BaseChatModel's own hooks (``_generate``, ``_stream`` and their async
+        twins, which every chat model implements): a reply the client cannot read as a
+        chat completion, and a stream that ends without saying why it finished (no
+        ``finish_reason``: cut off, or chunks without choices), are
+        ``UpstreamReplyError``s."""
 
-        def _convert_chunk_to_generation_chunk(self, chunk: Any, *args: Any) -> Any:
-            # "choices": [] is the usage chunk at a stream's end; no choices at all is wrong.
-            if isinstance(chunk, dict) and chunk.get("choices") is None and not chunk.get("usage"):
-                raise UpstreamReplyError(_NOT_A_COMPLETION)
-            return super()._convert_chunk_to_generation_chunk(chunk, *args)
+        def _generate(self, *args: Any, **kwargs: Any) -> Any:
+            with _read_as_completion():
+                return super()._generate(*args, **kwargs)
+
+        async def _agenerate(self, *args: Any, **kwargs: Any) -> Any:
+            with _read_as_completion():
+                return await super()._agenerate(*args, **kwargs)
 
         def _stream(self, *args: Any, **kwargs: Any) -> Any:
-            streamed = False
-            for chunk in super()._stream(*args, **kwargs):
-                streamed = True
-                yield chunk
-            if not streamed:
-                raise UpstreamReplyError(_NOT_A_COMPLETION)
+            finished = _Finished()
+            with _read_as_completion():
+                for chunk in super()._stream(*args, **kwargs):
+                    yield finished.seen(chunk)
+            finished.check()
 
         async def _astream(self, *args: Any, **kwargs: Any) -> Any:
-            streamed = False
-            async for chunk in super()._astream(*args, **kwargs):
-                streamed = True
-                yield chunk
-            if not streamed:
-                raise UpstreamReplyError(_NOT_A_COMPLETION)
+            finished = _Finished()
+            with _read_as_completion():
+                async for chunk in super()._astream(*args, **kwargs):
+                    yield finished.seen(chunk)
+            finished.check()
 
     return CheckedChatOpenAI
 
 
 _NOT_A_COMPLETION = "the chat model's server answered with something that is not a chat completion"
+
+
+_BROKE_OFF = "the chat model's server ended its stream before the answer was finished"
+
+
+class _Finished:
+    """Watches a stream's chunks for the choice that says why it finished: an OpenAI
+    stream's last choice carries a ``finish_reason`` (stop, length, tool_calls)."""
+
+    def __init__(self) -> None:
+        self.said_anything = False
+        self.finished = False
+
+    def seen(self, chunk: Any) -> Any:
+        self.said_anything = self.said_anything or bool(chunk.text)
+        self.finished = self.finished or bool((chunk.generation_info or {}).get("finish_reason"))
+        return chunk
+
+    def check(self) -> None:
+        if not self.finished:
+            raise UpstreamReplyError(_BROKE_OFF if self.said_anything else _NOT_A_COMPLETION)
+
+
+@contextlib.contextmanager
+def _read_as_completion() -> Iterator[None]:
+    """What the OpenAI client raises reading a 200 that is no chat completion (an HTML page
+    from a proxy, JSON without choices) is the upstream's failure, not one that looks like
+    ours. Failures the client reports as such (``openai.APIError``) pass unchanged."""
+    import openai
+
+    try:
+        yield
+    except openai.APIError:
+        raise
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise UpstreamReplyError(_NOT_A_COMPLETION) from exc
 
 
 @dataclass(frozen=True)
