@@ -17,14 +17,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
+from ragchains.evaluation.beirindex import load_queries, open_corpus
 from ragchains.evaluation.datasets import BeirDataset
+from ragchains.evaluation.plots import plot_sweep
+from ragchains.evaluation.retrieval import hybrid_params
+from ragchains.evaluation.runs import RunWriter, run_dir
+from ragchains.factory import build_compressor, build_embedder, build_retriever
 from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.hybrid import HybridRetriever, hybrid_search
+from ragchains.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -134,3 +141,103 @@ def requery_threshold(answerable: Sequence[float], share: float, step: float = 0
         return 0.0
     # The epsilon keeps a quantile that lies on the grid (0.35 / 0.01 = 34.999…) on it.
     return round(float(np.floor(np.quantile(finite, share) / step + 1e-9) * step), 6)
+
+
+@dataclass
+class AbstentionRun:
+    """A finished `eval abstention`: its run folder and what it recommends."""
+
+    path: Path
+    scorer: str  # the compressor's kind (cross-encoder, embedding-similarity)
+    current: float  # the threshold in use
+    now: SweepPoint  # the rates at ``current``
+    chosen: SweepPoint  # the recommended threshold and its rates
+    requery_below: float  # the recommended re-query threshold
+    requery_share: float
+
+
+def run_abstention(
+    settings: Settings,
+    dataset: Path,
+    *,
+    split: str,
+    index: Path | str | None,
+    max_false_abstain: float,
+    requery_share: float,
+    step: float,
+    out: Path | None,
+    limit: int | None,
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> AbstentionRun:
+    """Sweep the configured compressor's threshold over the first ``limit`` judged queries
+    of ``dataset``'s ``split`` (its index built or reused first); recommend a threshold
+    (``recommend``) and a re-query threshold no lower. Writes the run folder and sweep.png."""
+    data = load_queries(dataset, split, limit)
+    out = run_dir(out, "abstention", data.name)
+    embedder = build_embedder(settings)
+    search_index, location = open_corpus(
+        data,
+        index,
+        embedder,
+        hnsw_min_chunks=settings.hnsw_min_chunks,
+        progress=progress,
+        say=say,
+    )
+    retriever = build_retriever(settings, search_index, embedder)
+    compressor = build_compressor(settings, embedder, search_index)
+    status = compressor.status()
+    current = status["threshold"]
+    config = {
+        "kind": "abstention",
+        "label": f"{data.name}/{status['kind']}",
+        "dataset": str(dataset),
+        "split": split,
+        "queries": len(data.queries),
+        "index": str(location),
+        "retriever": {"kind": "hybrid", **hybrid_params(retriever)},
+        "compressor": status,
+        "max_false_abstain": max_false_abstain,
+        "requery_share": requery_share,
+    }
+    with RunWriter(out, config) as writer:
+        answerable, unanswerable = best_scores(
+            data,
+            # A store's retriever cannot mask documents: --store fails here, as it always has.
+            retriever,  # type: ignore[arg-type]
+            compressor,
+            on_item=writer.add,
+            progress=progress,
+        )
+        points = sweep(
+            answerable, unanswerable, default_thresholds([*answerable, *unanswerable], step)
+        )
+        chosen = recommend(points, max_false_abstain)
+        requery_below = max(requery_threshold(answerable, requery_share, step), chosen.threshold)
+        (now,) = sweep(answerable, unanswerable, [current])
+        plot_sweep(
+            points,
+            chosen,
+            current,
+            writer.extra_file("sweep.png"),
+            f"{data.name}: {status['kind']} ({status['model']})",
+        )
+        metrics = {
+            "threshold": current,
+            "abstain_rate": now.abstain_rate,
+            "false_abstain_rate": now.false_abstain_rate,
+            "recommended_threshold": chosen.threshold,
+            "recommended_abstain_rate": chosen.abstain_rate,
+            "recommended_false_abstain_rate": chosen.false_abstain_rate,
+            "recommended_requery_threshold": requery_below,
+        }
+        path = writer.finish(
+            {
+                "count": writer.count,
+                "metrics": metrics,
+                "sweep": [p.as_dict() for p in points],
+                "item_metrics": ["best_score_answerable", "best_score_unanswerable"],
+                "item_outputs": [],
+            }
+        )
+    return AbstentionRun(path, status["kind"], current, now, chosen, requery_below, requery_share)

@@ -3,26 +3,33 @@
 Each answerable pair comes from one sampled chunk, which becomes its gold citation. The
 unanswerable ones come in three kinds, for measuring "I don't know": unrelated (general
 knowledge), related but absent (the chunk's subject, a detail it lacks) and nonsensical.
-The model writes; these functions only sample, parse and drop what is unusable.
+The model writes; these functions only sample, parse, drop what is unusable and write the
+rest as the JSONL `eval answers` reads.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import re
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from langchain_core.messages import BaseMessage
+from tqdm import tqdm
 
 from ragchains.chains.llm import LLM
-from ragchains.evaluation import EVAL_PROMPTS
+from ragchains.evaluation import EVAL_PROMPTS, SetupError
 from ragchains.evaluation.datasets import QAItem
 from ragchains.evaluation.metrics import normalize_text
+from ragchains.factory import build_embedder, build_llm, open_index
 from ragchains.prompts.registry import Prompt, PromptRegistry
 from ragchains.retrievers.bm25 import STOPWORDS
 from ragchains.retrievers.indexformat import Chunk
 from ragchains.retrievers.searchindex import SearchIndex
+from ragchains.settings import Settings
 
 GENERATORS = ("qa_pair", "related_absent", "unrelated", "nonsensical")
 UNRELATED_TOPICS = (
@@ -174,3 +181,58 @@ def generate(
 
 def _cycle(items: Sequence[Any], count: int) -> list[Any]:
     return [items[i % len(items)] for i in range(count)] if items else []
+
+
+def open_for_generation(
+    settings: Settings, index_dir: Path | str, out_file: Path
+) -> tuple[SearchIndex, QuestionWriter]:
+    """The index folder to sample and a writer on the configured chat model; SetupError
+    when either cannot be had. ``out_file``'s folder is made now, before the slow work."""
+    try:
+        index = open_index(index_dir, build_embedder(settings))
+        writer = QuestionWriter(build_llm(settings))
+    except ValueError as exc:
+        raise SetupError(str(exc)) from None
+    if not isinstance(index, SearchIndex):
+        raise SetupError(
+            "eval generate samples chunks from an index folder, not a PostgreSQL store"
+        )
+    out_file.parent.mkdir(parents=True, exist_ok=True)
+    return index, writer
+
+
+def generate_all(
+    index: SearchIndex,
+    writer: QuestionWriter,
+    *,
+    answerable: int,
+    unanswerable: int,
+    seed: int = 0,
+    progress: bool = True,
+) -> tuple[list[QAItem], list[str]]:
+    """Every item ``generate`` yields, and why each dropped reply was dropped."""
+    dropped: list[str] = []
+    items = []
+    found = generate(
+        index,
+        writer,
+        answerable=answerable,
+        unanswerable=unanswerable,
+        seed=seed,
+        on_dropped=dropped.append,
+    )
+    with tqdm(total=answerable + unanswerable, unit="question", disable=not progress) as bar:
+        for item in found:
+            items.append(item)
+            bar.update(1)
+    return items, dropped
+
+
+def write_questions(items: Sequence[QAItem], out_file: Path) -> None:
+    """``items`` as the JSONL `eval answers` reads; written under a temporary name and
+    renamed when complete, so a failed write never leaves a file that looks finished."""
+    tmp = out_file.with_name(f".{out_file.name}.partial")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for item in items:
+            fh.write(json.dumps(item.as_dict(), ensure_ascii=False) + "\n")
+    os.replace(tmp, out_file)

@@ -1,13 +1,11 @@
 """Retrieval evaluation on BEIR data, through the product's own index and retrievers.
 
-The corpus becomes a regular ragchains index with one chunk per document (title + text),
-as BEIR evaluates: chunk id = document id, so a ranked list of chunks is a ranked list of
-documents. The index is built once and reused while the corpus and the embedder are the same.
+Each retriever setting ranks every judged query over the dataset's index (see
+``evaluation.beirindex``); a ranked list of chunks is a ranked list of documents there.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,174 +19,25 @@ from tqdm import tqdm
 from ragchains.chains.retrieve import Searcher
 from ragchains.chains.rewrite import RewriteOutput
 from ragchains.evaluation import RETRIEVERS
+from ragchains.evaluation.beirindex import load_queries, open_corpus
 from ragchains.evaluation.datasets import BeirDataset
 from ragchains.evaluation.metrics import mrr_at_k, ndcg_at_k, recall_at_k
-from ragchains.ingest.chunking import sha256_text
-from ragchains.ingest.pipeline import build_and_write, embed_texts
+from ragchains.evaluation.runs import RunWriter, run_dir
+from ragchains.factory import build_compressor, build_embedder, build_retriever
 from ragchains.retrievers.bm25 import BM25_PARAMS, BM25Retriever
 from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.dense import FaissRetriever
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.hybrid import HybridRetriever
-from ragchains.retrievers.indexformat import Chunk, FileRecord, IndexLoadError, IndexNotFoundError
-from ragchains.retrievers.indexwriter import IndexContents, writer_lock
 from ragchains.retrievers.pgsearch import LEXICAL_RANK, PostgresRetriever
-from ragchains.retrievers.pgstore import PostgresStore
-from ragchains.retrievers.pgwriter import StoreDelta
-from ragchains.retrievers.searchindex import SearchIndex, load_index
+from ragchains.settings import Settings
 
 DEPTH = 100  # recall@100 needs 100 results
 RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
-BEIR_CHUNKING = {"beir": "one chunk per document: title + newline + text"}
+DEFAULT_RETRIEVERS = ("bm25", "dense", "hybrid")
 
 
 # How the store ranks the lexical half (its BM25 is PostgreSQL's full-text ranking).
 STORE_LEXICAL = f"postgresql full-text: {LEXICAL_RANK} over an OR of the query's words"
-
-
-def default_index_dir(dataset: BeirDataset) -> Path:
-    """A cache folder per corpus content, outside the dataset (which may be read-only)."""
-    root = Path(
-        os.environ.get("RAGCHAINS_EVAL_CACHE", Path.home() / ".cache" / "ragchains" / "eval")
-    )
-    return root / f"{dataset.name}-{dataset.corpus_sha256[:12]}"
-
-
-def beir_chunks(dataset: BeirDataset) -> list[Chunk]:
-    """One chunk per document (title + text), its id the document's id."""
-    corpus = dataset.corpus_path
-    chunks = []
-    for row, doc_id in enumerate(dataset.doc_ids):
-        text = dataset.document_text(row)
-        chunks.append(
-            Chunk(
-                id=doc_id,
-                text=text,
-                metadata={
-                    "source": corpus.name,
-                    "filename": corpus.name,
-                    "format": "beir",
-                    "title": dataset.titles[row],
-                    "citation": doc_id,
-                    "content_hash": sha256_text(text),
-                    "chunk_index": row,
-                },
-            )
-        )
-    return chunks
-
-
-def _corpus_record(dataset: BeirDataset, chunks: int) -> FileRecord:
-    corpus = dataset.corpus_path
-    return FileRecord(corpus.name, dataset.corpus_sha256, corpus.stat().st_size, chunks, "beir")
-
-
-def beir_index(
-    dataset: BeirDataset,
-    index_dir: Path,
-    embedder: SentenceTransformerEmbedder,
-    *,
-    hnsw_min_chunks: int,
-    progress: bool = True,
-    say: Callable[[str], None] = print,
-) -> SearchIndex:
-    """Open the index of ``dataset`` at ``index_dir``, building it first if it is missing
-    or was built from another corpus, embedder or chunking."""
-    corpus, sha = dataset.corpus_path, dataset.corpus_sha256
-    existing, reason = _open_if_current(index_dir, embedder, corpus.name, sha)
-    if existing is not None:
-        say(f"reusing the index at {index_dir}")
-        return existing
-    say(f"building the index at {index_dir} ({reason})")
-    chunks = beir_chunks(dataset)
-    embedder.count_tokens("")  # load the model before the progress bar starts
-    vectors = embed_texts(embedder, [c.text for c in chunks], progress)
-    contents = IndexContents(
-        chunks=chunks,
-        vectors=vectors,
-        files=[_corpus_record(dataset, len(chunks))],
-        fields={},
-        embedder={"name": embedder.name, "dimension": embedder.dimension},
-        chunking=BEIR_CHUNKING,
-    )
-    with writer_lock(index_dir):
-        build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
-    return load_index(index_dir, embedder_name=embedder.name)
-
-
-def beir_store(
-    dataset: BeirDataset,
-    url: str,
-    embedder: SentenceTransformerEmbedder,
-    *,
-    progress: bool = True,
-    say: Callable[[str], None] = print,
-) -> PostgresStore:
-    """The PostgreSQL store at ``url`` holding ``dataset``'s corpus, written first (in one
-    transaction) unless it already holds this corpus with this embedder. Vectors come from
-    the dataset's on-disk evaluation index when it has them (the same embedder gives the
-    same vectors), so both stores are measured on identical embeddings."""
-    store = PostgresStore(url)
-    meta = store.meta(fresh=True)
-    record = store.files().get(dataset.corpus_path.name) if meta else None
-    if (
-        meta.get("chunking") == BEIR_CHUNKING
-        and (meta.get("embedder") or {}).get("name") == embedder.name
-        and record is not None
-        and record.sha256 == dataset.corpus_sha256
-    ):
-        say(f"reusing the store at {store.location}")
-        return store
-    say(f"writing the corpus to the store at {store.location}")
-    chunks = beir_chunks(dataset)
-    stored: dict[str, np.ndarray] = {}
-    try:
-        on_disk = load_index(default_index_dir(dataset), embedder_name=embedder.name)
-    except IndexLoadError:
-        pass
-    else:
-        try:
-            stored = on_disk.stored_vectors([c.id for c in chunks])
-        finally:
-            on_disk.close()
-    embedder.count_tokens("")
-    missing = [c for c in chunks if c.id not in stored]
-    fresh = embed_texts(embedder, [c.text for c in missing], progress)
-    stored.update(zip((c.id for c in missing), fresh, strict=True))
-    store.write(
-        StoreDelta(
-            remove_sources=[],
-            chunks=chunks,
-            vectors=np.stack([stored[c.id] for c in chunks]).astype(np.float32),
-            files=[_corpus_record(dataset, len(chunks))],
-            embedder={"name": embedder.name, "dimension": embedder.dimension},
-            chunking=BEIR_CHUNKING,
-            rebuild=True,
-        )
-    )
-    return store
-
-
-def _open_if_current(
-    index_dir: Path, embedder: SentenceTransformerEmbedder, corpus: str, sha: str
-) -> tuple[SearchIndex | None, str]:
-    """The index at ``index_dir`` if it was built from this corpus with this embedder;
-    otherwise None and why it must be built."""
-    try:
-        index = load_index(index_dir, embedder_name=embedder.name)
-    except IndexNotFoundError:
-        return None, "none there yet"
-    except IndexLoadError as exc:
-        return None, str(exc).split(";")[0]
-    record = index.store.files().get(corpus)
-    if index.manifest.get("chunking") == BEIR_CHUNKING and record is not None:
-        if record.sha256 == sha:
-            return index, ""
-        reason = "the corpus changed"
-    else:
-        reason = "it is not a BEIR evaluation index"
-    index.close()
-    return None, reason
 
 
 @dataclass
@@ -358,3 +207,69 @@ def evaluate_setup(
         )
     n = len(dataset.queries)
     return {name: total / n for name, total in totals.items()}
+
+
+def run_retrieval(
+    settings: Settings,
+    dataset: Path,
+    *,
+    split: str,
+    index: Path | str | None,
+    retrievers: Sequence[str],
+    out: Path | None,
+    limit: int | None,
+    rewrite_chain: Callable[[dict[str, str]], Runnable[dict[str, Any], RewriteOutput]],
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> list[Path]:
+    """Measure each of ``retrievers`` (default: ``DEFAULT_RETRIEVERS``) on the first
+    ``limit`` judged queries of ``dataset``'s ``split``; one run folder each under ``out``.
+
+    The dataset's index is built or reused first (``index``: a folder or a store URL).
+    ``rewrite_chain`` makes the chat graph's rewrite chain for the index's fields; it is
+    called only when "rewrite+hybrid" is measured, so the other settings need no chat model.
+    """
+    data = load_queries(dataset, split, limit)
+    out = run_dir(out, "retrieval", data.name)
+    embedder = build_embedder(settings)
+    search_index, location = open_corpus(
+        data,
+        index,
+        embedder,
+        hnsw_min_chunks=settings.hnsw_min_chunks,
+        progress=progress,
+        say=say,
+    )
+    hybrid = build_retriever(settings, search_index, embedder)
+    runs = []
+    for name in retrievers or DEFAULT_RETRIEVERS:
+        compressor = (
+            build_compressor(settings, embedder, search_index)
+            if name == "hybrid+compress"
+            else None
+        )
+        rewrite = rewrite_chain(dict(search_index.fields)) if name == "rewrite+hybrid" else None
+        setup = build_setup(name, hybrid, compressor=compressor, rewrite=rewrite)
+        config = {
+            "kind": "retrieval",
+            # Hybrid settings name their fusion: runs of two fusions read apart in tables.
+            "label": f"{data.name}/{name}"
+            + (f" ({setup.params['fusion_label']})" if "fusion_label" in setup.params else ""),
+            "dataset": str(dataset),
+            "split": split,
+            "queries": len(data.queries),
+            "documents": len(data.doc_ids),
+            "index": str(location),
+            "retriever": name,
+            **setup.params,
+        }
+        with RunWriter(out / name.replace("+", "-"), config) as writer:
+            metrics = evaluate_setup(setup, data, on_item=writer.add, progress=progress)
+            summary = {
+                "count": writer.count,
+                "metrics": metrics,
+                "item_metrics": list(metrics),
+                "item_outputs": ["first_relevant_rank"],
+            }
+            runs.append(writer.finish(summary))
+    return runs

@@ -9,14 +9,20 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from langchain_core.runnables import Runnable, RunnableConfig
 from tqdm import tqdm
 
-from ragchains.evaluation.datasets import RewriteItem
+from ragchains.chains.llm import LLM
+from ragchains.evaluation.datasets import RewriteItem, load_rewrites
 from ragchains.evaluation.metrics import exact_match, token_f1
+from ragchains.evaluation.runs import RunWriter, llm_config, run_dir
+from ragchains.ingest.pipeline import BASE_FIELDS
 from ragchains.retrievers.bm25 import STOPWORDS
+from ragchains.settings import Settings
 
 REWRITE_METRICS = (
     "token_f1",
@@ -26,6 +32,8 @@ REWRITE_METRICS = (
     "raw_exact_match",
     "raw_content_f1",
 )
+# The filter fields every index has: the rewrite prompt shows the model these.
+REWRITE_FIELDS = BASE_FIELDS
 
 
 def score_rewrite(item: RewriteItem, rewritten: str) -> dict[str, float]:
@@ -87,3 +95,59 @@ def summarize_rewrites(rows: Sequence[dict[str, Any]]) -> dict[str, float]:
     summary["fallback_rate"] = mean("fallback", rows)
     summary["latency_p50"] = statistics.median(r["latency"] for r in rows)
     return summary
+
+
+@dataclass
+class RewriteTurns:
+    """The turns an `eval rewrites` run asks, and the run folder it will write."""
+
+    dataset: Path
+    items: list[RewriteItem]
+    out: Path
+
+
+def load_turns(dataset: Path, *, out: Path | None, limit: int | None) -> RewriteTurns:
+    """The first ``limit`` turns of ``dataset``; its run folder checked free before the
+    chat model loads."""
+    items = load_rewrites(dataset)[:limit]
+    return RewriteTurns(dataset, items, run_dir(out, "rewrites", dataset.parent.name))
+
+
+def run_rewrites(
+    turns: RewriteTurns,
+    rewrite: Runnable[Any, Any],
+    *,
+    llm: LLM,
+    prompt: str,
+    settings: Settings,
+    configurable: dict[str, Any],
+    progress: bool = True,
+) -> Path:
+    """Score ``rewrite`` (the rewrite chain over ``REWRITE_FIELDS`` on ``llm``, its prompt
+    ``prompt``, chosen by ``configurable``) on ``turns``; write and return the run folder."""
+    config = {
+        "kind": "rewrites",
+        "label": f"{turns.dataset.parent.name}/{llm.name}",
+        "dataset": str(turns.dataset),
+        "turns": len(turns.items),
+        "llm": llm_config(settings, llm),
+        "prompts": {"rewrite": prompt},
+        "fields": REWRITE_FIELDS,
+        "history_tokens": settings.history_tokens,
+    }
+    with RunWriter(turns.out, config) as writer:
+        metrics = evaluate_rewrites(
+            turns.items,
+            rewrite,
+            config={"configurable": configurable},
+            on_item=writer.add,
+            progress=progress,
+        )
+        return writer.finish(
+            {
+                "count": writer.count,
+                "metrics": metrics,
+                "item_metrics": ["token_f1", "content_f1", "exact_match", "latency"],
+                "item_outputs": ["rewrite"],
+            }
+        )

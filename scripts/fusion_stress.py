@@ -19,8 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ragchains.evaluation.beirindex import default_index_dir
 from ragchains.evaluation.datasets import load_beir
-from ragchains.evaluation.retrieval import DEPTH, default_index_dir, score_ranking
+from ragchains.evaluation.retrieval import DEPTH, score_ranking
 from ragchains.factory import build_embedder, configure_runtime
 from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
