@@ -45,6 +45,7 @@ from langchain_core.runnables.utils import AddableDict
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
+from ragchains.chains.compress import compressor_score
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
 from ragchains.chains.quote import (
@@ -54,7 +55,7 @@ from ragchains.chains.quote import (
     quotes,
     shortlist,
 )
-from ragchains.chains.retrieve import citation_label, compressor_score, to_source
+from ragchains.chains.retrieve import citation_label, to_source
 from ragchains.chains.state import agathered, answer_stage, gathered, quick, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 

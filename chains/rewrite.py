@@ -13,8 +13,6 @@ A domain may ask for multi-query: the model writes N-1 more phrasings, and retri
 the N result lists by reciprocal rank fusion.
 """
 
-import ast
-import json
 import re
 import time
 from collections.abc import Mapping, Sequence
@@ -31,18 +29,23 @@ from ragchains.chains.grounding import ground_filters
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.state import Configured, quick, read_input, stage
+from ragchains.chains.toolcalls import (
+    FILENAME_TOOL,
+    FILTER_TOOL,
+    SEARCH_TOOL,
+    build_tools,
+    call_grammar,
+    describe_fields,
+    lines_grammar,
+    parse_alternatives,
+    prose_query,
+    sanitize_query,
+    text_calls,
+)
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.bm25 import tokenize
-from ragchains.retrievers.filters import OPERATORS, FilterError, MetadataFilter, validate_filters
+from ragchains.retrievers.filters import FilterError, MetadataFilter, validate_filters
 
-SEARCH_TOOL = "search_sources"
-FILENAME_TOOL = "search_by_filename"
-FILTER_TOOL = "add_filter"
-# Replies that mean "no query": small models produce these instead of calling a tool.
-_EMPTY_REPLIES = frozenset({"", "0", "empty string", "none", "null", "n/a", "no query", '""', "''"})
-_QUOTES = "\"'`“”‘’"
-_CALL = re.compile(r"(search_sources|search_by_filename|add_filter)\s*\((.*?)\)\s*(?:;|$)", re.S)
-MAX_QUERY_CHARS = 400
 # A rewrite that keeps less of the question's content words than this is not searched.
 REWRITE_KEEPS = 0.5
 # Words a rewrite may leave out: how a question is asked, not what it asks (BM25's stop words
@@ -54,10 +57,6 @@ _ASKING = frozenset(
         "show give list any some all more less than most least much many get got about there"
     )
 )
-# A reply longer than this, or one with citation markers, is an answer, not a query.
-MAX_PROSE_QUERY_WORDS = 16
-_CITATION_LIKE = re.compile(r"\[[^\]\s]+[#.][^\]]*\]")
-_LIST_MARK = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 
 
 class RewriteInput(BaseModel):
@@ -79,22 +78,6 @@ class RewriteOutput(BaseModel):
     seconds: float = Field(0.0, description="time the rewrite took")
 
 
-def sanitize_query(raw: Any) -> str | None:
-    """A usable search query from whatever the model produced, or None."""
-    if not isinstance(raw, str):
-        return None
-    text = raw.strip()
-    # Strip matched quotes, repeatedly: '"\'query\'"' happens.
-    while len(text) >= 2 and text[0] in _QUOTES and text[-1] in _QUOTES:
-        text = text[1:-1].strip()
-    if text.lower().rstrip(".") in _EMPTY_REPLIES:
-        return None
-    if text.startswith(("{", "[")):
-        return None  # JSON where a query belongs: the model misread the protocol
-    text = " ".join(text.split())
-    return text[:MAX_QUERY_CHARS] or None
-
-
 def expand_glossary(query: str, glossary: Mapping[str, str]) -> str:
     """Append the meaning after each abbreviation found: "PTO" -> "PTO (paid time off)"."""
     for short, meaning in glossary.items():
@@ -102,123 +85,6 @@ def expand_glossary(query: str, glossary: Mapping[str, str]) -> str:
         if meaning.lower() not in query.lower():
             query = pattern.sub(f"{short} ({meaning})", query, count=1)
     return query
-
-
-def describe_fields(fields: Mapping[str, str]) -> str:
-    return ", ".join(f"{name} ({kind})" for name, kind in sorted(fields.items()))
-
-
-def build_tools(fields: Mapping[str, str]) -> list[dict[str, Any]]:
-    """OpenAI-style tool schemas; ``add_filter`` only admits the index's own fields (and is
-    left out when there are none)."""
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                "name": SEARCH_TOOL,
-                "description": "Search the documents with one standalone query.",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"search_query": {"type": "string"}},
-                    "required": ["search_query"],
-                },
-            },
-        },
-        {
-            "type": "function",
-            "function": {
-                "name": FILENAME_TOOL,
-                "description": "Search only in the file with this name (globs like *.pdf work).",
-                "parameters": {
-                    "type": "object",
-                    "properties": {"filename": {"type": "string"}},
-                    "required": ["filename"],
-                },
-            },
-        },
-    ]
-    if not fields:
-        return tools
-    filter_tool = {
-        "type": "function",
-        "function": {
-            "name": FILTER_TOOL,
-            "description": "Keep only chunks whose metadata field satisfies a condition.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "field": {"type": "string", "enum": sorted(fields)},
-                    "op": {"type": "string", "enum": list(OPERATORS)},
-                    "value": {
-                        "anyOf": [
-                            {"type": "number"},
-                            {"type": "string"},
-                            {"type": "boolean"},
-                            {"type": "array", "items": {"type": ["number", "string"]}},
-                        ]
-                    },
-                },
-                "required": ["field", "op", "value"],
-            },
-        },
-    }
-    return [*tools, filter_tool]
-
-
-_GBNF_TEXT = r"[^'\\\n] [^'\\\n]"
-
-
-def call_grammar(fields: Mapping[str, str]) -> str:
-    """GBNF for the plain-text call syntax: one search or file lookup, then up to three
-    filters on the index's own fields with known operators."""
-    rules = [
-        'root ::= lookup (";" " " filter){0,3}' if fields else "root ::= lookup",
-        'lookup ::= "search_sources(search_query=\'" text "\')" '
-        '| "search_by_filename(filename=\'" text "\')"',
-        f"text ::= {_GBNF_TEXT}{{0,149}}",
-    ]
-    if fields:
-        rules += [
-            'filter ::= "add_filter(field=\'" field "\', op=\'" op "\', value=" value ")"',
-            "field ::= " + " | ".join(json.dumps(name) for name in sorted(fields)),
-            "op ::= " + " | ".join(json.dumps(op) for op in OPERATORS),
-            'value ::= item | "True" | "False" | "[" item (", " item){0,7} "]"',
-            "item ::= number | string",
-            'number ::= "-"? [0-9] [0-9]{0,8} ("." [0-9]{1,4})?',
-            f'string ::= "\'" {_GBNF_TEXT}{{0,59}} "\'"',
-        ]
-    return "\n".join(rules) + "\n"
-
-
-def lines_grammar(count: int) -> str:
-    """GBNF for exactly ``count`` non-empty lines (multi-query phrasings, a re-query)."""
-    more = f' ("\\n" line){{{count - 1}}}' if count > 1 else ""
-    return f"root ::= line{more}\nline ::= [^\\n] [^\\n]{{0,149}}\n"
-
-
-def _text_calls(text: str) -> list[dict[str, Any]]:
-    """Tool calls written as text, e.g. ``search_sources(search_query='x'); add_filter(...)``."""
-    calls = []
-    for name, raw_args in _CALL.findall(text):
-        args: dict[str, Any] = {}
-        try:
-            tree = ast.parse(f"f({raw_args})", mode="eval")
-            call = tree.body
-            assert isinstance(call, ast.Call)
-            for kw in call.keywords:
-                if kw.arg is not None:
-                    args[kw.arg] = ast.literal_eval(kw.value)
-            if call.args and not args:  # search_sources('x')
-                key = {SEARCH_TOOL: "search_query", FILENAME_TOOL: "filename"}.get(name)
-                if key:
-                    args[key] = ast.literal_eval(call.args[0])
-        except (SyntaxError, ValueError, AssertionError):
-            calls.append(
-                {"name": name, "args": None, "error": f"unparsable arguments {raw_args!r}"}
-            )
-            continue
-        calls.append({"name": name, "args": args})
-    return calls
 
 
 def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]) -> RewriteOutput:
@@ -233,7 +99,7 @@ def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]
     else:
         calls, text = [], message
     if not calls and text:
-        calls = _text_calls(text)
+        calls = text_calls(text)
     query: str | None = None
     filters: list[MetadataFilter] = []
     for call in calls:
@@ -257,7 +123,7 @@ def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]
         else:
             notes.append(f"ignored unknown tool {name!r}")
     if query is None and not calls and text.strip():
-        query = _prose_query(text)
+        query = prose_query(text)
         if query is None:
             notes.append("the model answered in prose instead of writing a query")
     fallback = query is None
@@ -265,14 +131,6 @@ def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]
         notes.append("no usable search query from the model; searching the question as asked")
         query = " ".join(question.split())
     return RewriteOutput(search_query=query, filters=filters, fallback=fallback, notes=notes)
-
-
-def _prose_query(text: str) -> str | None:
-    """A bare query written as text; a long or cited reply is an answer, not a query."""
-    first = text.strip().splitlines()[0]
-    if len(first.split()) > MAX_PROSE_QUERY_WORDS or _CITATION_LIKE.search(first):
-        return None
-    return sanitize_query(first)
 
 
 def own_words(question: str, history: Sequence[BaseMessage] = ()) -> str:
@@ -328,18 +186,6 @@ def keep_the_users_words(
 
 def _values(flt: MetadataFilter) -> list[Any]:
     return flt.value if isinstance(flt.value, list) else [flt.value]
-
-
-def parse_alternatives(text: str, *, main: str, count: int) -> list[str]:
-    """Up to ``count`` distinct phrasings, one per line, list marks removed."""
-    seen = {main.casefold()}
-    found = []
-    for line in text.splitlines():
-        query = sanitize_query(_LIST_MARK.sub("", line))
-        if query and query.casefold() not in seen:
-            seen.add(query.casefold())
-            found.append(query)
-    return found[:count]
 
 
 PROMPTS = ("rewrite", "multi_query")

@@ -18,6 +18,7 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, HumanMessage
 from pydantic import Field
 
+from ragchains.chains.compress import threshold_for
 from ragchains.chains.graph import (
     PROMPTS_USED,
     Chains,
@@ -27,7 +28,7 @@ from ragchains.chains.graph import (
 )
 from ragchains.chains.llm import LLM
 from ragchains.chains.options import Choices, Options
-from ragchains.chains.retrieve import citation_label, threshold_for
+from ragchains.chains.retrieve import citation_label
 from ragchains.factory import open_index
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, PromptSelectionError
 from ragchains.retrievers.compressors import RerankCompressor

@@ -16,11 +16,13 @@ from pydantic import Field
 from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
 from ragchains.chains.rewrite import (
     RewriteOutput,
-    call_grammar,
     create_rewrite_chain,
     expand_glossary,
     interpret,
     keep_the_users_words,
+)
+from ragchains.chains.toolcalls import (
+    call_grammar,
     lines_grammar,
     parse_alternatives,
     sanitize_query,
