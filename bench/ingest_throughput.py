@@ -18,7 +18,7 @@ import numpy as np
 from bench.common import machine_line, peak_rss_mb, write_section
 from bench.synthetic import make_corpus
 from ragchains.factory import build_embedder, configure_runtime, run_ingest
-from ragchains.ingest.pipeline import EMBED_BATCH
+from ragchains.ingest.embedding import EMBED_BATCH
 from ragchains.retrievers.bm25 import build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.searchindex import load_index

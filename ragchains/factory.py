@@ -16,7 +16,9 @@ from typing import overload
 
 from ragchains.chains.graph import Chains, RequeryPolicy, create_chains
 from ragchains.chains.llm import LLM
-from ragchains.ingest.pipeline import IngestReport, ingest, ingest_to_store
+from ragchains.ingest.indexrun import ingest
+from ragchains.ingest.report import IngestReport
+from ragchains.ingest.storerun import ingest_to_store
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.compressors import (

@@ -13,7 +13,7 @@ import pytest
 from pydantic import SecretStr
 
 from ragchains.factory import build_embedder, configure_runtime, run_ingest
-from ragchains.ingest.pipeline import IngestReport
+from ragchains.ingest.report import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
 from tests.postgres import LocalPostgres, local_postgres

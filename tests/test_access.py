@@ -20,7 +20,7 @@ from click.testing import CliRunner
 
 from ragchains.cli import app
 from ragchains.factory import build_retriever, open_index
-from ragchains.ingest.pipeline import IngestError
+from ragchains.ingest.errors import IngestError
 from ragchains.retrievers.access import (
     SIDECAR,
     AccessLabels,

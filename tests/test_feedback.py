@@ -27,7 +27,7 @@ from ragchains.feedback import (
     FeedbackStoreNotFoundError,
     feedback_path,
 )
-from ragchains.ingest.pipeline import IngestReport
+from ragchains.ingest.report import IngestReport
 from ragchains.retrievers.indexformat import current_generation
 from ragchains.settings import Settings
 from tests.conftest import REPO

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from ragchains.ingest.pipeline import IngestError, IngestReport
+from ragchains.ingest.errors import IngestError
+from ragchains.ingest.report import IngestReport
 from ragchains.retrievers.indexformat import (
     EmbedderMismatchError,
     IndexChecksumError,

@@ -26,7 +26,8 @@ import ragchains.retrievers.indexformat as indexformat
 import ragchains.retrievers.indexwriter as index_module
 from ragchains.cli import app
 from ragchains.factory import build_retriever, run_ingest
-from ragchains.ingest.pipeline import IngestError, IngestReport
+from ragchains.ingest.errors import IngestError
+from ragchains.ingest.report import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import (
     IndexChecksumError,

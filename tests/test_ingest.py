@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from ragchains.ingest.chunking import Chunker
-from ragchains.ingest.pipeline import IngestError, IngestReport, discover
+from ragchains.ingest.discovery import discover
+from ragchains.ingest.errors import IngestError
+from ragchains.ingest.report import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.searchindex import load_index
 from tests.fixtures.make_pdf import write_encrypted_pdf, write_pdf

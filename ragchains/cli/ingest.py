@@ -55,7 +55,7 @@ def ingest_command(
     files are skipped with a reason. Exits 1 when nothing at all could be ingested.
     """
     from ragchains.factory import run_ingest
-    from ragchains.ingest.pipeline import IngestError, NothingIngestedError
+    from ragchains.ingest.errors import IngestError, NothingIngestedError
     from ragchains.retrievers.access import AccessRule, AccessRuleError
 
     settings = load_settings()

@@ -1,0 +1,109 @@
+"""A run's change plan: each input file compared with the previous index or store, and loaded
+and chunked when it is new or changed.
+
+After a run the index mirrors the given inputs: new files are added, changed files replaced,
+files no longer found removed, and unchanged files kept with their stored vectors. A file
+that cannot be read this time is skipped with its reason; if an earlier version of it is in
+the index, that version is kept rather than lost.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from tqdm import tqdm
+
+from ragchains.ingest.chunking import Chunker, chunk_file
+from ragchains.ingest.discovery import Discovered
+from ragchains.ingest.errors import NothingIngestedError
+from ragchains.ingest.loaders import LoadOptions, SkipFile, load_file
+from ragchains.ingest.report import IngestReport, Skipped
+from ragchains.retrievers.access import AccessRule, groups_for
+from ragchains.retrievers.indexformat import Chunk, FileRecord, file_sha256
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReadResult:
+    """What a run read: new chunks per file that changed, and the files whose stored chunks
+    stay (unchanged, or unreadable now with an earlier version kept)."""
+
+    chunks: dict[str, list[Chunk]] = field(default_factory=dict)
+    kept: set[str] = field(default_factory=set)
+    records: dict[str, FileRecord] = field(default_factory=dict)
+
+
+def read_files(
+    found: Discovered,
+    old_files: dict[str, FileRecord],
+    stored_ids: Callable[[str], set[str]],
+    *,
+    same_chunking: bool,
+    chunker: Chunker,
+    options: LoadOptions,
+    report: IngestReport,
+    progress: bool,
+    rules: Sequence[AccessRule] = (),
+) -> ReadResult:
+    """Load and chunk each file that is new or changed; record what happened to each in
+    ``report``. ``stored_ids(source)``: the chunk ids the store holds for a file; ``rules``:
+    who may read which file (the first that matches)."""
+    read = ReadResult()
+    for source, path in tqdm(
+        sorted(found.files.items()), desc="Reading", unit="file", disable=not progress
+    ):
+        try:
+            sha, size = file_sha256(path)
+        except OSError as exc:
+            sha, size = "", 0
+            failure: str | None = f"unreadable: {exc.strerror or exc}"
+        else:
+            failure = None
+        old = old_files.get(source)
+        groups = groups_for(source, rules)
+        if failure is None and old and same_chunking and old.sha256 == sha:
+            if old.access != groups:
+                report.relabelled.append(source)  # new readers only: its chunks stay
+            read.kept.add(source)
+            read.records[source] = replace(old, access=groups)
+            report.unchanged.append(source)
+            continue
+        if failure is None:
+            try:
+                loaded = load_file(path, options)
+                chunks = chunk_file(source, loaded, chunker)
+                if not chunks:
+                    raise SkipFile("no text left after chunking")
+            except SkipFile as exc:
+                failure = str(exc)
+            except Exception as exc:  # a parser bug must not sink the other files
+                log.debug("loading %s failed", path, exc_info=True)
+                failure = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
+        if failure is not None:
+            report.skipped.append(Skipped(source, failure))
+            if old is not None:
+                read.kept.add(source)
+                read.records[source] = replace(old, access=groups)
+                report.kept_previous.append(source)
+            continue
+        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format, groups)
+        if (
+            old is not None
+            and old.sha256 == sha
+            and old.chunk_count == len(chunks)
+            and {c.id for c in chunks} <= stored_ids(source)
+        ):
+            # Only the chunking settings changed, and they changed nothing here.
+            read.kept.add(source)
+            report.unchanged.append(source)
+            continue
+        read.chunks[source] = chunks
+        (report.added if old is None else report.updated).append(source)
+    report.removed = sorted(set(old_files) - set(read.records))
+    if not report.added and not report.updated and not report.unchanged:
+        reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
+        raise NothingIngestedError(f"nothing could be ingested ({reasons})")
+    return read

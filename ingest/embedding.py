@@ -1,0 +1,51 @@
+"""Vectors for a run's chunks: the stored vector where a chunk id has one, the rest embedded
+in batches behind a progress bar."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from ragchains.ingest.report import IngestReport
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.indexformat import Chunk
+
+EMBED_BATCH = 256
+
+
+def embed_texts(
+    embedder: SentenceTransformerEmbedder, texts: list[str], progress: bool
+) -> np.ndarray:
+    if not texts:
+        return np.zeros((0, embedder.dimension), dtype=np.float32)
+    out = []
+    with tqdm(total=len(texts), desc="Embedding", unit="chunk", disable=not progress) as bar:
+        for start in range(0, len(texts), EMBED_BATCH):
+            batch = texts[start : start + EMBED_BATCH]
+            out.append(embedder.encode(batch))
+            bar.update(len(batch))
+    return np.concatenate(out)
+
+
+def chunk_vectors(
+    embedder: SentenceTransformerEmbedder,
+    chunks: Sequence[Chunk],
+    stored: dict[str, np.ndarray],
+    report: IngestReport,
+    progress: bool,
+) -> np.ndarray:
+    """Row-aligned vectors of ``chunks``: the stored one where a chunk id has one, the rest
+    embedded now."""
+    missing = [i for i, c in enumerate(chunks) if c.id not in stored]
+    report.chunks_embedded = len(missing)
+    vectors = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
+    for row, chunk in enumerate(chunks):
+        if chunk.id in stored:
+            vectors[row] = stored[chunk.id]
+    if missing:
+        vectors[np.array(missing)] = embed_texts(
+            embedder, [chunks[i].text for i in missing], progress
+        )
+    return vectors

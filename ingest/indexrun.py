@@ -1,0 +1,204 @@
+"""An ingest run into an index folder: under the writer lock, read the previous generation,
+apply the change plan (see ``ragchains.ingest.changes``) and write the new generation."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm import tqdm
+
+from ragchains.ingest.accessrules import (
+    check_rules_match,
+    note_opened,
+    rules_as_recorded,
+    rules_for_run,
+)
+from ragchains.ingest.changes import read_files
+from ragchains.ingest.discovery import Discovered, discover
+from ragchains.ingest.embedding import chunk_vectors
+from ragchains.ingest.errors import IngestError
+from ragchains.ingest.fieldtypes import resolve_field_types
+from ragchains.ingest.report import IngestReport
+from ragchains.ingest.runsetup import run_setup
+from ragchains.retrievers.access import AccessRule
+from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
+from ragchains.retrievers.dense import build_faiss
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.indexformat import (
+    LOCK_FILE,
+    Chunk,
+    IndexBusyError,
+    IndexDamagedError,
+    IndexLoadError,
+    IndexNotFoundError,
+    current_generation,
+    read_manifest,
+)
+from ragchains.retrievers.indexwriter import IndexContents, write_index, writer_lock
+from ragchains.retrievers.searchindex import SearchIndex, load_index
+
+
+def ingest(
+    paths: Sequence[str | Path],
+    index_dir: str | Path,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    hnsw_min_chunks: int,
+    text_columns: Sequence[str] | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+    access: Sequence[AccessRule] | None = None,
+) -> IngestReport:
+    """Bring the index at ``index_dir`` in line with ``paths`` (as ``ragchains.ingest.changes``
+    describes).
+    ``access``: who may read which files (``--access``), before the ``.ragchains-access.toml``
+    files under the inputs (a deeper folder's first); the first rule that matches a file
+    decides. None: the rules the index's last run was given ([]: none)."""
+    index_dir = Path(index_dir)
+    found = discover(paths)  # before locking: a typo in a path must not create the folder
+    if access:
+        check_rules_match(access, found)
+    try:
+        with writer_lock(index_dir):
+            return _ingest_locked(
+                found,
+                index_dir,
+                embedder=embedder,
+                chunk_size=chunk_size,
+                chunk_overlap=chunk_overlap,
+                hnsw_min_chunks=hnsw_min_chunks,
+                text_columns=text_columns,
+                rebuild=rebuild,
+                progress=progress,
+                access=access,
+            )
+    except IndexBusyError as exc:
+        raise IngestError(str(exc)) from exc
+
+
+def _open_previous(
+    index_dir: Path, embedder: SentenceTransformerEmbedder, rebuild: bool
+) -> SearchIndex | None:
+    if rebuild:
+        return None
+    try:
+        return load_index(index_dir, embedder_name=embedder.name)
+    except IndexNotFoundError:
+        if any(p.name != LOCK_FILE for p in index_dir.iterdir()):
+            raise IngestError(
+                f"{index_dir} exists, is not empty and is not a ragchains index; "
+                "choose another --index folder"
+            ) from None
+        return None
+    except IndexDamagedError as exc:  # its message already says how to mend it
+        raise IngestError(str(exc)) from exc
+    except IndexLoadError as exc:
+        raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
+
+
+def _ingest_locked(
+    found: Discovered,
+    index_dir: Path,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    hnsw_min_chunks: int,
+    text_columns: Sequence[str] | None,
+    rebuild: bool,
+    progress: bool,
+    access: Sequence[AccessRule] | None,
+) -> IngestReport:
+    report = IngestReport(index=index_dir)
+    report.skipped.extend(found.skipped)
+    setup = run_setup(embedder, chunk_size, chunk_overlap, text_columns, progress)
+    chunker, options, chunking = setup.chunker, setup.options, setup.chunking
+
+    previous = _open_previous(index_dir, embedder, rebuild)
+    try:
+        old_files = previous.store.files() if previous else {}
+        old_chunks: dict[str, list[Chunk]] = {}
+        old_vectors: dict[str, np.ndarray] = {}
+        if previous is not None:
+            vectors = previous.vectors()
+            for row, chunk in enumerate(previous.store.iter_chunks()):
+                old_chunks.setdefault(chunk.metadata["source"], []).append(chunk)
+                old_vectors[chunk.id] = vectors[row]
+        same_chunking = previous is not None and previous.manifest.get("chunking") == chunking
+        kept = (
+            (previous.manifest.get("access_rules") or [])
+            if previous is not None
+            else _recorded_rules(index_dir)
+        )
+        # A generation written before BM25's row lengths were kept is written again once:
+        # without them a caller's scores still weigh hidden rows' lengths.
+        lengths_kept = previous is not None and previous.bm25.doc_lengths is not None
+    except IndexLoadError as exc:  # damage found reading the chunks (the message says what to do)
+        raise IngestError(str(exc)) from exc
+    finally:
+        if previous is not None:
+            previous.close()
+
+    access = rules_for_run(access, kept, report)
+    read = read_files(
+        found,
+        old_files,
+        lambda source: {c.id for c in old_chunks.get(source, [])},
+        same_chunking=same_chunking,
+        chunker=chunker,
+        options=options,
+        report=report,
+        progress=progress,
+        rules=[*access, *found.sidecar_rules],
+    )
+    note_opened(read.records, old_files, report)
+    per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
+    all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
+    report.chunks_total = len(all_chunks)
+    if previous is not None and not report.changed and same_chunking:
+        if lengths_kept:
+            return report  # the index already holds exactly this; leave it untouched
+        report.notes.append("written again to keep BM25's row lengths (an older generation)")
+
+    fields = resolve_field_types(all_chunks, report, {s: r.access for s, r in read.records.items()})
+    contents = IndexContents(
+        chunks=all_chunks,
+        vectors=chunk_vectors(embedder, all_chunks, old_vectors, report, progress),
+        files=[read.records[s] for s in sorted(read.records)],
+        fields=fields,
+        embedder={"name": embedder.name, "dimension": embedder.dimension},
+        chunking=chunking,
+        access_rules=rules_as_recorded(access),
+    )
+    build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
+    report.wrote = True
+    return report
+
+
+def _recorded_rules(index_dir: Path) -> list[dict[str, Any]]:
+    """The access rules the current generation records (for a rebuild, which opens nothing
+    else of it); none when there is no readable generation."""
+    try:
+        rules = read_manifest(index_dir, current_generation(index_dir)).get("access_rules")
+    except IndexLoadError:
+        return []
+    return rules if isinstance(rules, list) else []
+
+
+def build_and_write(
+    index_dir: Path, contents: IndexContents, *, hnsw_min_chunks: int, progress: bool
+) -> None:
+    """Build BM25 and FAISS over embedded chunks and write them as the index's new generation."""
+    if progress:
+        tqdm.write(f"Indexing {len(contents.chunks)} chunks (BM25 + FAISS)…", file=sys.stderr)
+    bm25 = build_bm25([c.text for c in contents.chunks])
+    dense, dense_info = build_faiss(contents.vectors, hnsw_min_chunks=hnsw_min_chunks)
+    write_index(
+        index_dir, contents, bm25=bm25, dense=dense, dense_info=dense_info, bm25_info=BM25_PARAMS
+    )

@@ -1,0 +1,51 @@
+"""How a run reads and cuts files: its chunker, its load options, and the record of both that
+an index or store keeps (a change of that record re-chunks every file)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tqdm import tqdm
+
+from ragchains.ingest.chunking import Chunker
+from ragchains.ingest.loaders import LoadOptions
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+
+# Bump when chunk boundaries or metadata change for the same input, so re-runs re-chunk.
+CHUNKER_VERSION = 1
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """A run's chunker and load options, and ``chunking``, the record of them."""
+
+    chunker: Chunker
+    options: LoadOptions
+    chunking: dict[str, Any]
+
+
+def run_setup(
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    text_columns: Sequence[str] | None,
+    progress: bool,
+) -> RunSetup:
+    """The run's chunker and load options, with the embedder loaded now (so the progress
+    bars time the real work)."""
+    if progress:
+        tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
+    embedder.count_tokens("")
+    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
+    chunking = {
+        "chunker_version": CHUNKER_VERSION,
+        "chunk_size": chunk_size,
+        "chunk_overlap": chunk_overlap,
+        "tokenizer": embedder.name,
+        "text_columns": options.text_columns,
+    }
+    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    return RunSetup(chunker, options, chunking)

@@ -1,0 +1,109 @@
+"""An ingest run into a PostgreSQL store: the change plan (see ``ragchains.ingest.changes``)
+written as one transaction."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from tqdm import tqdm
+
+from ragchains.ingest.accessrules import (
+    check_rules_match,
+    note_opened,
+    rules_as_recorded,
+    rules_for_run,
+)
+from ragchains.ingest.changes import read_files
+from ragchains.ingest.discovery import discover
+from ragchains.ingest.embedding import chunk_vectors
+from ragchains.ingest.errors import IngestError
+from ragchains.ingest.fieldtypes import NOT_FILTERABLE
+from ragchains.ingest.report import IngestReport
+from ragchains.ingest.runsetup import run_setup
+from ragchains.retrievers.access import AccessRule
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.filters import BASE_FIELDS
+from ragchains.retrievers.pgerrors import StoreError
+from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
+
+
+def ingest_to_store(
+    paths: Sequence[str | Path],
+    store: PostgresStore,
+    *,
+    embedder: SentenceTransformerEmbedder,
+    chunk_size: int,
+    chunk_overlap: int,
+    text_columns: Sequence[str] | None = None,
+    rebuild: bool = False,
+    progress: bool = True,
+    access: Sequence[AccessRule] | None = None,
+) -> IngestReport:
+    """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
+    one transaction that deletes the chunks of changed and removed files and adds the new
+    ones (unchanged files are not read back)."""
+    found = discover(paths)
+    if access:
+        check_rules_match(access, found)
+    report = IngestReport(index=store.location)
+    report.skipped.extend(found.skipped)
+    try:
+        with store.writer() as writer:
+            recorded = store.meta(fresh=True)  # a rebuild keeps its access rules, and only them
+            meta = {} if rebuild else recorded
+            if meta:
+                try:
+                    store.check(
+                        embedder_name=embedder.name, dimension=embedder.dimension, writing=True
+                    )
+                except StoreError as exc:
+                    raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
+            setup = run_setup(embedder, chunk_size, chunk_overlap, text_columns, progress)
+            chunker, options, chunking = setup.chunker, setup.options, setup.chunking
+            old_files = store.files() if meta else {}
+            same_chunking = bool(meta) and meta.get("chunking") == chunking
+            access = rules_for_run(access, recorded.get("access_rules") or [], report)
+            read = read_files(
+                found,
+                old_files,
+                lambda source: store.chunk_ids([source]),
+                same_chunking=same_chunking,
+                chunker=chunker,
+                options=options,
+                report=report,
+                progress=progress,
+                rules=[*access, *found.sidecar_rules],
+            )
+            note_opened(read.records, old_files, report)
+            report.chunks_total = sum(r.chunk_count for r in read.records.values())
+            current = meta.get("schema_version") == SCHEMA_VERSION
+            if meta and not report.changed and same_chunking and current:
+                return report  # (an older store is written anyway: the write migrates it)
+            new_chunks = [c for source in sorted(read.chunks) for c in read.chunks[source]]
+            stored = store.stored_vectors([c.id for c in new_chunks]) if meta else {}
+            vectors = chunk_vectors(embedder, new_chunks, stored, report, progress)
+            if progress:
+                tqdm.write(f"Writing {len(new_chunks)} chunks to PostgreSQL…", file=sys.stderr)
+            report.notes.extend(
+                writer.write(
+                    StoreDelta(
+                        remove_sources=sorted(set(report.removed) | set(report.updated)),
+                        chunks=new_chunks,
+                        vectors=vectors,
+                        files=[read.records[s] for s in sorted(read.records)],
+                        embedder={"name": embedder.name, "dimension": embedder.dimension},
+                        chunking=chunking,
+                        rebuild=rebuild,
+                        base_fields=BASE_FIELDS,
+                        not_filterable=NOT_FILTERABLE,
+                        access_rules=rules_as_recorded(access),
+                    )
+                )
+            )
+    except StoreError as exc:
+        raise IngestError(str(exc)) from exc
+    report.wrote = True
+    return report
