@@ -30,7 +30,8 @@ from ragchains.retrievers.filters import (
 from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.pgerrors import StoreError
-from ragchains.retrievers.pgsearch import PostgresRetriever, glob_regex
+from ragchains.retrievers.pgfilters import glob_regex
+from ragchains.retrievers.pgsearch import PostgresRetriever
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
 from ragchains.retrievers.searchindex import load_index
