@@ -16,7 +16,8 @@ import numpy as np
 from ragchains.evaluation import SetupError
 from ragchains.evaluation.datasets import BeirDataset, load_beir
 from ragchains.ingest.chunking import sha256_text
-from ragchains.ingest.pipeline import build_and_write, embed_texts
+from ragchains.ingest.embedding import embed_texts
+from ragchains.ingest.indexrun import build_and_write
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import Chunk, FileRecord, IndexLoadError, IndexNotFoundError
 from ragchains.retrievers.indexwriter import IndexContents, writer_lock

@@ -20,8 +20,8 @@ from ragchains.chains.llm import LLM
 from ragchains.evaluation.datasets import RewriteItem, load_rewrites
 from ragchains.evaluation.metrics import exact_match, token_f1
 from ragchains.evaluation.runs import RunWriter, llm_config, run_dir
-from ragchains.ingest.pipeline import BASE_FIELDS
 from ragchains.retrievers.bm25 import STOPWORDS
+from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.settings import Settings
 
 REWRITE_METRICS = (
