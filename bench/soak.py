@@ -1,6 +1,6 @@
-"""Soak (issue 15): 200 concurrent ``/retrieve/invoke`` clients for 60 s against the real app
-under uvicorn in its own process, with an ingest committed into the served index folder
-partway through. Reported: requests, errors (target 0), latency, the server's resident
+"""Soak (issue 15): 200 concurrent ``/retrieve/invoke`` clients for 60 s against
+``ragchains serve`` (the command, as a user runs it, in its own process), with an ingest
+committed into the served index folder partway through. Reported: requests, errors (target 0), latency, the server's resident
 memory over the run (its growth), and how long after the commit the new generation was
 served (no restart).
 
@@ -152,7 +152,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=SECONDS)
     args = parser.parse_args()
     docs, index = prepare()
-    with Server(index, 0.0) as server:
+    serve = [str(Path(sys.executable).parent / "ragchains"), "serve", "--index", str(index)]
+    with Server(index, command=[*serve, "--port", "{port}"]) as server:
         result = asyncio.run(soak(server.url, server.process.pid, docs, index, args.seconds))
     statuses, times, memory = result["statuses"], result["times"], result["memory"]
     total = sum(statuses.values())
@@ -167,7 +168,7 @@ def main() -> None:
         machine_line(),
         "",
         f"{CLIENTS} concurrent clients posting `/retrieve/invoke` back to back for "
-        f"{args.seconds:.0f} s (one httpx client process) against the real app under uvicorn "
+        f"{args.seconds:.0f} s (one httpx client process) against `ragchains serve` "
         "in its own process, over a fresh index of samples/; at "
         f"{switch['at']:.0f} s a `ragchains ingest` adds a document to the served folder. "
         "Each query is new (no cache answers it). The latencies are mostly queueing: 200 "
