@@ -41,7 +41,7 @@ $(CHROMIUM):
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq chromium
 
 test: setup $(CHROMIUM)
-	$(BIN)/pytest
+	$(BIN)/pytest --durations=25
 
 # mypy cannot follow the editable install's import hook (package-dir maps ragchains.chains to
 # chains/, ...): scripts/typecheck.py runs it on links laid out as the wheel is.
