@@ -14,8 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import overload
 
-from ragchains.chains.graph import Chains, RequeryPolicy, create_chains
+from ragchains.chains.graph import Chains, create_chains
 from ragchains.chains.llm import LLM
+from ragchains.chains.requery import RequeryPolicy
 from ragchains.ingest.indexrun import ingest
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.storerun import ingest_to_store

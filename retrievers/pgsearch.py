@@ -52,24 +52,6 @@ LEXICAL_RANK = "ts_rank(c.tsv, q.tsq, 1)"
 EXACT_SUBSET_MAX = 20_000
 
 
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 # ----------------------------------------------------------------------------- statements
 def tsquery_sql(query: sql.Placeholder) -> sql.Composable:
     """An OR of the query's stemmed words, each quoted as a tsquery lexeme (BM25 scores any

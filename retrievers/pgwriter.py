@@ -82,7 +82,7 @@ class StoreDelta:
     rebuild: bool = False
     base_fields: Mapping[str, str] = field(default_factory=dict)
     not_filterable: Collection[str] = ()
-    # The run's access rules, kept for the next run (see ingest.pipeline.rules_for_run).
+    # The run's access rules, kept for the next run (see ingest.accessrules.rules_for_run).
     access_rules: list[dict[str, Any]] = field(default_factory=list)
 
 
