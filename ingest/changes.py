@@ -18,7 +18,8 @@ from tqdm import tqdm
 from ragchains.ingest.chunking import Chunker, chunk_file
 from ragchains.ingest.discovery import Discovered
 from ragchains.ingest.errors import NothingIngestedError
-from ragchains.ingest.loaders import LoadOptions, SkipFile, load_file
+from ragchains.ingest.loaders import load_file
+from ragchains.ingest.parts import LoadOptions, SkipFile
 from ragchains.ingest.report import IngestReport, Skipped
 from ragchains.retrievers.access import AccessRule, groups_for
 from ragchains.retrievers.indexformat import Chunk, FileRecord, file_sha256

@@ -8,7 +8,7 @@ from pathlib import PurePosixPath
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from ragchains.ingest.loaders import LoadedFile
+from ragchains.ingest.parts import LoadedFile
 from ragchains.retrievers.indexformat import Chunk
 
 _SEPARATORS = ["\n\n", "\n", ". ", "; ", ", ", " ", ""]

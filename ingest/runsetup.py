@@ -11,7 +11,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker
-from ragchains.ingest.loaders import LoadOptions
+from ragchains.ingest.parts import LoadOptions
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 
 # Bump when chunk boundaries or metadata change for the same input, so re-runs re-chunk.

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ragchains.ingest.loaders import LoadOptions, SkipFile, load_file
+from ragchains.ingest.loaders import load_file
+from ragchains.ingest.parts import LoadOptions, SkipFile
 from tests.fixtures.make_pdf import write_pdf
 
 DOCS = Path(__file__).resolve().parent / "fixtures" / "docs"
