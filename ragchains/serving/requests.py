@@ -15,8 +15,14 @@ from fastapi.exceptions import RequestValidationError
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
-from ragchains.chains.graph import PROMPTS_USED, AskInput, ChatInput
-from ragchains.chains.options import Choices, OptionsError, explain_choice, problem_text
+from ragchains.chains.graph import AskInput, ChatInput
+from ragchains.chains.options import (
+    Choices,
+    Configure,
+    OptionsError,
+    explain_choice,
+    problem_text,
+)
 from ragchains.chains.retrieve import RetrieveInput
 from ragchains.chains.rewrite import RewriteInput
 from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
@@ -119,9 +125,13 @@ def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[
 class KnownKeysOnly(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic plugin
     """A chain whose config schema refuses ``configurable`` keys the chain does not declare.
 
-    LangServe validates a request's config with ``config_schema``; langchain-core's drops
-    unknown keys silently, so a misspelt ``domian`` would quietly answer from the default
-    domain. In-process callers are not affected: the chains ignore keys they do not read.
+    Works around LangServe validating a request's config only against
+    ``runnable.config_schema()`` (APIHandler builds its ``_ConfigPayload`` from it once), and
+    langchain-core's ``config_schema`` ignoring unknown keys: a misspelt ``domian`` would
+    quietly answer from the default domain, and a share link's would be dropped before any
+    check of ours sees it. The same schema is the one the playground, /config_schema and
+    the OpenAPI document show. In-process callers are not affected: the chains ignore keys
+    they do not read.
     """
 
     def config_schema(self, *, include: Sequence[str] | None = None) -> type[BaseModel]:
@@ -160,6 +170,14 @@ def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTP
     return HTTPException(422, f"invalid configurable value: {'; '.join(bad)}")
 
 
+def chain_choices(chain: Runnable[Any, Any]) -> Choices:
+    """The choices ``chain`` resolves: those of its ``configure`` stage, found in its graph."""
+    stages = [n.data for n in chain.get_graph().nodes.values() if isinstance(n.data, Configure)]
+    if len(stages) != 1:
+        raise ValueError(f"{chain.get_name()} has {len(stages)} configure stages, not one")
+    return stages[0].choices
+
+
 class Route:
     """A chain as one route serves it (``runnable``: the limit-checking input model, unknown
     configurable keys refused) and the check of each request's choices, built once."""
@@ -178,13 +196,17 @@ class Route:
         self.runnable = binding(bound=chain.with_types(input_type=request_model))
         self.request_model = request_model
         self._config_model = self.runnable.config_schema(include=["configurable"])
-        self._choices = Choices(prompts, PROMPTS_USED[name])
+        self._choices = chain_choices(chain)
 
     def check(self, configurable: Any) -> dict[str, Any]:
-        """A request's ``configurable``, checked in full before any work: LangServe checks
-        only the bare types (it rebuilds the config model without bounds), and only
-        resolving says whether the chosen domain has each chosen prompt version. Returns the
-        choices with defaults filled in; raises HTTPException 400 or 422."""
+        """A request's ``configurable``, checked in full before any work: the one check the
+        server makes of it (a body's, a share link's, /v1/chat/completions'). Two parts,
+        each defined once elsewhere: the keys and types the chain declares (its config
+        schema, which LangServe also validates, though only by bare types: its
+        ``_rename_pydantic_model`` rebuilds the model from annotations without bounds), then
+        the chain's own ``Choices.resolve``, as its ``configure`` stage runs it (bounds, and
+        whether the chosen domain has each chosen prompt version). Returns the choices with
+        defaults filled in; raises HTTPException 400 or 422."""
         if not isinstance(configurable, dict):
             raise HTTPException(422, "configurable must be an object")
         try:
