@@ -13,9 +13,17 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ragchains.chains.options import error_message
 from ragchains.llms import LLMFailure, explain_failure
+from ragchains.prompts.registry import PromptRegistry
 from ragchains.retrievers.indexformat import IndexLoadError
 from ragchains.retrievers.pgerrors import StoreError
+from ragchains.serving.requests import configurable_problem
 
 log = logging.getLogger("ragchains.server")
 
@@ -46,6 +54,38 @@ def error_body(path: str, status: int, message: str) -> dict[str, Any]:
     return {"detail": message}
 
 
+def add_error_handlers(app: FastAPI, prompts: PromptRegistry) -> None:
+    """Refusals as ``error_body`` says (OpenAI's format under /v1/), and invalid input as a
+    list of problems that does not echo the input back."""
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        body = error_body(request.url.path, exc.status_code, str(exc.detail))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_input(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # LangServe validates a request's config against the route's config schema itself
+        # (APIHandler._get_config_and_input) and reports a failure as FastAPI's 422. The
+        # body's own configurable was checked before (Route.check); what fails here is in
+        # practice a share link's (/c/{config_hash}/...), answered in Route.check's words.
+        config_errors = [
+            err
+            for err in exc.errors()
+            if isinstance(err, dict) and tuple(err.get("loc") or ())[:1] == ("configurable",)
+        ]
+        if config_errors:
+            return await http_error(request, configurable_problem(prompts, config_errors))
+        # FastAPI's default echoes each bad input back: not for a 100k-character question.
+        return JSONResponse({"detail": [_problem(err) for err in exc.errors()]}, status_code=422)
+
+
+def _problem(err: Any) -> Any:
+    if not isinstance(err, dict):
+        return {"msg": str(err)}
+    return {"loc": err.get("loc"), "msg": error_message(err), "type": err.get("type")}
+
+
 async def send_json(send: Callable[[Message], Any], status: int, body: Any, **headers: str) -> None:
     payload = json.dumps(body).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
@@ -58,9 +98,11 @@ class ErrorMiddleware:
     """Answers a failed run with its real status and reason.
 
     Before the response has started that is a JSON error. In a LangServe event stream the
-    status is already 200, so LangServe's own last event ("error", always 500 "Internal
-    Server Error") is held back and replaced by one with the real status and reason, which
-    ``RemoteRunnable`` raises as an HTTP error.
+    status is already 200, and LangServe's stream handlers (APIHandler.stream, stream_log,
+    astream_events) catch every exception, send ``event: error`` with ``{"status_code": 500,
+    "message": "Internal Server Error"}`` whatever failed, and raise it again. That event's
+    bytes are held back here and replaced by an event with the real status and reason, which
+    ``RemoteRunnable`` raises as an HTTP error. (LangServe has no hook to map exceptions.)
     """
 
     def __init__(self, app: Any, on_llm_failure: Callable[[LLMFailure], None]) -> None:

@@ -6,14 +6,49 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from collections.abc import Callable
 from typing import Any
 
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 
+from ragchains.llms import LLMFailure
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
-from ragchains.serving.errors import Message, Scope, error_body, send_json
+from ragchains.serving.errors import ErrorMiddleware, Message, Scope, error_body, send_json
 from ragchains.serving.keys import KeyRing
+from ragchains.settings import Settings
+
+
+def add_guards(
+    app: FastAPI,
+    settings: Settings,
+    *,
+    keyring: KeyRing | None,
+    index: object,
+    on_llm_failure: Callable[[LLMFailure], None],
+) -> None:
+    """The middleware, outermost first: CORS, the key, the body's checks, the errors'
+    replies, then (an index folder) the generation each request keeps to."""
+    # Starlette runs the last added first.
+    if isinstance(index, LiveIndex):
+        app.add_middleware(GenerationMiddleware, index=index)
+    app.add_middleware(ErrorMiddleware, on_llm_failure=on_llm_failure)
+    app.add_middleware(
+        BodyMiddleware, max_bytes=settings.max_request_bytes, timeout=settings.body_timeout
+    )
+    if settings.api_key is not None or keyring is not None:
+        api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, keyring=keyring)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+
 
 # Probes must work without the key: load balancers and orchestrators call them. The chat
 # page and its files hold no data; the page asks for the key and sends it on each call. The
@@ -242,5 +277,10 @@ async def request_json(request: Request) -> Any:
     large (``PARSED_BODY``), else here; Starlette keeps it on the request for the route."""
     state = request.scope.get("state", {})
     if PARSED_BODY in state:
-        request._json = state[PARSED_BODY]  # Starlette's own cache of request.json()
+        # LangServe's handlers parse the body themselves, on the event loop, with
+        # ``await request.json()`` (APIHandler._get_config_and_input), and take no parsed
+        # body. Starlette's Request.json() returns its private ``_json`` when set, and FastAPI
+        # hands the route and its dependencies one Request: setting it here is the only way
+        # to spare LangServe a second parse of a large body.
+        request._json = state[PARSED_BODY]
     return await request.json()

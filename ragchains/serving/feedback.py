@@ -1,0 +1,30 @@
+"""POST /feedback: a reader's thumbs up or down on one answer, kept in the feedback store."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import APIRouter, HTTPException
+from starlette.concurrency import run_in_threadpool
+
+from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError
+
+log = logging.getLogger("ragchains.server")
+
+
+def feedback_router(store: FeedbackStore) -> APIRouter:
+    router = APIRouter(tags=["feedback"])
+
+    @router.post("/feedback", status_code=201)
+    async def feedback(body: FeedbackIn) -> dict[str, Any]:
+        """A thumbs up (score 1) or down (0) on one answer, with an optional comment; kept
+        in the feedback store (`ragchains feedback export` reads it)."""
+        try:
+            record = await run_in_threadpool(store.add, body)
+        except FeedbackStoreError as exc:  # the file, not the request, is at fault
+            log.error("feedback not stored: %s", exc)
+            raise HTTPException(503, f"feedback cannot be stored now: {exc}") from exc
+        return {"id": record.id, "created_at": record.created_at}
+
+    return router

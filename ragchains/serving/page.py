@@ -1,0 +1,54 @@
+"""The chat page: plain files, no build step; / serves the page (or, to clients that are no
+browser, what is served where), /ui/ its files."""
+
+from __future__ import annotations
+
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+
+from ragchains import __version__
+
+WEB = Path(str(resources.files("ragchains") / "web"))
+# The page loads and calls nothing but this server: no CDN, no inline script, no framing.
+PAGE_HEADERS = {
+    "Cache-Control": "no-cache",
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
+
+
+class _PageFiles(StaticFiles):
+    """The page's files, revalidated on each load so an upgrade is seen at once."""
+
+    def file_response(self, *args: Any, **kwargs: Any) -> Response:
+        response = super().file_response(*args, **kwargs)
+        response.headers["Cache-Control"] = "no-cache"
+        return response
+
+
+def add_page(app: FastAPI, routes: dict[str, str]) -> None:
+    """The page at / and its files at /ui/; ``routes``: each chain's path and summary."""
+
+    @app.get("/", include_in_schema=False)
+    async def index(request: Request) -> Response:
+        """The chat page for browsers; for other clients, what is served where."""
+        if "text/html" in request.headers.get("accept", ""):
+            return FileResponse(WEB / "index.html", headers=PAGE_HEADERS)
+        return JSONResponse(
+            {
+                "name": "ragchains",
+                "version": __version__,
+                "page": "/",
+                "playground": "/chat/playground/",
+                "docs": "/docs",
+                "routes": {f"/{route}": summary for route, summary in routes.items()},
+            }
+        )
+
+    app.mount("/ui", _PageFiles(directory=WEB), name="ui")
