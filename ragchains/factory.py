@@ -173,16 +173,19 @@ def build_compressor(
 
 def build_llm(settings: Settings) -> LLM:
     """The configured chat model; ``LLMConfigError`` says what is missing."""
-    from ragchains import llms  # imports llama.cpp / openai clients only when a model is wanted
-
+    # Imported here: llama.cpp and the OpenAI client load only when a model is wanted.
     if settings.llm_provider == "embedded":
-        return llms.embedded_llm(
+        from ragchains.embedded_llm import embedded_llm
+
+        return embedded_llm(
             settings.llm_model_path,
             context_tokens=settings.llm_context_tokens,
             threads=settings.llm_threads,
             seed=settings.llm_seed,
         )
-    return llms.openai_llm(
+    from ragchains.llms import openai_llm
+
+    return openai_llm(
         model=settings.openai_model,
         base_url=settings.openai_base_url,
         api_key=settings.openai_api_key,

@@ -29,8 +29,8 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM
+from ragchains.embedded_llm import ChatLlamaCpp, LockedChatLlamaCpp
 from ragchains.factory import Service, build_service
-from ragchains.llms import ChatLlamaCpp, LockedChatLlamaCpp
 from ragchains.prompts.registry import default_registry
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings

@@ -16,7 +16,8 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from ragchains.chains.llm import LLM
-from ragchains.llms import LLMConfigError, embedded_llm, openai_llm, packaged_gguf
+from ragchains.embedded_llm import embedded_llm, packaged_gguf
+from ragchains.llms import LLMConfigError, openai_llm
 from tests.servers import FakeOpenAI, fake_openai_server
 
 
