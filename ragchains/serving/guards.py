@@ -54,12 +54,12 @@ def add_guards(
 # page and its files hold no data; the page asks for the key and sends it on each call. The
 # API's document and its page likewise (a browser opening /docs cannot send a key; the page
 # then asks for it): they name the routes and the domains, which /readyz names too.
-# Only reads are open (GET, HEAD): nothing that runs a model or stores anything.
+# These routes only read (GET, HEAD): any other method reaches them and gets their 405
+# (asking for a key first would answer 401 for a method no key could make work).
 OPEN_PATHS = frozenset(
     {"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
 )
 OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs' files
-OPEN_METHODS = frozenset({"GET", "HEAD"})
 
 
 class ApiKeyMiddleware:
@@ -101,8 +101,9 @@ class ApiKeyMiddleware:
 
 
 def is_open(method: str, path: str) -> bool:
-    """Whether a request needs no key (see OPEN_PATHS)."""
-    return method in OPEN_METHODS and (path in OPEN_PATHS or path.startswith(OPEN_PREFIXES))
+    """Whether a request needs no key (see OPEN_PATHS); whatever its method, the route
+    answers reads only."""
+    return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
 # The media types a body may have: JSON, the only one any route reads.
