@@ -315,23 +315,3 @@ def test_eval_answers_reaches_the_server_through_both_apis(url: str) -> None:
         assert summary["errors"] == 0 and summary["has_citation"] == 1.0
     with pytest.raises(Exception, match="answered 404"):
         http_target(f"{url}/nowhere", {}, None, timeout=10).answer("hi")
-
-
-def test_routes_call_their_chains_without_langserve_event_aggregator() -> None:
-    """LangServe attaches an event aggregator to every call; the routes drop it (measured in
-    bench.server_overhead). This breaks if langchain-core stops merging configs there."""
-    from langchain_core.runnables import RunnableLambda
-    from langserve.callbacks import AsyncEventAggregatorCallback
-
-    from ragchains.server import _Served
-
-    def handlers(_: Any, config: Any) -> list[str]:
-        return [type(h).__name__ for h in config["callbacks"].handlers]
-
-    served = _Served(bound=RunnableLambda(handlers))
-    config: Any = {"callbacks": [AsyncEventAggregatorCallback()]}
-    assert "AsyncEventAggregatorCallback" not in served.invoke(1, config)
-    (streamed,) = served.stream(1, config)
-    assert "AsyncEventAggregatorCallback" not in streamed
-    kept = RunnableLambda(handlers).invoke(1, config)  # what a chain gets without the route
-    assert "AsyncEventAggregatorCallback" in kept
