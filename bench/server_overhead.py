@@ -407,12 +407,18 @@ def main(before: Path | None) -> None:
         f"0 errors: {'meets' if met else 'misses'}.",
         "- Server CPU per turn: the server process's CPU time (user + system, psutil) over a "
         "burst, divided by its turns.",
+        f"- Load average (1 min) on the machine during the bursts: "
+        f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores (other jobs share it).",
+        "- The stub answers the rewrite at once and streams the answer over 2 s with "
+        "asynchronous sleeps, as a model behind a network does. The embedded llama.cpp model "
+        "serves one call at a time (one context behind a lock), so with it concurrent turns "
+        "queue for the model (waiting as coroutines, holding no thread).",
     ]
     if cpu_before is not None:
         lines.append(
             f"- Before and after (`/chat/stream`, same run, same machine): {cpu_before:.1f} ms "
-            f"of server CPU per turn with the checkout at `{before}` (its commit: "
-            f"{_commit(before)}), {med(cpu['chat']):.1f} ms with this one."
+            f"of server CPU per turn with the code of commit {_commit(before)}, "
+            f"{med(cpu['chat']):.1f} ms with this one ({_commit(REPO)})."
         )
     health_ratio = med(health["serve"]) / med(health["factory"])
     lines += [
@@ -433,12 +439,6 @@ def main(before: Path | None) -> None:
         "",
         f"- `ragchains serve` at {health_ratio:.2f} x uvicorn's p50; target <= 2 x: "
         f"{'meets' if health_ratio <= 2 else 'misses'}.",
-        f"- Load average (1 min) on the machine during the bursts: "
-        f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores (other jobs share it).",
-        "- The stub answers the rewrite at once and streams the answer over 2 s with "
-        "asynchronous sleeps, as a model behind a network does. The embedded llama.cpp model "
-        "serves one call at a time (one context behind a lock), so with it concurrent turns "
-        "queue for the model (waiting as coroutines, holding no thread).",
     ]
     write_section("server_overhead", "\n".join(lines))
 
