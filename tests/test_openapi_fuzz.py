@@ -37,7 +37,10 @@ CHECKS = (
     "response_schema_conformance",
     "unsupported_method",
 )
-SECONDS = 150  # the whole run's budget; examples and coverage come first, then fuzzing
+# The whole run's budget; examples and coverage come first, then fuzzing. A 150 s run on 2
+# cores (13,421 requests) met every (method, path, status) it ever met within 38 s, but one:
+# a batch over the limit, 413 at 137 s, which tests/test_server.py sends on purpose.
+SECONDS = 60
 
 
 def _fuzz(base: str, workdir: Path, seconds: int, *headers: str) -> tuple[str, dict[str, Any]]:
