@@ -182,11 +182,12 @@ def _lifespan(service: Service, settings: Settings) -> Callable[[FastAPI], Any]:
             service.index.watch()
         yield
         gc.unfreeze()
-        if isinstance(service.index, LiveIndex):
-            service.index.close()
         if isinstance(service.index, PostgresStore):
             await service.index.aclose()
-            service.index.close()
+        if isinstance(service.index, LiveIndex | PostgresStore):
+            # In a thread: closing waits for the watching thread (up to 10 s on a stalled
+            # database), which would stop the event loop meanwhile.
+            await asyncio.to_thread(service.index.close)
 
     return lifespan
 
@@ -274,8 +275,10 @@ def _config_check(route: Route) -> Any:
         # checked here, merged with it.
         if request.path_params.get("config_hash"):
             route.check(config.get("configurable") or {})
-        # The playground's page is the referrer of the runs it asks for.
-        if urlsplit(request.headers.get("referer", "")).path.endswith("/playground/"):
+        # The playground's page is the referrer of the runs it asks for, through stream_log
+        # (the only endpoint that reads the mark: elsewhere it would reach events' metadata).
+        playground = urlsplit(request.headers.get("referer", "")).path.endswith("/playground/")
+        if playground and request.url.path.endswith("/stream_log"):
             config = {
                 **config,
                 "metadata": {**config.get("metadata", {}), PLAYGROUND_METADATA: True},

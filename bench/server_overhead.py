@@ -152,12 +152,18 @@ class Server:
         env: dict[str, str] | None = None,
     ) -> None:
         self.port = free_port()
-        args = ["--serve", str(index), "--port", str(self.port), "--delay", str(delay)]
-        argv = [sys.executable, "-m", "bench.server_overhead", *args]
         if command is not None:
             argv = [part.format(port=self.port) for part in command]
+        else:
+            args = ["--serve", str(index), "--port", str(self.port), "--delay", str(delay)]
+            argv = [sys.executable, "-m", "bench.server_overhead", *args]
         environment = {**os.environ, **(env or {})}
         if checkout is not None:  # its packages first on the path, ahead of the installed ones
+            # Only a checkout whose ragchains/ holds the packages (the symlinked layout of
+            # commits before package-dir) is imported whole; with a later one the installed
+            # finder would supply ragchains.chains & co. from this checkout, unsaid.
+            if not (checkout / "ragchains" / "chains").is_dir():
+                raise SystemExit(f"--before {checkout}: no ragchains/chains there to measure")
             environment["PYTHONPATH"] = str(checkout)
         self.process = subprocess.Popen(argv, cwd=checkout or REPO, env=environment)
         self.url = f"http://127.0.0.1:{self.port}"

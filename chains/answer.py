@@ -294,13 +294,15 @@ class Answerer:
         parser``, a child of ``config``'s run) token by token, then the ending."""
         p = self.plan(state)
         written = _Written()
-        said = (piece for piece in [DONT_KNOW])  # a generator: it closes as the model's does
-        pieces = said if p.chain is None else p.chain.stream(p.variables, config)
-        # Closed with this generator: a consumer that stops early stops the model at once.
-        with closing(pieces):  # type: ignore[type-var]
-            for piece in pieces:
-                if (event := written.add(piece)) is not None:
-                    yield event
+        if p.chain is None:
+            written.add(DONT_KNOW)
+            yield AddableDict(answer=DONT_KNOW)
+        else:
+            # Closed with this generator: a consumer that stops early stops the model at once.
+            with closing(p.chain.stream(p.variables, config)) as pieces:  # type: ignore[type-var]
+                for piece in pieces:
+                    if (event := written.add(piece)) is not None:
+                        yield event
         yield _ending(written.text, p)
 
     async def aevents(

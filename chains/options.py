@@ -334,7 +334,7 @@ class Configure(RunnableLambda[Any, Options]):
             return choices.resolve(config.get("configurable"))
 
         async def aconfigure(_: Any, config: RunnableConfig) -> Options:
-            return choices.resolve(config.get("configurable"))
+            return configure(_, config)
 
         super().__init__(configure, afunc=aconfigure, name="configure")
         self.choices = choices

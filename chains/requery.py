@@ -173,7 +173,7 @@ class Requery:
     def stage(self) -> Runnable[Any, Requeried]:
         """The ``requery`` stage: a branch that re-queries when the best score is low
         (``wanted``) and passes the state on unchanged otherwise."""
-        requery = RunnableLambda(self, afunc=self.acall, name="requery")
+        requery = RunnableLambda(self, afunc=self.acall, name="requery_search")
         wanted = quick(self.wanted, name="requery_wanted")
         branch: RunnableBranch[Any, Any] = RunnableBranch((wanted, requery), RunnablePassthrough())
         branch.name = "requery"  # its node in get_graph(), its run in astream_events

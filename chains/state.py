@@ -5,7 +5,7 @@ Each stage of a chain is a ``RunnablePassthrough.assign(key=stage)``: it reads t
 far and adds one key, never changing what is there. The state after each stage is a
 ``TypedDict`` that extends the one before it; the first ones live here, the later ones
 beside the data their stage adds (``chains.retrieve``: ``Searched``, ``Found``, ``Kept``;
-``chains.graph``: ``Requeried``).
+``chains.requery``: ``Requeried``).
 """
 
 from collections.abc import (

@@ -1,4 +1,5 @@
-"""Evaluation: metrics, datasets and run folders (its commands are in ragchains.cli.eval)."""
+"""Evaluation: metrics, datasets and run folders; `ragchains eval` (ragchains.cli.eval_*)
+calls it."""
 
 from pathlib import Path
 

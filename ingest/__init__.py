@@ -1,1 +1,2 @@
-"""Ingestion: loaders, chunking and the incremental pipeline."""
+"""Ingestion: loaders, chunking and an incremental run into an index folder (indexrun) or a
+PostgreSQL store (storerun)."""

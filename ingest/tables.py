@@ -15,7 +15,7 @@ from typing import Any
 
 from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile, read_text
 
-# Metadata keys the pipeline sets itself; table columns with these names are renamed col_<name>.
+# Metadata keys an ingest run sets itself; table columns with these names are renamed col_<name>.
 RESERVED_FIELDS = frozenset(
     {
         "source",

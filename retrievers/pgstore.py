@@ -209,7 +209,10 @@ class PostgresStore:
         return self._meta
 
     async def ameta(self, *, fresh: bool = False) -> dict[str, Any]:
-        """``meta`` for async callers: read through the async pool, never blocking the loop."""
+        """``meta`` for async callers: read through the async pool, never blocking the loop;
+        while ``watch``ed, the copy its thread keeps fresh (no round trip per search)."""
+        if not fresh and self._watcher is not None and self._meta_at > 0:
+            return self._meta
         now = time.monotonic()
         if fresh or now - self._meta_at > META_TTL:
             async with self.aconnection() as conn:
@@ -222,7 +225,7 @@ class PostgresStore:
 
     def known_meta(self) -> dict[str, Any]:
         """The meta last read (read now only if never read): what request validation uses,
-        without a round trip per request. Searches refresh it (``META_TTL``)."""
+        without a round trip per request. ``watch``, or else searches, refresh it (``META_TTL``)."""
         return self._meta if self._meta_at > 0 else self.meta()
 
     def read_meta(self, conn: psycopg.Connection[Any]) -> dict[str, Any]:

@@ -7,16 +7,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import uvicorn
 from sse_starlette.sse import AppStatus, EventSourceResponse
 
@@ -52,6 +59,57 @@ def wait_until(
         assert time.monotonic() < deadline, f"{what} not within {timeout:g} s (last: {value!r})"
         time.sleep(every)
     return value
+
+
+RAGCHAINS = Path(sys.executable).parent / "ragchains"
+REPO = Path(__file__).resolve().parent.parent
+
+
+def user_env(**extra: str) -> dict[str, str]:
+    """The environment a user runs the command in: none of the test run's RAGCHAINS_*."""
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+    return {**clean, **extra}
+
+
+@contextmanager
+def ragchains_serve(*target: str, **env: str) -> Iterator[str]:
+    """`ragchains serve TARGET...` in a process of its own, as a user runs it, until the block
+    ends (then Ctrl-C); yields its base URL once /readyz answers. ``env``: RAGCHAINS_* to
+    set. Its output goes to a file (a pipe nobody reads could fill and stall it), shown if
+    it fails to start."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(
+            [str(RAGCHAINS), "serve", *target, "--port", str(port)],
+            cwd=REPO,
+            env=user_env(**env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        base = f"http://127.0.0.1:{port}"
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                log.seek(0)
+                raise AssertionError(f"ragchains serve exited: {log.read()[-3000:]}")
+            try:
+                return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        try:
+            wait_until(ready, "ragchains serve ready", timeout=300, every=0.5)
+            yield base
+        finally:
+            process.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextmanager

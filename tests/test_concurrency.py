@@ -326,17 +326,19 @@ def test_a_consumer_that_goes_away_stops_the_models_stream(
         async for chunk in service.chains.chat.astream({"question": QUESTION}):
             seen.append(chunk)
 
-    async def go_away() -> None:
+    async def go_away() -> list[int]:
         task = asyncio.create_task(consume())
-        while not seen:  # the head (sources) arrived: the answer's stream is waiting
+        while not seen and not task.done():  # the head (sources) came: the answer is waiting
             await asyncio.sleep(0.01)
         await asyncio.sleep(0.1)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        # Read here, while the loop runs: asyncio.run closes what is left when it ends.
+        return list(model._closed)
 
-    asyncio.run(go_away())
-    assert seen[0]["sources"] and model._closed == [1]
+    closed = asyncio.run(go_away())
+    assert seen[0]["sources"] and closed == [1]
 
 
 def test_each_stage_of_a_turn_is_one_named_run(

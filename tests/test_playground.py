@@ -9,11 +9,14 @@ output panel.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.browser import WatchedPage, open_page
+from tests.servers import ragchains_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -22,9 +25,11 @@ DOMAINS = {"catalog", "default", "hr"}
 FIRST_INPUT = {"chat": "question", "ask": "question", "rewrite": "question", "retrieve": "query"}
 
 
-@pytest.fixture
-def url(sample_server: str) -> str:
-    return sample_server
+@pytest.fixture(scope="module")
+def url(sample_index: Path) -> Iterator[str]:
+    """The playgrounds as users open them: served by `ragchains serve`, in a subprocess."""
+    with ragchains_serve("--index", str(sample_index)) as base:
+        yield base
 
 
 def field(page: Any, name: str) -> Any:

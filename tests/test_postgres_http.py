@@ -4,12 +4,8 @@ serve` processes on one database while `ragchains ingest` writes to it."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
-import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +13,9 @@ import httpx
 import pytest
 from openai import OpenAI
 
-from tests.conftest import REPO
-from tests.postgres import LocalPostgres, free_port
-from tests.servers import wait_until
-from tests.test_cli import RAGCHAINS, run
+from tests.postgres import LocalPostgres
+from tests.servers import ragchains_serve, wait_until
+from tests.test_cli import run
 
 pytestmark = pytest.mark.e2e
 
@@ -86,45 +81,6 @@ def test_the_server_answers_from_the_store(sample_store: str, serve_samples: Ser
         assert reply.choices[0].message.content
 
 
-@contextmanager
-def ragchains_serve(url: str) -> Iterator[str]:
-    """`ragchains serve --store URL` in a process of its own; yields its base URL. Its output
-    goes to a file (a pipe nobody reads could fill and stall it), shown if it fails to start."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            [str(RAGCHAINS), "serve", "--store", url, "--port", str(port)],
-            cwd=REPO,
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        base = f"http://127.0.0.1:{port}"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                if process.poll() is not None:
-                    log.seek(0)
-                    raise AssertionError(f"serve exited: {log.read()[-3000:]}")
-                try:
-                    if httpx.get(f"{base}/readyz", timeout=5).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                assert time.monotonic() < deadline, "serve did not become ready"
-                time.sleep(0.5)
-            yield base
-        finally:
-            process.terminate()
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
 def retrieved(base: str, query: str) -> list[str]:
     reply = httpx.post(f"{base}/retrieve/invoke", json={"input": {"query": query}}, timeout=60)
     assert reply.status_code == 200, reply.text
@@ -142,7 +98,7 @@ def test_two_servers_on_one_database_see_one_ingest(
         assert "s3cret" not in result.stdout + result.stderr
 
     ingest(docs_dir)
-    with ragchains_serve(url) as first, ragchains_serve(url) as second:
+    with ragchains_serve("--store", url) as first, ragchains_serve("--store", url) as second:
         question = "When do the drip lines run?"
         assert retrieved(first, question) == retrieved(second, question) != []
 
@@ -212,7 +168,7 @@ def test_a_server_reads_a_replica_while_ingestion_writes_to_the_primary(
         replica_url = pg_url.replace(f":{postgres.port}/", f":{standby.port}/")
         refused = run("ingest", docs_dir, "--store", replica_url, "--rebuild", "-q")
         assert refused.returncode != 0 and "read-only replica" in refused.stderr
-        with ragchains_serve(replica_url) as base:
+        with ragchains_serve("--store", replica_url) as base:
             ready = httpx.get(f"{base}/readyz", timeout=30).json()["index"]
             assert ready["replica"] is True and ready["generation"] == 1
             assert retrieved(base, "When do the drip lines run?")

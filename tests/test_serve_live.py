@@ -9,15 +9,7 @@ key that could read it, each within 5 s of the ingest's commit.
 
 from __future__ import annotations
 
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -26,11 +18,11 @@ import pytest
 
 from ragchains.serving.keys import add_key
 from tests.conftest import FIXTURES
-from tests.servers import wait_until
+from tests.servers import ragchains_serve, wait_until
+from tests.test_cli import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-RAGCHAINS = Path(sys.executable).parent / "ragchains"
 SERVED_WITHIN = 5.0  # seconds from an ingest's commit to the server answering from it
 NEW_DOC = (
     "# Zanzibarite\n\nZanzibarite is a blue mineral the greenhouse uses as a humidity "
@@ -40,59 +32,10 @@ NEW_ROWS = "name,price,warranty_years\nMoisture meter,31,3\nPruning saw,19,1\n"
 QUERY = "zanzibarite blue mineral humidity indicator"
 
 
-def _env(**extra: str) -> dict[str, str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
-    return {**clean, **extra}
-
-
 def ingest(docs: Path, target: list[str], *more: str) -> None:
     """`ragchains ingest` as a user runs it; returns once it has committed."""
-    result = subprocess.run(
-        [str(RAGCHAINS), "ingest", str(docs), *target, *more],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-@contextmanager
-def ragchains_serve(target: list[str], keys: Path) -> Iterator[str]:
-    """`ragchains serve` in a subprocess until the block ends; yields its base URL."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [str(RAGCHAINS), "serve", *target, "--port", str(port)],
-        env=_env(RAGCHAINS_KEYS_FILE=str(keys)),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-
-    def up() -> bool:
-        assert server.poll() is None, server.stdout.read() if server.stdout else ""
-        try:
-            return httpx.get(f"{base}/healthz", timeout=2).status_code == 200
-        except httpx.TransportError:
-            return False
-
-    try:
-        wait_until(up, "ragchains serve answering /healthz", timeout=180, every=0.5)
-        yield base
-    finally:
-        server.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+    result = run("ingest", docs, *target, *more)
+    assert result.returncode == 0, result.stderr
 
 
 def _found(base: str, key: str, query: str, filters: list[dict[str, Any]] | None = None) -> Any:
@@ -108,9 +51,7 @@ def _sources(reply: Any) -> set[str]:
 
 def _served_within(what: str, check: Any) -> None:
     """``check`` holds within ``SERVED_WITHIN`` seconds of now (the ingest just committed)."""
-    since = time.monotonic()
     wait_until(check, what, timeout=SERVED_WITHIN, every=0.1)
-    assert time.monotonic() - since <= SERVED_WITHIN + 1
 
 
 @pytest.fixture
@@ -133,7 +74,7 @@ def test_serve_serves_each_ingest_committed_while_it_runs(
     keys = tmp_path / "keys.toml"
     hr, eng = add_key(keys, "hana", ["hr"]), add_key(keys, "erik", ["eng"])
     ingest(docs, target)
-    with ragchains_serve(target, keys) as base:
+    with ragchains_serve(*target, RAGCHAINS_KEYS_FILE=str(keys)) as base:
         assert not any(s.endswith("zanzibarite.md") for s in _sources(_found(base, hr, QUERY)))
 
         # A new document, and a table with a new numeric field.
