@@ -40,6 +40,7 @@ from ragchains.chains.state import Configured, quick, read_input, stage
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.filters import MAX_FILTERS, LiveFields, MetadataFilter
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
+from ragchains.retrievers.location import Location, location_of
 
 log = logging.getLogger(__name__)
 
@@ -57,6 +58,7 @@ class Source(BaseModel):
     section: str | None = None
     score: float | None = Field(None, description="the compressor's score")
     text: str
+    location: Location | None = Field(None, description="where in the file the text is")
 
 
 class RetrieveInput(BaseModel):
@@ -99,6 +101,7 @@ def to_source(doc: Document) -> Source:
         section=str(section) if section is not None else None,
         score=compressor_score(doc),
         text=doc.page_content,
+        location=location_of(doc.metadata),
     )
 
 

@@ -5,13 +5,19 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable
 from pathlib import PurePosixPath
+from typing import Any
 
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from ragchains.ingest.parts import LoadedFile
+from ragchains.ingest.parts import Box, LoadedFile, Part
 from ragchains.retrievers.indexformat import Chunk
+from ragchains.retrievers.location import LOCATION_KEY
 
 _SEPARATORS = ["\n\n", "\n", ". ", "; ", ", ", " ", ""]
+
+# A page OCRed with a mean word confidence under this is marked ``ocr_low_confidence``: on
+# clean scans tesseract's mean is above 0.9; noisy or skewed ones fall towards 0.6.
+LOW_OCR_CONFIDENCE = 0.7
 
 
 class Chunker:
@@ -30,6 +36,7 @@ class Chunker:
             )
         self.chunk_size = chunk_size
         self.chunk_overlap = chunk_overlap
+        self.count_tokens = count_tokens
         self._splitter = RecursiveCharacterTextSplitter(
             chunk_size=chunk_size,
             chunk_overlap=chunk_overlap,
@@ -41,6 +48,97 @@ class Chunker:
 
     def split(self, text: str) -> list[str]:
         return [piece for piece in self._splitter.split_text(text) if piece.strip()]
+
+    def split_at(self, text: str) -> list[tuple[str, int]]:
+        """The pieces with the offset each starts at in ``text``. Pieces come in order and
+        overlap only their predecessor, so each is found from just after the last one's
+        start (the splitter strips white space only at the ends: a piece is a substring)."""
+        found = []
+        cursor = 0
+        for piece in self.split(text):
+            start = text.find(piece, cursor)
+            if start < 0:
+                start = max(text.find(piece), 0)
+            found.append((piece, start))
+            cursor = start + 1
+        return found
+
+    def split_table(self, text: str, header: str) -> list[tuple[str, int]]:
+        """A table's rows packed into pieces under ``chunk_size`` tokens, the header lines
+        first in each, so every row is read with its column names. A row longer than a chunk
+        on its own is split as text, under the header too. Offsets are the rows' own."""
+        body_start = len(header) + 1
+        rows = []
+        offset = body_start
+        for line in text[body_start:].split("\n"):
+            if line.strip():
+                rows.append((line, offset))
+            offset += len(line) + 1
+        if not rows:
+            return self.split_at(text)
+        budget = self.chunk_size - self.count_tokens(header + "\n")
+        pieces: list[tuple[str, int]] = []
+        batch: list[tuple[str, int]] = []
+        used = 0
+
+        def flush() -> None:
+            if batch:
+                body = "\n".join(line for line, _ in batch)
+                pieces.append((f"{header}\n{body}", batch[0][1]))
+                batch.clear()
+
+        for line, start in rows:
+            size = self.count_tokens(line + "\n")
+            if batch and used + size > budget:
+                flush()
+                used = 0
+            if size > budget:
+                for part, at in self.split_at(line):
+                    pieces.append((f"{header}\n{part}", start + at))
+                continue
+            batch.append((line, start))
+            used += size
+        flush()
+        return pieces
+
+
+def line_boxes(part: Part, start: int, end: int) -> list[list[float]]:
+    """The boxes of the words within ``start:end``, merged into one box per line, rounded to
+    a tenth of a point (a highlight needs no more)."""
+    lines: list[Box] = []
+    for word in part.words:
+        if word.end <= start or word.start >= end:
+            continue
+        x0, top, x1, bottom = word.box
+        if lines:
+            lx0, ltop, lx1, lbottom = lines[-1]
+            height = max(lbottom - ltop, bottom - top, 1e-6)
+            overlap = min(lbottom, bottom) - max(ltop, top)
+            if overlap > 0.5 * height and x0 >= lx0 - 1:
+                lines[-1] = (min(lx0, x0), min(ltop, top), max(lx1, x1), max(lbottom, bottom))
+                continue
+        lines.append(word.box)
+    return [[round(v, 1) for v in box] for box in lines]
+
+
+def location(part: Part, start: int, end: int) -> dict[str, Any]:
+    """The chunk's place in its file (see ``retrievers.location``), the keys that apply."""
+    place: dict[str, Any] = {
+        "page": part.page,
+        "slide": part.slide,
+        "sheet": part.sheet,
+        "row": part.row,
+        "section": part.section,
+        "start": start,
+        "end": end,
+    }
+    if part.page_size is not None:
+        place["page_width"], place["page_height"] = (round(v, 1) for v in part.page_size)
+    if part.words:
+        place["boxes"] = line_boxes(part, start, end)
+    if part.ocr_confidence is not None:
+        place["ocr_confidence"] = round(part.ocr_confidence, 3)
+    return {key: value for key, value in place.items() if value is not None}
 
 
 def sha256_text(text: str) -> str:
@@ -57,7 +155,11 @@ def chunk_file(source: str, loaded: LoadedFile, chunker: Chunker) -> list[Chunk]
     chunks: list[Chunk] = []
     seen: dict[str, int] = {}
     for part in loaded.parts:
-        for piece in chunker.split(part.text):
+        if part.table_header is not None:
+            pieces = chunker.split_table(part.text, part.table_header)
+        else:
+            pieces = chunker.split_at(part.text)
+        for piece, start in pieces:
             base = sha256_text(f"{source}\x00{part.anchor}\x00{piece}")[:24]
             repeat = seen.get(base, 0)
             seen[base] = repeat + 1
@@ -77,6 +179,17 @@ def chunk_file(source: str, loaded: LoadedFile, chunker: Chunker) -> list[Chunk]
                 metadata["section"] = part.section
             if part.row is not None:
                 metadata["row"] = part.row
+            if part.slide is not None:
+                metadata["slide"] = part.slide
+            if part.sheet is not None:
+                metadata["sheet"] = part.sheet
+            if part.ocr_confidence is not None:
+                metadata["ocr_confidence"] = round(part.ocr_confidence, 3)
+                metadata["ocr_low_confidence"] = part.ocr_confidence < LOW_OCR_CONFIDENCE
             metadata.update(part.fields)
+            end = start + len(piece)
+            if part.table_header is not None:  # the rows' span, without the repeated header
+                end = start + len(piece) - len(part.table_header) - 1
+            metadata[LOCATION_KEY] = location(part, start, end)
             chunks.append(Chunk(id=chunk_id, text=piece, metadata=metadata))
     return chunks

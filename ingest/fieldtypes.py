@@ -10,7 +10,7 @@ from ragchains.retrievers.access import mixed_type_problem
 from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.retrievers.indexformat import Chunk
 
-NOT_FILTERABLE = frozenset({"citation", "content_hash", "chunk_index"})
+NOT_FILTERABLE = frozenset({"citation", "content_hash", "chunk_index", "location"})
 
 
 def resolve_field_types(

@@ -17,18 +17,40 @@ class SkipFile(Exception):
     """The file cannot be ingested; ``str(exc)`` is the reason shown to the user."""
 
 
+# x0, top, x1, bottom in PDF points (1/72 inch), measured from the page's top-left corner.
+Box = tuple[float, float, float, float]
+
+
+@dataclass
+class WordBox:
+    """Where a word of a page's text is drawn: characters ``start:end`` of ``Part.text``."""
+
+    start: int
+    end: int
+    box: Box
+
+
 @dataclass
 class Part:
-    """A piece of a file with its own locator: a PDF page, a Markdown section, a table row."""
+    """A piece of a file with its own locator: a PDF page, a Markdown section, a slide, a
+    table row. Its locator fields become the chunk's ``location`` (``ingest.chunking``)."""
 
     text: str
-    anchor: str = ""  # citation suffix after '#': "page=3", "benefit-plans", "row=12"
+    anchor: str = ""  # citation suffix after '#': "page=3", "benefit-plans", "slide=4", "row=12"
     page: int | None = None
-    section: str | None = None
+    section: str | None = None  # heading path, "Benefits > Parental leave"
     row: int | None = None
+    slide: int | None = None
+    sheet: str | None = None
     title: str | None = None  # overrides the file's title (table rows with a name column)
     fields: dict[str, Any] = field(default_factory=dict)  # typed, filterable metadata
     splittable: bool = True
+    # A table: ``text`` is these header lines, then one line per row. Too long for a chunk,
+    # it is split between rows, each piece under the header again (``Chunker.split_table``).
+    table_header: str | None = None
+    page_size: tuple[float, float] | None = None  # width, height in PDF points
+    words: list[WordBox] = field(default_factory=list)  # in reading order, when known
+    ocr_confidence: float | None = None  # 0-1, the page's mean word confidence, when OCRed
 
 
 @dataclass
@@ -36,6 +58,9 @@ class LoadedFile:
     format: str
     title: str
     parts: list[Part]
+    # What was left out of a file that was still read (rows over the cap, hidden sheets, a
+    # page whose OCR timed out): one line each, shown in the ingest report.
+    partial: list[str] = field(default_factory=list)
 
 
 @dataclass

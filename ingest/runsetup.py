@@ -15,7 +15,7 @@ from ragchains.ingest.parts import LoadOptions
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 
 # Bump when chunk boundaries or metadata change for the same input, so re-runs re-chunk.
-CHUNKER_VERSION = 1
+CHUNKER_VERSION = 2  # 2: each chunk records its location
 
 
 @dataclass(frozen=True)
