@@ -20,19 +20,17 @@ from ragchains.ingest.parts import (
     Part,
     SkipFile,
     read_text,
+    slugify,
 )
 from ragchains.ingest.pdfs import load_pdf
+from ragchains.ingest.sheets import load_xlsx
+from ragchains.ingest.slides import load_pptx
 from ragchains.ingest.tables import load_csv, load_json
+from ragchains.ingest.wordfiles import load_docx
 
 _HEADERS = [("#", "h1"), ("##", "h2"), ("###", "h3"), ("####", "h4")]
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.DOTALL)
 _TITLE_LINE = re.compile(r"^title:\s*[\"']?(.+?)[\"']?\s*$", re.MULTILINE)
-
-
-def slugify(text: str) -> str:
-    """GitHub-style heading anchor: lowercase words joined by hyphens."""
-    slug = re.sub(r"[^\w\s-]", "", text.lower()).strip()
-    return re.sub(r"[\s_-]+", "-", slug)
 
 
 # ----------------------------------------------------------------------------- formats
@@ -113,6 +111,9 @@ LOADERS: dict[str, Callable[[Path, LoadOptions], LoadedFile]] = {
     ".json": load_json,
     ".jsonl": load_json,
     ".ndjson": load_json,
+    ".docx": load_docx,
+    ".pptx": load_pptx,
+    ".xlsx": load_xlsx,
     **dict.fromkeys(IMAGE_SUFFIXES, load_image),
 }
 

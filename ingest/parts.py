@@ -7,6 +7,7 @@ whatever its encoding. Shared by the text loaders (``ingest.loaders``) and the t
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -66,6 +67,30 @@ class LoadedFile:
 @dataclass
 class LoadOptions:
     text_columns: Sequence[str] | None = None  # table columns that form the text; None = all
+    include_notes: bool = False  # Word footnotes and comments (left out by default)
+
+
+def slugify(text: str) -> str:
+    """GitHub-style heading anchor: lowercase words joined by hyphens."""
+    slug = re.sub(r"[^\w\s-]", "", text.lower()).strip()
+    return re.sub(r"[\s_-]+", "-", slug)
+
+
+def _cell_text(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def markdown_table(rows: list[list[str]]) -> tuple[str, str] | None:
+    """(header lines, whole table) as a Markdown table; None for a table with no text."""
+    rows = [[_cell_text(cell) for cell in row] for row in rows]
+    rows = [row for row in rows if any(row)]
+    if not rows:
+        return None
+    width = max(len(row) for row in rows)
+    rows = [row + [""] * (width - len(row)) for row in rows]
+    header = "| " + " | ".join(rows[0]) + " |\n|" + "---|" * width
+    body = ["| " + " | ".join(row) + " |" for row in rows[1:]]
+    return header, "\n".join([header, *body])
 
 
 # ----------------------------------------------------------------------------- text input
