@@ -1,14 +1,131 @@
 """Image files (scans, photos of pages): read by OCR (``ingest.ocr``), one page each (a
-multi-page TIFF, one per frame)."""
+multi-page TIFF, one per frame).
+
+An image over ``ocr.MAX_PIXELS`` is refused from its header, before a pixel is decoded.
+"""
 
 from __future__ import annotations
 
+import struct
+from collections.abc import Iterator
 from pathlib import Path
 
-from ragchains.ingest.parts import LoadedFile, LoadOptions, SkipFile
+import numpy as np
+from PIL import Image, ImageOps, JpegImagePlugin, PngImagePlugin, TiffImagePlugin
+
+from ragchains.ingest import ocr
+from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+# Resolution assumed when an image does not record one, or records an impossible one (some
+# writers store 0 or 1): scanners default to 300 dpi.
+DEFAULT_DPI = 300.0
+
+# Chosen by the file's first bytes, not its name: a .png that is really a JPEG still reads.
+_FORMATS: tuple[tuple[tuple[bytes, ...], type[Image.Image]], ...] = (
+    ((b"\x89PNG\r\n\x1a\n",), PngImagePlugin.PngImageFile),
+    ((b"\xff\xd8\xff",), JpegImagePlugin.JpegImageFile),
+    ((b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"), TiffImagePlugin.TiffImageFile),
+)
 
 
 def load_image(path: Path, options: LoadOptions) -> LoadedFile:
-    raise SkipFile("images are not read yet")
+    ocr.require_tesseract()
+    image = _open(path)
+    undecoded: list[str] = []
+    parts: list[Part] = []
+    notes: list[str] = []
+    with image:
+        frames = _frames(image, undecoded)
+        for result in ocr.ocr_pages(frames):
+            if isinstance(result, Part):
+                parts.append(result)
+            else:
+                notes.append(result)
+    notes = undecoded + notes
+    if not parts:
+        raise SkipFile(ocr.unread_reason(notes) if notes else "no text found by OCR")
+    return LoadedFile(format="image", title=path.stem, parts=parts, partial=notes)
+
+
+def _open(path: Path) -> Image.Image:
+    """The image with its header read and nothing decoded. Pillow's ``Image.open`` would
+    refuse a large image with a DecompressionBombError that does not give its size; the
+    format's own class reads only the header, and the cap here names the size."""
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(16)
+    except OSError as exc:
+        raise SkipFile(f"unreadable: {exc.strerror or exc}") from exc
+    if not head:
+        raise SkipFile("empty file")
+    image_class = next((cls for magics, cls in _FORMATS if head.startswith(magics)), None)
+    if image_class is None:
+        raise SkipFile("not a PNG, JPEG or TIFF image (unrecognised header)")
+    try:
+        image = image_class(str(path))
+    except (SyntaxError, OSError, ValueError) as exc:
+        raise SkipFile(f"corrupt image: {_detail(exc)}") from exc
+    reason = ocr.over_pixel_cap(*image.size)
+    if reason:
+        image.close()
+        raise SkipFile(reason)
+    return image
+
+
+def _frames(image: Image.Image, undecoded: list[str]) -> Iterator[ocr.PageImage]:
+    """Each frame decoded in turn, as a grey page at its recorded resolution; a frame over
+    the cap or that cannot be decoded is noted in ``undecoded`` and left out."""
+    frames = getattr(image, "n_frames", 1)
+    for index in range(frames):
+        number = index + 1
+        try:
+            image.seek(index)
+            # A TIFF's frames each have their own size; only the first was checked on open.
+            reason = ocr.over_pixel_cap(*image.size)
+            if reason:
+                undecoded.append(f"page {number}: {reason}")
+                continue
+            dpi = _dpi(image)
+            grey = _grey(ImageOps.exif_transpose(image) if frames == 1 else image)
+        except (OSError, SyntaxError, ValueError, EOFError) as exc:
+            if frames == 1:
+                raise SkipFile(f"corrupt image: {_detail(exc)}") from exc
+            undecoded.append(f"page {number}: corrupt image data ({_detail(exc)})")
+            continue
+        yield ocr.PageImage(number, grey, (72.0 / dpi[0], 72.0 / dpi[1]), dpi=dpi[0])
+
+
+def _dpi(image: Image.Image) -> tuple[float, float]:
+    recorded = image.info.get("dpi")
+    try:
+        x, y = (float(v) for v in recorded)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        return DEFAULT_DPI, DEFAULT_DPI
+    if not (20 <= x <= 10_000 and 20 <= y <= 10_000):
+        return DEFAULT_DPI, DEFAULT_DPI
+    # PNG stores pixels per metre: 300 dpi comes back as 299.9994.
+    return round(x, 1), round(y, 1)
+
+
+def _grey(image: Image.Image) -> Image.Image:
+    """Grey pixels as tesseract reads them. Transparent parts become white paper (a PNG's
+    transparent background is black once its alpha is dropped), and 16-bit scans are scaled
+    (Pillow's conversion clips them: everything over 255 turns white)."""
+    if image.mode in ("1", "L"):
+        return image.copy()
+    if image.mode.startswith("I"):
+        values = np.asarray(image, dtype=np.int64)
+        return Image.fromarray((values >> 8).clip(0, 255).astype(np.uint8), "L")
+    if image.mode in ("RGBA", "LA", "PA") or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        paper = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(paper, rgba).convert("L")
+    return image.convert("L")
+
+
+def _detail(exc: BaseException) -> str:
+    cause = exc.__cause__ or exc  # Pillow wraps a short read of the header in SyntaxError
+    if isinstance(cause, (struct.error, EOFError)):
+        return "the file ends too early"
+    return (str(exc) or type(exc).__name__).splitlines()[0][:160]
