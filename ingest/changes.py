@@ -90,6 +90,7 @@ def read_files(
                 read.records[source] = replace(old, access=groups)
                 report.kept_previous.append(source)
             continue
+        report.partial.extend(Skipped(source, reason) for reason in loaded.partial)
         read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format, groups)
         if (
             old is not None

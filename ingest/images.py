@@ -37,7 +37,7 @@ def load_image(path: Path, options: LoadOptions) -> LoadedFile:
     notes: list[str] = []
     with image:
         frames = _frames(image, undecoded)
-        for result in ocr.ocr_pages(frames):
+        for result in ocr.ocr_pages(frames, timeout=options.ocr_page_timeout):
             if isinstance(result, Part):
                 parts.append(result)
             else:

@@ -22,6 +22,7 @@ from ragchains.ingest.discovery import Discovered, discover
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import resolve_field_types
+from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.runsetup import run_setup
 from ragchains.retrievers.access import AccessRule
@@ -50,7 +51,7 @@ def ingest(
     chunk_size: int,
     chunk_overlap: int,
     hnsw_min_chunks: int,
-    text_columns: Sequence[str] | None = None,
+    load_options: LoadOptions | None = None,
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
@@ -73,7 +74,7 @@ def ingest(
                 chunk_size=chunk_size,
                 chunk_overlap=chunk_overlap,
                 hnsw_min_chunks=hnsw_min_chunks,
-                text_columns=text_columns,
+                load_options=load_options,
                 rebuild=rebuild,
                 progress=progress,
                 access=access,
@@ -110,14 +111,14 @@ def _ingest_locked(
     chunk_size: int,
     chunk_overlap: int,
     hnsw_min_chunks: int,
-    text_columns: Sequence[str] | None,
+    load_options: LoadOptions | None,
     rebuild: bool,
     progress: bool,
     access: Sequence[AccessRule] | None,
 ) -> IngestReport:
     report = IngestReport(index=index_dir)
     report.skipped.extend(found.skipped)
-    setup = run_setup(embedder, chunk_size, chunk_overlap, text_columns, progress)
+    setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress)
     chunker, options, chunking = setup.chunker, setup.options, setup.chunking
 
     previous = _open_previous(index_dir, embedder, rebuild)

@@ -21,9 +21,6 @@ from ragchains.ingest.parts import Part, SkipFile, WordBox
 
 TESSERACT = "tesseract"
 LANGUAGE = "eng"
-# Seconds tesseract may spend on one page: a dense A4 page at 300 dpi takes 2-5 s on one
-# core, so a page over a minute is one tesseract is stuck on (line art, a photo of noise).
-OCR_TIMEOUT = 60.0
 # Scans are rendered and read at 300 dpi, the resolution tesseract's models are tuned for.
 OCR_DPI = 300
 # Pages larger than this are refused before they are decoded or rendered: 60 megapixels is an
@@ -67,16 +64,17 @@ def require_tesseract() -> str:
 
 
 def ocr_pages(
-    pages: Iterable[PageImage], *, timeout: float | None = None, workers: int | None = None
+    pages: Iterable[PageImage], *, timeout: float, workers: int | None = None
 ) -> Iterator[Part | str]:
     """Each page's ``Part``, or a one-line note of why the page could not be read ("page 3:
     OCR timed out after 60 s"), in page order; a page with no text gives neither.
+    ``timeout``: seconds one page may take (``LoadOptions.ocr_page_timeout``); a dense A4 page
+    at 300 dpi takes 2-5 s on one core, so a page over a minute is one tesseract is stuck on.
 
     Pages are read by one tesseract process per core at a time; ``pages`` is drawn from
     lazily, at most one page ahead of the workers, so a long scan is never held in memory
     whole (a rendered A4 page is 9 MB)."""
     executable = require_tesseract()
-    timeout = OCR_TIMEOUT if timeout is None else timeout
     workers = workers or os.cpu_count() or 1
     with ThreadPoolExecutor(workers, thread_name_prefix="ocr") as pool:
         pending: deque[tuple[PageImage, Future[Part | None]]] = deque()

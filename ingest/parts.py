@@ -68,6 +68,8 @@ class LoadedFile:
 class LoadOptions:
     text_columns: Sequence[str] | None = None  # table columns that form the text; None = all
     include_notes: bool = False  # Word footnotes and comments (left out by default)
+    max_sheet_rows: int = 100_000  # rows read per workbook; the rest is reported, not read
+    ocr_page_timeout: float = 60.0  # seconds of OCR per page before it is left out
 
 
 def slugify(text: str) -> str:

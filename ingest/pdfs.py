@@ -62,7 +62,9 @@ def load_pdf(path: Path, options: LoadOptions) -> LoadedFile:
                     raise SkipFile(ocr.MISSING)
                 notes.append(f"{_pages(scans)} not OCRed: {ocr.MISSING}")
             else:
-                for result in ocr.ocr_pages(_renders(pdf, scans, notes)):
+                for result in ocr.ocr_pages(
+                    _renders(pdf, scans, notes), timeout=options.ocr_page_timeout
+                ):
                     if isinstance(result, Part):
                         parts.append(result)
                     else:

@@ -22,6 +22,7 @@ class IngestReport:
     unchanged: list[str] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     kept_previous: list[str] = field(default_factory=list)  # skipped now, old version kept
+    partial: list[Skipped] = field(default_factory=list)  # read, but something left out
     relabelled: list[str] = field(default_factory=list)  # unchanged, but new access groups
     chunks_total: int = 0
     chunks_embedded: int = 0
@@ -50,5 +51,6 @@ class IngestReport:
             "embedded": self.chunks_embedded,
             "wrote": self.wrote,
             "skipped_files": [{"source": s.source, "reason": s.reason} for s in self.skipped],
+            "partly_read": [{"source": s.source, "reason": s.reason} for s in self.partial],
             "notes": self.notes,
         }

@@ -4,7 +4,6 @@ an index or store keeps (a change of that record re-chunks every file)."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +30,7 @@ def run_setup(
     embedder: SentenceTransformerEmbedder,
     chunk_size: int,
     chunk_overlap: int,
-    text_columns: Sequence[str] | None,
+    load_options: LoadOptions | None,
     progress: bool,
 ) -> RunSetup:
     """The run's chunker and load options, with the embedder loaded now (so the progress
@@ -39,13 +38,15 @@ def run_setup(
     if progress:
         tqdm.write(f"Loading embedding model {embedder.name}…", file=sys.stderr)
     embedder.count_tokens("")
-    options = LoadOptions(text_columns=list(text_columns) if text_columns else None)
+    options = load_options or LoadOptions()
     chunking = {
         "chunker_version": CHUNKER_VERSION,
         "chunk_size": chunk_size,
         "chunk_overlap": chunk_overlap,
         "tokenizer": embedder.name,
-        "text_columns": options.text_columns,
+        "text_columns": list(options.text_columns) if options.text_columns else None,
+        "include_notes": options.include_notes,
+        "max_sheet_rows": options.max_sheet_rows,
     }
     chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
     return RunSetup(chunker, options, chunking)

@@ -6,7 +6,7 @@ Formulas give the value Excel saved with the file (openpyxl's ``data_only``); no
 recalculated, no macro runs and no external link is followed. Cells merged over several
 columns in a header row head the columns under them ("Price EU", "Price US"); cells merged
 down a column repeat in each row, so every row reads whole. Hidden and empty sheets are
-left out and reported, and so are rows past ``MAX_ROWS``.
+left out and reported, and so are rows past ``LoadOptions.max_sheet_rows``.
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ from ragchains.ingest.officezip import library_failure, open_office
 from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile
 from ragchains.ingest.tables import rows_to_parts
 
-# Rows read per workbook; the rest of a longer one is reported, not read.
-MAX_ROWS = 100_000
 # Worksheets whose XML unzips to more than this are streamed (openpyxl's read-only mode),
 # which does not know merged cells: a workbook that large is data, not a formatted report.
 FULL_LOAD_BYTES = 32 * 1024 * 1024
@@ -50,14 +48,14 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _merged_values(sheet: Any) -> dict[tuple[int, int], Any]:
+def _merged_values(sheet: Any, max_rows: int) -> dict[tuple[int, int], Any]:
     """Each merged cell's value, that of the range's top-left cell (openpyxl leaves the
     others empty). Bounded: a range over a whole sheet fills only the rows that are read."""
     filled: dict[tuple[int, int], Any] = {}
     for merged in getattr(sheet, "merged_cells", None) or ():
         rng = merged.bounds  # min_col, min_row, max_col, max_row
         value = sheet.cell(row=rng[1], column=rng[0]).value
-        for row in range(rng[1], min(rng[3], rng[1] + MAX_ROWS) + 1):
+        for row in range(rng[1], min(rng[3], rng[1] + max_rows) + 1):
             for column in range(rng[0], rng[2] + 1):
                 filled[(row, column)] = value
     return filled
@@ -104,7 +102,7 @@ def _sheet_parts(
     sheet: Any, options: LoadOptions, budget: int, partial: list[str]
 ) -> tuple[list[Part], int]:
     """The sheet's rows as parts, at most ``budget`` of them; also how many rows were read."""
-    merged = _merged_values(sheet)
+    merged = _merged_values(sheet, options.max_sheet_rows)
     rows = _rows(sheet, merged)
     header_rows: list[list[Any]] = []
     header_end = 0
@@ -128,7 +126,7 @@ def _sheet_parts(
             total = sheet.max_row or number
             partial.append(
                 f"sheet {sheet.title!r}: kept rows {header_end + 1:,}-{last_read:,} of "
-                f"{total:,} (the cap is {MAX_ROWS:,} rows per workbook)"
+                f"{total:,} (the cap is {options.max_sheet_rows:,} rows per workbook)"
             )
             break
         last_read = number
@@ -194,7 +192,9 @@ def load_xlsx(path: Path, options: LoadOptions) -> LoadedFile:
             if sheet.sheet_state != "visible":
                 partial.append(f"sheet {sheet.title!r} is hidden: left out")
                 continue
-            sheet_parts, _ = _sheet_parts(sheet, options, MAX_ROWS - len(parts), partial)
+            sheet_parts, _ = _sheet_parts(
+                sheet, options, options.max_sheet_rows - len(parts), partial
+            )
             parts.extend(sheet_parts)
         if not streamed:
             shown = [sheet.title for sheet in book.worksheets if sheet.sheet_state == "visible"]

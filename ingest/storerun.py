@@ -20,6 +20,7 @@ from ragchains.ingest.discovery import discover
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import NOT_FILTERABLE
+from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.runsetup import run_setup
 from ragchains.retrievers.access import AccessRule
@@ -37,7 +38,7 @@ def ingest_to_store(
     embedder: SentenceTransformerEmbedder,
     chunk_size: int,
     chunk_overlap: int,
-    text_columns: Sequence[str] | None = None,
+    load_options: LoadOptions | None = None,
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
@@ -61,7 +62,7 @@ def ingest_to_store(
                     )
                 except StoreError as exc:
                     raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
-            setup = run_setup(embedder, chunk_size, chunk_overlap, text_columns, progress)
+            setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress)
             chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking

@@ -18,6 +18,7 @@ from ragchains.chains.graph import Chains, create_chains
 from ragchains.chains.llm import LLM
 from ragchains.chains.requery import RequeryPolicy
 from ragchains.ingest.indexrun import ingest
+from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.storerun import ingest_to_store
 from ragchains.prompts.registry import PromptRegistry, default_registry
@@ -259,12 +260,21 @@ def run_ingest(
     *,
     embedder: SentenceTransformerEmbedder | None = None,
     text_columns: Sequence[str] | None = None,
+    include_notes: bool = False,
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
 ) -> IngestReport:
     """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL); ``access``: who
-    may read which files (see ``retrievers.access``; None: the last run's rules)."""
+    may read which files (see ``retrievers.access``; None: the last run's rules).
+    ``text_columns``: the table columns that form a row's text (default: all);
+    ``include_notes``: read Word footnotes and comments too."""
+    load_options = LoadOptions(
+        text_columns=list(text_columns) if text_columns else None,
+        include_notes=include_notes,
+        max_sheet_rows=settings.max_sheet_rows,
+        ocr_page_timeout=settings.ocr_page_timeout,
+    )
     if is_store_url(str(index_dir)):
         store = PostgresStore(str(index_dir))
         try:
@@ -274,7 +284,7 @@ def run_ingest(
                 embedder=embedder or build_embedder(settings),
                 chunk_size=settings.chunk_size,
                 chunk_overlap=settings.chunk_overlap,
-                text_columns=text_columns,
+                load_options=load_options,
                 rebuild=rebuild,
                 progress=progress,
                 access=access,
@@ -288,7 +298,7 @@ def run_ingest(
         chunk_size=settings.chunk_size,
         chunk_overlap=settings.chunk_overlap,
         hnsw_min_chunks=settings.hnsw_min_chunks,
-        text_columns=text_columns,
+        load_options=load_options,
         rebuild=rebuild,
         progress=progress,
         access=access,

@@ -36,6 +36,14 @@ class Settings(BaseSettings):
     chunk_size: int = Field(200, ge=16, le=4096)
     chunk_overlap: int = Field(40, ge=0)
 
+    # Reading files.
+    max_sheet_rows: int = Field(
+        100_000, ge=1, description="rows read per Excel workbook; the rest is reported, not read"
+    )
+    ocr_page_timeout: float = Field(
+        60.0, gt=0, le=3600, description="seconds of OCR per scanned page before it is left out"
+    )
+
     # Retrieval.
     k: int = Field(10, ge=1, le=1000, description="chunks returned by hybrid retrieval")
     candidates_per_retriever: int = Field(

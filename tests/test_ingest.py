@@ -34,7 +34,7 @@ def _write_bad_files(folder: Path) -> None:
     (folder / "blank.txt").write_text("   \n\n  ")
     (folder / "latin1.txt").write_bytes("Caf\xe9 cr\xe8me br\xfbl\xe9e".encode("latin-1"))
     (folder / "gone.txt").symlink_to(folder / "does-not-exist.txt")
-    (folder / "picture.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (folder / "drawing.svg").write_text("<svg/>")
 
 
 def test_bad_files_are_skipped_with_reasons(tmp_path: Path, ingest_into: Ingest) -> None:
@@ -49,7 +49,7 @@ def test_bad_files_are_skipped_with_reasons(tmp_path: Path, ingest_into: Ingest)
     assert reasons["in/blank.txt"] == "empty file"
     assert reasons["in/latin1.txt"].startswith("not valid UTF-8 text")
     assert reasons["in/gone.txt"].startswith("unreadable")
-    assert reasons["in/picture.png"] == "unsupported file type '.png'"
+    assert reasons["in/drawing.svg"] == "unsupported file type '.svg'"
     assert report.counts()["skipped"] == 8
     index = load_index(tmp_path / "idx")
     assert len(index) == 1

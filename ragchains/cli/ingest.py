@@ -20,6 +20,12 @@ from ragchains.retrievers.storeurl import shown
     help="Table columns that form each row's text (default: all). Other columns stay "
     "filterable metadata.",
 )
+@click.option(
+    "--word-notes",
+    is_flag=True,
+    help="Also read the footnotes and comments of Word files (left out by default: review "
+    "remarks are rarely meant as answers).",
+)
 @click.option("--rebuild", is_flag=True, help="Ignore the existing index and build it anew.")
 @click.option(
     "--access",
@@ -42,6 +48,7 @@ def ingest_command(
     paths: tuple[Path, ...],
     index: Path | str,
     text_columns: str | None,
+    word_notes: bool,
     rebuild: bool,
     access_rules: tuple[str, ...],
     access_clear: bool,
@@ -49,10 +56,13 @@ def ingest_command(
     quiet: bool,
 ) -> None:
     """Build or update an index folder (or a PostgreSQL store, --store URL) from PATHS (PDF,
-    HTML, Markdown, text, CSV/TSV, JSON/JSONL).
+    scanned PDF and images by OCR, Word, PowerPoint, Excel, HTML, Markdown, text, CSV/TSV,
+    JSON/JSONL).
 
     Re-runs embed only what changed and drop the chunks of files that are gone; unreadable
-    files are skipped with a reason. Exits 1 when nothing at all could be ingested.
+    files are skipped with a reason (a version read before stays indexed), and what was left
+    out of a file still read (rows over the cap, hidden sheets, a page whose OCR timed out) is
+    reported. Exits 1 when nothing at all could be ingested.
     """
     from ragchains.factory import run_ingest
     from ragchains.ingest.errors import IngestError, NothingIngestedError
@@ -72,6 +82,7 @@ def ingest_command(
             paths,
             index,
             text_columns=columns,
+            include_notes=word_notes,
             rebuild=rebuild,
             progress=not quiet and not as_json,
             access=rules if rules or access_clear else None,
@@ -86,6 +97,8 @@ def ingest_command(
     for skipped in report.skipped:
         kept = " (previous version kept)" if skipped.source in report.kept_previous else ""
         click.echo(f"skipped {skipped.source}: {skipped.reason}{kept}", err=True)
+    for partial in report.partial:
+        click.echo(f"partly read {partial.source}: {partial.reason}", err=True)
     for note in report.notes:
         click.echo(f"note: {note}", err=True)
     counts = ", ".join(f"{v} {k}" for k, v in report.counts().items())
