@@ -137,11 +137,11 @@ def load_docx(path: Path, options: LoadOptions) -> LoadedFile:
             continue
         style = (block.style.name or "") if block.style is not None else ""
         lines.append(f"- {text}" if style.lower().startswith("list") else text)
+    flush()
     if options.include_notes:
         notes = _notes(document)
         if notes:
-            lines.append(notes)
-    flush()
+            parts.append(Part(text=notes, section="Notes", anchor="notes", fields=fields))
     if not parts:
         raise SkipFile("Word document has no text")
     return LoadedFile(format="docx", title=title or first_heading or path.stem, parts=parts)
