@@ -98,10 +98,8 @@ def _rows(sheet: Any, merged: dict[tuple[int, int], Any]) -> Iterator[tuple[int,
         yield number, values
 
 
-def _sheet_parts(
-    sheet: Any, options: LoadOptions, budget: int, partial: list[str]
-) -> tuple[list[Part], int]:
-    """The sheet's rows as parts, at most ``budget`` of them; also how many rows were read."""
+def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[str]) -> list[Part]:
+    """The sheet's rows as parts, at most ``budget`` of them."""
     merged = _merged_values(sheet, options.max_sheet_rows)
     rows = _rows(sheet, merged)
     header_rows: list[list[Any]] = []
@@ -115,7 +113,7 @@ def _sheet_parts(
             break
     if not header_rows:
         partial.append(f"sheet {sheet.title!r} is empty")
-        return [], 0
+        return []
     columns = _column_names(header_rows)
     records: list[dict[str, Any]] = []
     display: list[dict[str, str]] = []
@@ -139,12 +137,12 @@ def _sheet_parts(
         numbers.append(number)
     if not records:
         partial.append(f"sheet {sheet.title!r} has a header but no rows")
-        return [], 0
+        return []
     try:
         parts = rows_to_parts(records, options, display=display)
     except SkipFile as exc:
         partial.append(f"sheet {sheet.title!r}: {exc}")
-        return [], len(records)
+        return []
     anchor_sheet = quote(sheet.title, safe="")
     for part in parts:
         assert part.row is not None  # rows_to_parts numbers its records from 1
@@ -152,7 +150,7 @@ def _sheet_parts(
         part.sheet = sheet.title
         part.anchor = f"sheet={anchor_sheet}&row={part.row}"
         part.section = sheet.title
-    return parts, len(records)
+    return parts
 
 
 def _unsaved_formulas(data: io.BytesIO, values: Any, sheet_names: Sequence[str]) -> dict[str, int]:
@@ -192,10 +190,14 @@ def load_xlsx(path: Path, options: LoadOptions) -> LoadedFile:
             if sheet.sheet_state != "visible":
                 partial.append(f"sheet {sheet.title!r} is hidden: left out")
                 continue
-            sheet_parts, _ = _sheet_parts(
-                sheet, options, options.max_sheet_rows - len(parts), partial
-            )
-            parts.extend(sheet_parts)
+            budget = options.max_sheet_rows - len(parts)
+            if budget <= 0:
+                partial.append(
+                    f"sheet {sheet.title!r} left out: the cap of {options.max_sheet_rows:,} "
+                    "rows per workbook was reached"
+                )
+                continue
+            parts.extend(_sheet_parts(sheet, options, budget, partial))
         if not streamed:
             shown = [sheet.title for sheet in book.worksheets if sheet.sheet_state == "visible"]
             for name, count in _unsaved_formulas(data, book, shown).items():
