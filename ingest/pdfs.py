@@ -214,21 +214,28 @@ def _renders(
     over the pixel cap is noted and left out."""
     for index in indexes:
         number = index + 1
-        page = pdf[index]
+        try:
+            page = pdf[index]
+        except pdfium.PdfiumError as exc:
+            notes.append(f"page {number}: could not be read ({exc})")
+            continue
         try:
             width, height = page.get_width(), page.get_height()
-            pixels = (math.ceil(width * _RENDER_SCALE), math.ceil(height * _RENDER_SCALE))
-            reason = ocr.over_pixel_cap(*pixels)
-            if reason:
+            pixels = (math.ceil(width * ocr.OCR_DPI / 72), math.ceil(height * ocr.OCR_DPI / 72))
+            if ocr.over_pixel_cap(*pixels):
                 notes.append(
-                    f"page {number}: a {width:.0f}×{height:.0f}-point page renders at "
-                    f"{ocr.OCR_DPI} dpi to an {reason}"
+                    f"page {number}: a {width:.0f}×{height:.0f}-point page is "
+                    f"{pixels[0]}×{pixels[1]} pixels at {ocr.OCR_DPI} dpi, over the "
+                    f"{ocr.MAX_PIXELS // 1_000_000}-megapixel cap"
                 )
                 continue
             bitmap = page.render(scale=_RENDER_SCALE, grayscale=True)
             # A copy Pillow owns: the bitmap's memory is pdfium's, freed here, in this thread.
             image = bitmap.to_pil().copy()
             bitmap.close()
+        except pdfium.PdfiumError as exc:
+            notes.append(f"page {number}: could not be rendered ({exc})")
+            continue
         finally:
             page.close()
         yield ocr.PageImage(number, image, (1 / _RENDER_SCALE, 1 / _RENDER_SCALE))
