@@ -14,11 +14,13 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FM
 # The browser tests drive Debian's Chromium (Playwright's own browser download does not work
 # on these machines); installed with apt, through sudo when not root.
 CHROMIUM := /usr/bin/chromium
+# Scanned PDFs and images are read by Debian's tesseract (English data), installed the same way.
+TESSERACT := /usr/bin/tesseract
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: setup quickstart test lint format bench clean
 
-setup: $(STAMP)
+setup: $(TESSERACT) $(STAMP)
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "ragchains needs Python 3.11 (set PYTHON=python3.11)")'
@@ -34,6 +36,11 @@ $(STAMP): pyproject.toml setup.py
 quickstart: setup
 	$(BIN)/ragchains ingest samples --index $(INDEX)
 	$(BIN)/ragchains serve --index $(INDEX)
+
+$(TESSERACT):
+	@echo "installing Debian's tesseract for OCR of scanned PDFs and images"
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq tesseract-ocr tesseract-ocr-eng
 
 $(CHROMIUM):
 	@echo "installing Debian's chromium for the browser tests"
@@ -66,6 +73,7 @@ bench: setup
 	$(BIN)/python -m bench.hostile_filters
 	$(BIN)/python -m bench.soak
 	$(BIN)/python -m bench.access_scoring
+	$(BIN)/python -m bench.ocr_quality
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache build
