@@ -11,7 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps, JpegImagePlugin, PngImagePlugin, TiffImagePlugin
+from PIL import (
+    Image,
+    ImageFile,
+    ImageOps,
+    JpegImagePlugin,
+    PngImagePlugin,
+    TiffImagePlugin,
+)
 
 from ragchains.ingest import ocr
 from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile
@@ -22,7 +29,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 DEFAULT_DPI = 300.0
 
 # Chosen by the file's first bytes, not its name: a .png that is really a JPEG still reads.
-_FORMATS: tuple[tuple[tuple[bytes, ...], type[Image.Image]], ...] = (
+_FORMATS: tuple[tuple[tuple[bytes, ...], type[ImageFile.ImageFile]], ...] = (
     ((b"\x89PNG\r\n\x1a\n",), PngImagePlugin.PngImageFile),
     ((b"\xff\xd8\xff",), JpegImagePlugin.JpegImageFile),
     ((b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"), TiffImagePlugin.TiffImageFile),

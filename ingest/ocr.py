@@ -289,7 +289,7 @@ def page_part(page: PageImage, tsv: str, angle: float = 0.0) -> Part | None:
             text.append(gap)
             length += len(gap)
         last_line = (block, paragraph, line)
-        x0, y0, x1, y1 = left, top, left + width, top + height
+        x0, y0, x1, y1 = float(left), float(top), float(left + width), float(top + height)
         if back is not None:  # the box around the word's corners on the page as scanned
             corners = [back(x, y) for x in (x0, x1) for y in (y0, y1)]
             x0, x1 = min(x for x, _ in corners), max(x for x, _ in corners)
