@@ -48,7 +48,7 @@ def index(samples_copy: Path) -> Path:
     index = samples_copy.parent / "index"
     result = run("ingest", samples_copy, "--index", index)
     assert result.returncode == 0, result.stderr
-    assert "9 added, 0 updated, 0 removed, 0 unchanged, 0 skipped" in result.stdout
+    assert "13 added, 0 updated, 0 removed, 0 unchanged, 0 skipped" in result.stdout
     return index
 
 
@@ -76,7 +76,7 @@ def test_second_ingest_reports_no_changes(index: Path, samples_copy: Path) -> No
         0,
         0,
         0,
-        9,
+        13,
     )
     assert report["embedded"] == 0 and report["wrote"] is False
 
@@ -89,7 +89,7 @@ def test_editing_one_file_reembeds_only_that_file(index: Path, samples_copy: Pat
         0,
         1,
         0,
-        8,
+        12,
     )
     # Unchanged sections of the edited file keep their vectors too: only the new one embeds.
     assert report["embedded"] == 1
