@@ -129,7 +129,7 @@ def read_all(
     pages: Sequence[ocr.PageImage], texts: Sequence[str], reader: Callable[..., Part | None]
 ) -> tuple[list[float], list[float]]:
     """Each page's CER and confidence, the pages read one per core."""
-    with ThreadPoolExecutor(os.cpu_count()) as pool:
+    with ThreadPoolExecutor(ocr.usable_cores()) as pool:
         parts = list(pool.map(reader, pages))
     errors = [cer(text, part.text if part else "") for part, text in zip(parts, texts, strict=True)]
     confidences = [(part.ocr_confidence or 0.0) if part else 0.0 for part in parts]
@@ -206,7 +206,7 @@ def main() -> None:
     alone_cer, alone_conf = read_all(noisy, texts, tesseract_alone)
     very_cer, very_conf = read_all(very_noisy, texts, ours)
 
-    cores = os.cpu_count() or 1
+    cores = ocr.usable_cores()
     one, one_cpu = pages_per_second(clean, 1)
     every, every_cpu = pages_per_second(clean, cores)
     load = os.getloadavg()[0]

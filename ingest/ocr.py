@@ -71,14 +71,15 @@ def ocr_pages(
 ) -> Iterator[Part | str]:
     """Each page's ``Part``, or a one-line note of why the page could not be read ("page 3:
     OCR timed out after 60 s"), in page order; a page with no text gives neither.
-    ``timeout``: seconds one page may take (``LoadOptions.ocr_page_timeout``); a dense A4 page
-    at 300 dpi takes 2-5 s on one core, so a page over a minute is one tesseract is stuck on.
+    ``timeout``: seconds one page may take (``LoadOptions.ocr_page_timeout``); a full A4 page
+    at 300 dpi takes about 1.5 s of one core (bench/ocr_quality.py), so a page over a minute
+    is one tesseract is stuck on (very grainy scans can be).
 
     Pages are read by one tesseract process per core at a time; ``pages`` is drawn from
     lazily, at most one page ahead of the workers, so a long scan is never held in memory
     whole (a rendered A4 page is 9 MB)."""
     executable = require_tesseract()
-    workers = workers or os.cpu_count() or 1
+    workers = workers or usable_cores()
     with ThreadPoolExecutor(workers, thread_name_prefix="ocr") as pool:
         pending: deque[tuple[PageImage, Future[Part | None]]] = deque()
         for page in pages:
@@ -87,6 +88,15 @@ def ocr_pages(
                 yield from _finished(*pending.popleft(), timeout)
         while pending:
             yield from _finished(*pending.popleft(), timeout)
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, which a container or taskset can
+    narrow), not all the machine has."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 def _finished(page: PageImage, future: Future[Part | None], timeout: float) -> Iterator[Part | str]:
