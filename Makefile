@@ -74,6 +74,7 @@ bench: setup
 	$(BIN)/python -m bench.soak
 	$(BIN)/python -m bench.access_scoring
 	$(BIN)/python -m bench.ocr_quality
+	$(BIN)/python -m bench.office_formats
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache build
