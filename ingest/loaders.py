@@ -14,6 +14,7 @@ from pathlib import Path
 from langchain_text_splitters import MarkdownHeaderTextSplitter
 
 from ragchains.ingest.images import IMAGE_SUFFIXES, load_image
+from ragchains.ingest.officezip import refuse_legacy
 from ragchains.ingest.parts import (
     LoadedFile,
     LoadOptions,
@@ -114,6 +115,9 @@ LOADERS: dict[str, Callable[[Path, LoadOptions], LoadedFile]] = {
     ".docx": load_docx,
     ".pptx": load_pptx,
     ".xlsx": load_xlsx,
+    ".doc": refuse_legacy("Word", ".docx"),
+    ".ppt": refuse_legacy("PowerPoint", ".pptx"),
+    ".xls": refuse_legacy("Excel", ".xlsx"),
     **dict.fromkeys(IMAGE_SUFFIXES, load_image),
 }
 

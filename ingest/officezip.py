@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
-from ragchains.ingest.parts import SkipFile, read_bytes
+from ragchains.ingest.parts import LoadedFile, LoadOptions, SkipFile, read_bytes
 
 # A large deck of photographs unzips to a few hundred MB; parts are counted in hundreds.
 MAX_UNZIPPED_BYTES = 512 * 1024 * 1024
@@ -31,7 +32,7 @@ def _ole_reason(data: bytes, kind: str) -> str:
     try:
         with olefile.OleFileIO(io.BytesIO(data)) as ole:
             encrypted = ole.exists("EncryptionInfo") or ole.exists("EncryptedPackage")
-    except OSError:
+    except Exception:  # olefile raises many kinds on a damaged compound file
         encrypted = False
     if encrypted:
         return f"password-protected {kind} file (encrypted); save a copy without a password"
@@ -66,6 +67,22 @@ def open_office(path: Path, kind: str, folder: str) -> io.BytesIO:
         hint = f" (it holds a {other} document)" if other else ""
         raise SkipFile(f"not a {kind} document{hint}")
     return io.BytesIO(data)
+
+
+def refuse_legacy(kind: str, modern: str) -> Callable[[Path, LoadOptions], LoadedFile]:
+    """A loader for a legacy binary format (.doc, .ppt, .xls): the reason it is not read,
+    naming the format to save it as (or that it is password-protected)."""
+
+    def refuse(path: Path, options: LoadOptions) -> LoadedFile:
+        data = read_bytes(path)
+        if data.startswith(_OLE_MAGIC):
+            reason = _ole_reason(data, kind)
+            if reason.startswith("legacy"):
+                reason = f"legacy binary {kind} file; save it as {modern} to have it read"
+            raise SkipFile(reason)
+        raise SkipFile(f"not a {kind} file (save it as {modern} to have it read)")
+
+    return refuse
 
 
 def library_failure(kind: str, exc: Exception) -> SkipFile:

@@ -98,6 +98,7 @@ def load_docx(path: Path, options: LoadOptions) -> LoadedFile:
     fields = {"author": author} if author else {}
     parts: list[Part] = []
     headings: list[tuple[int, str]] = []
+    unwritten = 0  # how many of the last headings no part has shown yet
     lines: list[str] = []
     first_heading: str | None = None
 
@@ -106,10 +107,17 @@ def load_docx(path: Path, options: LoadOptions) -> LoadedFile:
         return (" > ".join(names) or None), (slugify(names[-1]) if names else "")
 
     def flush() -> None:
-        if any(line.strip() for line in lines):
-            where, anchor = section()
-            parts.append(Part(text="\n".join(lines), section=where, anchor=anchor, fields=fields))
+        # A heading straight above another heads the text under the deeper one, not a part
+        # of its own: the part opens with every heading no part has shown yet.
+        nonlocal unwritten
+        if not lines:
+            return
+        shown = [f"{'#' * max(level, 1)} {name}" for level, name in headings[-unwritten:]]
+        where, anchor = section()
+        text = "\n".join((shown if unwritten else []) + lines)
+        parts.append(Part(text=text, section=where, anchor=anchor, fields=fields))
         lines.clear()
+        unwritten = 0
 
     for block in blocks:
         if isinstance(block, Table):
@@ -132,8 +140,9 @@ def load_docx(path: Path, options: LoadOptions) -> LoadedFile:
             first_heading = first_heading or text
             while headings and headings[-1][0] >= level:
                 headings.pop()
+                unwritten = max(unwritten - 1, 0)
             headings.append((level, text))
-            lines.append("#" * max(level, 1) + " " + text)
+            unwritten += 1
             continue
         style = (block.style.name or "") if block.style is not None else ""
         lines.append(f"- {text}" if style.lower().startswith("list") else text)

@@ -138,6 +138,7 @@ def test_glob_and_in_filters(index: Path) -> None:
     assert {r["citation"].split("#")[0] for r in data["results"]} <= {
         "travel-policy.pdf",
         "security-policy.pdf",
+        "office-safety-notice.pdf",
     }
     data = json.loads(
         run(

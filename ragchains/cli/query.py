@@ -48,7 +48,7 @@ def retrieve_command(
     rerank: bool,
     as_json: bool,
 ) -> None:
-    """Hybrid (BM25 + dense, fused by RRF) search of an index for QUERY.
+    """Hybrid search of an index for QUERY: BM25 and dense, fused as the index says.
 
     Prints the ranked chunks with their citation labels and scores.
     """
