@@ -201,16 +201,17 @@ def main() -> None:
         for i, p in enumerate(clean)
     ]
 
+    # Speeds first: the machine is likelier to be as quiet as it was at the start.
+    cores = ocr.usable_cores()
+    load = os.getloadavg()[0]
+    one, one_cpu = pages_per_second(clean, 1)
+    every, every_cpu = pages_per_second(clean, cores)
+    pdf = scanned_pdf_pages_per_second(clean)
+
     clean_cer, clean_conf = read_all(clean, texts, ours)
     noisy_cer, noisy_conf = read_all(noisy, texts, ours)
     alone_cer, alone_conf = read_all(noisy, texts, tesseract_alone)
     very_cer, very_conf = read_all(very_noisy, texts, ours)
-
-    cores = ocr.usable_cores()
-    one, one_cpu = pages_per_second(clean, 1)
-    every, every_cpu = pages_per_second(clean, cores)
-    load = os.getloadavg()[0]
-    pdf = scanned_pdf_pages_per_second(clean)
 
     tesseract = subprocess.run(
         [ocr.require_tesseract(), "--version"], capture_output=True, text=True, check=True
@@ -244,9 +245,8 @@ def main() -> None:
             f"| OCR, {cores} workers (one per core) | {every:.2f} ({every / one:.2f} ×) | {every_cpu:.2f} |",
             f"| scanned PDF through `load_file` (render, clean-up, OCR; {cores} workers) | {pdf:.2f} | |",
             "",
-            f"Load average when the speeds were measured: {load:.1f} on {cores} cores (pages/s "
-            "count wall time, so they fall when other work shares the cores; CPU per page does "
-            "not).",
+            f"Load average before the run: {load:.1f} on {cores} cores. Pages/s count wall time, "
+            "so they fall when other work shares the cores; CPU per page does not.",
         ]
     )
     write_section("ocr_quality", body)
