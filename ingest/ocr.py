@@ -325,4 +325,5 @@ def unread_reason(notes: list[str]) -> str:
     """The reason a file none of whose pages could be read is skipped, in one line."""
     if len(notes) == 1:
         return notes[0]
-    return f"{notes[0]} (and {len(notes) - 1} more pages)"
+    more = len(notes) - 1
+    return f"{notes[0]} (and {more} more page{'s' if more > 1 else ''})"
