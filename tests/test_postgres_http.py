@@ -39,7 +39,7 @@ def test_the_server_answers_from_the_store(sample_store: str, serve_samples: Ser
         ready = httpx.get(f"{base}/readyz", timeout=30)
         assert ready.status_code == 200 and "s3cret" not in ready.text
         index = ready.json()["index"]
-        assert index["kind"] == "postgresql" and index["chunks"] == 83
+        assert index["kind"] == "postgresql" and index["chunks"] == 81
         assert index["server_version"].startswith("18") and version(index["pgvector_version"]) >= (
             0,
             8,

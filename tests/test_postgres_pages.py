@@ -34,7 +34,7 @@ def test_the_chat_page_answers_from_the_store(store_server: str, browser: Any) -
         ready = httpx.get(f"{store_server}/readyz", timeout=30).json()["index"]
         assert ready["kind"] == "postgresql"
         chat.settings()
-        assert fact(chat.page.locator("#server"), "Chunks") == str(ready["chunks"]) == "83"
+        assert fact(chat.page.locator("#server"), "Chunks") == str(ready["chunks"]) == "81"
         chat.close_settings()
         turn = chat.ask("What does the standard health plan cost?")
         answer = chat.wait_done(turn)
