@@ -43,10 +43,8 @@ def load_pdf(path: Path, options: LoadOptions) -> LoadedFile:
         scans: list[int] = []  # pages with no text layer, to OCR
         for index in range(len(pdf)):
             number = index + 1
-            try:
-                page = pdf[index]
-            except pdfium.PdfiumError as exc:
-                notes.append(f"page {number}: could not be read ({exc})")
+            page = _page(pdf, index, notes)
+            if page is None:
                 continue
             try:
                 part = _text_part(page, number)
@@ -91,6 +89,15 @@ def _open(data: bytes) -> pdfium.PdfDocument:
                 "encrypted PDF that cannot be opened here (unsupported security)"
             ) from exc
         raise SkipFile(f"corrupt PDF: {_OPEN_ERRORS.get(exc.err_code, exc)}") from exc
+
+
+def _page(pdf: pdfium.PdfDocument, index: int, notes: list[str]) -> pdfium.PdfPage | None:
+    """The page, or None with a note when pdfium cannot open it (the others are still read)."""
+    try:
+        return pdf[index]
+    except pdfium.PdfiumError as exc:
+        notes.append(f"page {index + 1}: could not be read ({exc})")
+        return None
 
 
 def _pages(indexes: list[int]) -> str:
@@ -214,10 +221,8 @@ def _renders(
     over the pixel cap is noted and left out."""
     for index in indexes:
         number = index + 1
-        try:
-            page = pdf[index]
-        except pdfium.PdfiumError as exc:
-            notes.append(f"page {number}: could not be read ({exc})")
+        page = _page(pdf, index, notes)
+        if page is None:
             continue
         try:
             width, height = page.get_width(), page.get_height()
