@@ -355,3 +355,40 @@ def test_ragchains_ingest_indexes_scans_with_boxes_and_confidence(tmp_path: Path
     assert place["boxes"][0][0] == pytest.approx(300 * POINTS, abs=2)
     assert place["ocr_confidence"] > 0.9
     assert second.metadata["ocr_low_confidence"] is False
+
+
+@pytest.mark.e2e
+def test_a_scan_refused_or_timed_out_keeps_its_indexed_version(tmp_path: Path) -> None:
+    """A scan replaced by an image over the pixel cap, and one whose pages all overrun the
+    OCR time limit: the run names both, goes on, and keeps the versions it had indexed."""
+    from tests.test_cli import run
+
+    folder = tmp_path / "in"
+    folder.mkdir()
+    draw_page(PAGE_ONE)[0].save(folder / "photo.png", dpi=(DPI, DPI))
+    draw_page(PAGE_TWO)[0].save(folder / "scan.pdf", "PDF", resolution=DPI)
+    (folder / "notes.txt").write_text("The garden shed is painted green every spring.")
+    first = run("ingest", folder, "--index", tmp_path / "index")
+    assert first.returncode == 0, first.stderr
+    before = {c.id for c in load_index(tmp_path / "index").store.iter_chunks()}
+
+    (folder / "photo.png").write_bytes(_png_claiming(30_000, 30_000))
+    draw_page(PAGE_TWO, font=SANS)[0].save(folder / "scan.pdf", "PDF", resolution=DPI)
+    second = run(
+        "ingest", folder, "--index", tmp_path / "index", env={"RAGCHAINS_OCR_PAGE_TIMEOUT": "0.001"}
+    )
+    assert second.returncode == 0, second.stderr
+    assert "0 added, 0 updated, 0 removed, 1 unchanged, 2 skipped" in second.stdout
+    assert (
+        "skipped in/photo.png: image of 30000×30000 pixels is over the 60-megapixel cap "
+        "(previous version kept)" in second.stderr
+    )
+    assert (
+        "skipped in/scan.pdf: page 1: OCR timed out after 0.001 s (previous version kept)"
+        in second.stderr
+    )
+    index = load_index(tmp_path / "index")
+    try:
+        assert {c.id for c in index.store.iter_chunks()} == before
+    finally:
+        index.close()
