@@ -52,7 +52,9 @@ class Chunker:
     def split_at(self, text: str) -> list[tuple[str, int]]:
         """The pieces with the offset each starts at in ``text``. Pieces come in order and
         overlap only their predecessor, so each is found from just after the last one's
-        start (the splitter strips white space only at the ends: a piece is a substring)."""
+        start (the splitter strips white space only at the ends: a piece is a substring).
+        Not the splitter's ``add_start_index``: it steps back by ``chunk_overlap`` counted as
+        characters, where ours counts tokens, and finds no start (-1) for overlapping pieces."""
         found = []
         cursor = 0
         for piece in self.split(text):
