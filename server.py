@@ -39,6 +39,7 @@ from ragchains.feedback import FeedbackStore, feedback_path
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.serving.collection import collection_router
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
 from ragchains.serving.guards import add_guards, request_json
@@ -55,6 +56,7 @@ from ragchains.serving.requests import (
     check_body,
     request_models,
 )
+from ragchains.serving.sourcefiles import source_files_router
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
@@ -102,6 +104,8 @@ def create_app(
     _add_langserve_routes(app, routes, limits)
     app.include_router(probes_router(service, health, limits))
     app.include_router(feedback_router(feedback_store))
+    app.include_router(source_files_router(service))
+    app.include_router(collection_router(service))
     add_page(app, ROUTES)
     add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=health.record)
     app.openapi = truthful_openapi(  # type: ignore[method-assign]
