@@ -17,10 +17,14 @@ CHROMIUM := /usr/bin/chromium
 # Scanned PDFs and images are read by Debian's tesseract (English data), installed the same way.
 TESSERACT := /usr/bin/tesseract
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+# The chat page's libraries (PDF.js, marked, DOMPurify): from the npm registry, pinned by
+# package-lock.json, copied with their licences where the page serves them (/ui/vendor/).
+VENDOR := ragchains/web/vendor
+VENDOR_STAMP := $(VENDOR)/.installed
 
 .PHONY: setup quickstart test lint format bench clean
 
-setup: $(TESSERACT) $(STAMP)
+setup: $(TESSERACT) $(STAMP) $(VENDOR_STAMP)
 
 $(STAMP): pyproject.toml setup.py
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else "ragchains needs Python 3.11 (set PYTHON=python3.11)")'
@@ -36,6 +40,17 @@ $(STAMP): pyproject.toml setup.py
 quickstart: setup
 	$(BIN)/ragchains ingest samples --index $(INDEX)
 	$(BIN)/ragchains serve --index $(INDEX)
+
+$(VENDOR_STAMP): package.json package-lock.json
+	npm ci --ignore-scripts --omit=optional --no-audit --no-fund --loglevel=error
+	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/pdfjs $(VENDOR)/marked $(VENDOR)/dompurify
+	cp node_modules/pdfjs-dist/build/pdf.min.mjs node_modules/pdfjs-dist/build/pdf.worker.min.mjs \
+		node_modules/pdfjs-dist/LICENSE $(VENDOR)/pdfjs/
+	cp -r node_modules/pdfjs-dist/standard_fonts node_modules/pdfjs-dist/cmaps \
+		node_modules/pdfjs-dist/wasm node_modules/pdfjs-dist/iccs $(VENDOR)/pdfjs/
+	cp node_modules/marked/lib/marked.esm.js node_modules/marked/LICENSE $(VENDOR)/marked/
+	cp node_modules/dompurify/dist/purify.es.mjs node_modules/dompurify/LICENSE $(VENDOR)/dompurify/
+	touch $@
 
 $(TESSERACT):
 	@echo "installing Debian's tesseract for OCR of scanned PDFs and images"
@@ -77,4 +92,4 @@ bench: setup
 	$(BIN)/python -m bench.office_formats
 
 clean:
-	rm -rf .index .pytest_cache .ruff_cache .mypy_cache build
+	rm -rf .index .pytest_cache .ruff_cache .mypy_cache build node_modules $(VENDOR)
