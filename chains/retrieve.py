@@ -59,6 +59,16 @@ class Source(BaseModel):
     score: float | None = Field(None, description="the compressor's score")
     text: str
     location: Location | None = Field(None, description="where in the file the text is")
+    file_id: str | None = Field(
+        None,
+        description="the sha256 of the file the chunk is from: GET /files/{file_id} serves the "
+        "original, /files/{file_id}/view what a viewer shows of it (None: not recorded)",
+    )
+    format: str | None = Field(
+        None,
+        description="the file's format as ingest read it: pdf, image, markdown, html, text, "
+        "csv, json, docx, pptx, xlsx",
+    )
 
 
 class RetrieveInput(BaseModel):
@@ -102,7 +112,13 @@ def to_source(doc: Document) -> Source:
         score=compressor_score(doc),
         text=doc.page_content,
         location=location_of(doc.metadata),
+        file_id=_text(doc.metadata.get("file_id")),
+        format=_text(doc.metadata.get("format")),
     )
+
+
+def _text(value: Any) -> str | None:
+    return str(value) if value is not None else None
 
 
 # ----------------------------------------------------------------------------- retrieve

@@ -75,7 +75,7 @@ def read_files(
         if failure is None:
             try:
                 loaded = load_file(path, options)
-                chunks = chunk_file(source, loaded, chunker)
+                chunks = chunk_file(source, loaded, chunker, file_id=sha)
                 if not chunks:
                     raise SkipFile("no text left after chunking")
             except SkipFile as exc:
@@ -98,8 +98,10 @@ def read_files(
             and old.chunk_count == len(chunks)
             and {c.id for c in chunks} <= stored_ids(source)
         ):
-            # Only the chunking settings changed, and they changed nothing here.
-            read.kept.add(source)
+            # Only the chunking settings changed, and they changed no chunk's text here: the
+            # same ids, whose vectors are reused, with the metadata of this chunker (a new
+            # CHUNKER_VERSION may add to it).
+            read.chunks[source] = chunks
             report.unchanged.append(source)
             continue
         read.chunks[source] = chunks

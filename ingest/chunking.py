@@ -147,8 +147,12 @@ def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def chunk_file(source: str, loaded: LoadedFile, chunker: Chunker) -> list[Chunk]:
+def chunk_file(
+    source: str, loaded: LoadedFile, chunker: Chunker, *, file_id: str | None = None
+) -> list[Chunk]:
     """Chunks of one file, in reading order, with stable ids and citation labels.
+    ``file_id``: the file's sha256, recorded in each chunk's metadata (the id its original is
+    served by, ``GET /files/{file_id}``); not part of the chunk's id.
 
     The id hashes source, locator and text: the same content in the same place of the same
     source gets the same id on every run; a repeat within one file gets a numbered suffix.
@@ -175,6 +179,8 @@ def chunk_file(source: str, loaded: LoadedFile, chunker: Chunker) -> list[Chunk]
                 "content_hash": sha256_text(piece),
                 "chunk_index": len(chunks),
             }
+            if file_id is not None:
+                metadata["file_id"] = file_id
             if part.page is not None:
                 metadata["page"] = part.page
             if part.section is not None:

@@ -10,7 +10,8 @@ from ragchains.retrievers.access import mixed_type_problem
 from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.retrievers.indexformat import Chunk
 
-NOT_FILTERABLE = frozenset({"citation", "content_hash", "chunk_index", "location"})
+# file_id: the file's sha256, for opening the original (GET /files/{file_id}), not a filter.
+NOT_FILTERABLE = frozenset({"citation", "content_hash", "chunk_index", "location", "file_id"})
 
 
 def resolve_field_types(

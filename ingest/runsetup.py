@@ -14,7 +14,7 @@ from ragchains.ingest.parts import LoadOptions
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 
 # Bump when chunk boundaries or metadata change for the same input, so re-runs re-chunk.
-CHUNKER_VERSION = 2  # 2: each chunk records its location
+CHUNKER_VERSION = 3  # 2: each chunk records its location; 3: and its file's id (file_id)
 
 
 @dataclass(frozen=True)

@@ -34,6 +34,7 @@ RESERVED_FIELDS = frozenset(
         "chunk_id",
         "chunk_index",
         "content_hash",
+        "file_id",
     }
 )
 
