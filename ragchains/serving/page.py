@@ -15,9 +15,12 @@ from ragchains import __version__
 
 WEB = Path(str(resources.files("ragchains") / "web"))
 # The page loads and calls nothing but this server: no CDN, no inline script, no framing.
+# PDF.js compiles its image and colour decoders to WebAssembly ('wasm-unsafe-eval' allows
+# that, not eval), runs in a worker from /ui/vendor/, and scans are shown from blob: URLs.
 PAGE_HEADERS = {
     "Cache-Control": "no-cache",
-    "Content-Security-Policy": "default-src 'self'; img-src 'self' data:; connect-src 'self'; "
+    "Content-Security-Policy": "default-src 'self'; script-src 'self' 'wasm-unsafe-eval'; "
+    "worker-src 'self'; img-src 'self' data: blob:; connect-src 'self'; object-src 'none'; "
     "base-uri 'none'; form-action 'self'; frame-ancestors 'none'",
     "X-Content-Type-Options": "nosniff",
 }

@@ -2,6 +2,9 @@
 // call to the same LangServe streaming routes any client uses (/chat/stream, /ask/stream),
 // so what the page shows is what the chains produce. Nothing is fetched from elsewhere.
 
+import { render } from "./markdown.js";
+import { Viewer } from "./viewer.js";
+
 const CONVERSATION = "ragchains.conversation.v1";
 const PREFERENCES = "ragchains.preferences.v1";
 const API_KEY = "ragchains.api-key";
@@ -142,6 +145,19 @@ async function failure(response) {
     // not JSON: keep the status text
   }
   return new ServerError(response.status, message);
+}
+
+// A GET on this server with the caller's key; the body as "json", "text" or "blob".
+async function request(path, as = "json") {
+  const sent = headers();
+  delete sent["Content-Type"];
+  const response = await fetch(path, { headers: sent });
+  if (!response.ok) {
+    const error = await failure(response);
+    if (error.status === 401) askForKey("The key was refused; enter it again.");
+    throw error;
+  }
+  return response[as]();
 }
 
 // Server-sent events from a fetch body (EventSource cannot POST). Stops at once when
@@ -306,29 +322,53 @@ function citable(turn) {
   return known;
 }
 
-// The answer with each [label] of a retrieved source as a link to it; "[a; b]" gives two.
+// The answer as rendered Markdown (sanitised), each [label] of a retrieved source a link to
+// it; "[a; b]" gives two. The markers are set aside while the Markdown is rendered, so a
+// label's underscores or asterisks cannot turn into emphasis.
+const HELD = /\uE000(\d+)\uE001/;
+
 function answerNodes(turn) {
   const text = turn.out.answer ?? "";
   const known = citable(turn);
-  const nodes = [];
+  const quoted = turn.out.answer_style === "quote";
+  const held = [];
+  let markdown = "";
   let last = 0;
   for (const match of text.matchAll(CITATION)) {
     const labels = match[1].split(CITATION_SPLIT).map((label) => label.trim());
     if (!labels.some((label) => known.has(label))) continue;
-    nodes.push(text.slice(last, match.index), "[");
-    labels.forEach((label, n) => {
-      if (n) nodes.push("; ");
-      const source = known.get(label);
-      nodes.push(source ? citeLink(source, label) : label);
-    });
-    nodes.push("]");
+    const before = text.slice(last, match.index);
+    markdown += `${before}\uE000${held.length}\uE001`;
+    // In a quoted answer, what precedes a marker is the text copied from its source.
+    held.push({ labels, quote: quoted ? before.trim() : null });
     last = match.index + match[0].length;
   }
-  nodes.push(text.slice(last));
-  return nodes;
+  markdown += text.slice(last);
+  const fragment = render(markdown);
+  const walker = document.createTreeWalker(fragment, NodeFilter.SHOW_TEXT);
+  const holders = [];
+  while (walker.nextNode()) if (HELD.test(walker.currentNode.data)) holders.push(walker.currentNode);
+  for (const node of holders) {
+    const pieces = node.data.split(new RegExp(HELD.source, "g"));
+    node.replaceWith(
+      ...pieces.flatMap((piece, n) => {
+        if (n % 2 === 0) return piece ? [piece] : [];
+        const { labels, quote } = held[Number(piece)];
+        return [
+          "[",
+          ...labels.flatMap((label, i) => {
+            const source = known.get(label);
+            return [i ? "; " : "", source ? citeLink(source, label, quote) : label];
+          }),
+          "]",
+        ];
+      }),
+    );
+  }
+  return [fragment];
 }
 
-function citeLink(source, text) {
+function citeLink(source, text, quote = null) {
   return el(
     "a",
     {
@@ -337,7 +377,7 @@ function citeLink(source, text) {
       title: `Open ${source.label}`,
       onclick: (event) => {
         event.preventDefault();
-        openSource(source, event.currentTarget);
+        openSource(source, event.currentTarget, quote);
       },
     },
     text,
@@ -373,7 +413,18 @@ function turnNode(turn, thoughtsOpen) {
     "article",
     { class: `answer is-${turn.status}`, "aria-label": "Answer", "aria-busy": streaming ? "true" : null },
     turn.out.abstained
-      ? el("p", { class: "badge abstained" }, "Not in the documents")
+      ? el(
+          "p",
+          { class: "abstention" },
+          el("span", { class: "badge abstained" }, "Not in the documents"),
+          turn.out.best_score != null && turn.out.compressor?.threshold != null
+            ? el(
+                "small",
+                {},
+                ` best match ${score(turn.out.best_score)}, under the ${turn.out.compressor.threshold} needed`,
+              )
+            : null,
+        )
       : null,
     el("div", { class: "answer-text" }, answerNodes(turn)),
     streaming && !turn.out.answer
@@ -504,6 +555,7 @@ function thoughtsNode(turn, open) {
         : null,
     ),
   );
+  if ("best_score" in out) facts.push(fact("Best score", el("span", { class: "best-score" }, bestScore(out))));
   const prompts = Object.entries(out.prompts ?? {});
   facts.push(
     fact(
@@ -530,6 +582,18 @@ function thoughtsNode(turn, open) {
     el("summary", {}, "Thought process"),
     el("dl", {}, facts),
   );
+}
+
+// The best passage's score against the threshold it had to reach: why an answer abstained.
+function bestScore(out) {
+  const best = out.best_score;
+  const threshold = out.compressor?.threshold;
+  if (best == null) return "nothing was retrieved";
+  if (threshold == null) return score(best);
+  const passed = best >= threshold;
+  return `${score(best)} ${passed ? "≥" : "<"} threshold ${threshold}${
+    passed ? "" : ": no passage was close enough to answer from"
+  }`;
 }
 
 // ------------------------------------------------------------------------- feedback
@@ -641,24 +705,39 @@ async function sendFeedback(turn, comment) {
 
 // ------------------------------------------------------------------------- source panel
 let sourceOpener = null; // the link that opened the panel gets the focus back
+let viewer = null;
 
-function openSource(source, opener) {
+function basename(path) {
+  return String(path ?? "").split("/").at(-1) || "unknown";
+}
+
+function openSource(source, opener, quote = null) {
   sourceOpener = opener ?? null;
   $("source-title").textContent = source.label;
-  const facts = [...fact("File", source.source ?? "unknown")];
-  if (source.page !== null && source.page !== undefined) facts.push(...fact("Page", String(source.page)));
+  const location = source.location ?? {};
+  const facts = [...fact("File", basename(source.source))];
+  if (location.page != null || source.page != null) facts.push(...fact("Page", String(location.page ?? source.page)));
+  if (location.slide != null) facts.push(...fact("Slide", String(location.slide)));
+  if (location.sheet) facts.push(...fact("Sheet", location.sheet));
+  if (location.row != null) facts.push(...fact("Row", String(location.row)));
   if (source.section) facts.push(...fact("Section", source.section));
   facts.push(...fact("Score", score(source.score)));
-  facts.push(...fact("Chunk id", el("code", {}, source.id)));
+  if (location.ocr_confidence != null) {
+    facts.push(...fact("OCR confidence", `${Math.round(location.ocr_confidence * 100)}%`));
+  }
   $("source-facts").replaceChildren(...facts);
-  $("source-text").textContent = source.text ?? "(the text of this chunk was not sent)";
   $("source-panel").hidden = false;
+  document.body.classList.add("source-open");
+  viewer ??= new Viewer($("source-view"), { request, headers });
+  viewer.show(source, quote);
   $("close-source").focus();
 }
 
 function closeSource() {
   if ($("source-panel").hidden) return;
   $("source-panel").hidden = true;
+  document.body.classList.remove("source-open");
+  viewer?.clear();
   if (sourceOpener?.isConnected) sourceOpener.focus();
   sourceOpener = null;
 }
@@ -726,6 +805,7 @@ async function saveKey(event) {
   localStorage.setItem(API_KEY, key);
   $("api-key").value = "";
   $("key-dialog").close();
+  showCollection();
 }
 
 async function connect() {
@@ -744,6 +824,89 @@ async function connect() {
   // The playground and API docs need the key too, which a browser link cannot send.
   $("developer-links").hidden = Boolean(state.server.api_key_required);
   if (state.server.api_key_required && !localStorage.getItem(API_KEY)) askForKey();
+  else showCollection();
+}
+
+// ------------------------------------------------------------------------- what is there
+const KINDS = {
+  pdf: ["PDF", "PDFs"],
+  markdown: ["Markdown file", "Markdown files"],
+  html: ["web page", "web pages"],
+  text: ["text file", "text files"],
+  csv: ["CSV table", "CSV tables"],
+  json: ["JSON file", "JSON files"],
+  docx: ["Word document", "Word documents"],
+  pptx: ["PowerPoint deck", "PowerPoint decks"],
+  xlsx: ["Excel workbook", "Excel workbooks"],
+  image: ["scanned image", "scanned images"],
+};
+
+function kindText(kind, count) {
+  const [one, many] = KINDS[kind] ?? [kind, kind];
+  return `${count} ${count === 1 ? one : many}`;
+}
+
+async function showCollection() {
+  let collection;
+  try {
+    collection = await request("/collection");
+  } catch {
+    $("collection").replaceChildren(); // no key yet, or an older server: the intro stays
+    return;
+  }
+  const kinds = Object.entries(collection.kinds ?? {}).sort((a, b) => b[1] - a[1]);
+  const documents = collection.documents ?? 0;
+  const domains = (collection.domains ?? []).filter((d) => (d.suggestions ?? []).length);
+  $("collection").replaceChildren(
+    el(
+      "p",
+      { class: "holdings" },
+      documents
+        ? `${documents} ${documents === 1 ? "document" : "documents"} you can ask about: ${kinds
+            .map(([kind, n]) => kindText(kind, n))
+            .join(", ")}.`
+        : "There are no documents you can ask about yet.",
+    ),
+    documents && domains.length
+      ? el(
+          "div",
+          { class: "suggestions" },
+          el("h3", {}, "Try asking"),
+          domains.map((domain) =>
+            el(
+              "section",
+              { class: "domain-suggestions", "aria-label": `Suggestions for ${domain.name}` },
+              el("h4", {}, domain.name, domain.description ? el("small", {}, ` · ${domain.description}`) : null),
+              el(
+                "ul",
+                {},
+                domain.suggestions.map((question) =>
+                  el(
+                    "li",
+                    {},
+                    el(
+                      "button",
+                      { type: "button", class: "suggestion", onclick: () => askSuggested(domain.name, question) },
+                      question,
+                    ),
+                  ),
+                ),
+              ),
+            ),
+          ),
+        )
+      : null,
+  );
+}
+
+function askSuggested(domain, question) {
+  if (state.running) return;
+  if ([...$("domain").options].some((o) => o.value === domain)) {
+    state.prefs.domain = domain;
+    $("domain").value = domain;
+    savePrefs();
+  }
+  ask(question);
 }
 
 function newChat() {
