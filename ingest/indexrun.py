@@ -1,10 +1,11 @@
 """An ingest run into an index folder: under the writer lock, read the previous generation,
-apply the change plan (see ``ragchains.ingest.changes``) and write the new generation."""
+apply the change plan (see ``ragchains.ingest.changes``), keep the originals of the files it
+names and write the new generation."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import (
     LOCK_FILE,
     Chunk,
+    FileRecord,
     IndexBusyError,
     IndexDamagedError,
     IndexLoadError,
@@ -39,7 +41,12 @@ from ragchains.retrievers.indexformat import (
     current_generation,
     read_manifest,
 )
-from ragchains.retrievers.indexwriter import IndexContents, write_index, writer_lock
+from ragchains.retrievers.indexwriter import (
+    IndexContents,
+    store_originals,
+    write_index,
+    writer_lock,
+)
 from ragchains.retrievers.searchindex import SearchIndex, load_index
 
 
@@ -55,9 +62,12 @@ def ingest(
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
+    originals: bool = True,
 ) -> IngestReport:
     """Bring the index at ``index_dir`` in line with ``paths`` (as ``ragchains.ingest.changes``
     describes).
+    ``originals``: keep each file's bytes in the index folder (``files/<sha256>``, served by
+    ``GET /files/{id}``); False: keep none, and delete those kept before.
     ``access``: who may read which files (``--access``), before the ``.ragchains-access.toml``
     files under the inputs (a deeper folder's first); the first rule that matches a file
     decides. None: the rules the index's last run was given ([]: none)."""
@@ -78,6 +88,7 @@ def ingest(
                 rebuild=rebuild,
                 progress=progress,
                 access=access,
+                originals=originals,
             )
     except IndexBusyError as exc:
         raise IngestError(str(exc)) from exc
@@ -115,6 +126,7 @@ def _ingest_locked(
     rebuild: bool,
     progress: bool,
     access: Sequence[AccessRule] | None,
+    originals: bool,
 ) -> IngestReport:
     report = IngestReport(index=index_dir)
     report.skipped.extend(found.skipped)
@@ -140,6 +152,9 @@ def _ingest_locked(
         # A generation written before BM25's row lengths were kept is written again once:
         # without them a caller's scores still weigh hidden rows' lengths.
         lengths_kept = previous is not None and previous.bm25.doc_lengths is not None
+        same_originals = previous is not None and previous.manifest.get("originals", True) == (
+            originals
+        )
     except IndexLoadError as exc:  # damage found reading the chunks (the message says what to do)
         raise IngestError(str(exc)) from exc
     finally:
@@ -162,9 +177,13 @@ def _ingest_locked(
     per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
     all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
     report.chunks_total = len(all_chunks)
-    if previous is not None and not report.changed and same_chunking:
+    wanted = _originals_wanted(read.records, found, report) if originals else {}
+    if previous is not None and not report.changed and same_chunking and same_originals:
         if lengths_kept:
-            return report  # the index already holds exactly this; leave it untouched
+            # The index already holds exactly this; only originals it lacks (an index
+            # written before they were kept) are added, which needs no new generation.
+            _keep_originals(index_dir, wanted, report)
+            return report
         report.notes.append("written again to keep BM25's row lengths (an older generation)")
 
     fields = resolve_field_types(all_chunks, report, {s: r.access for s, r in read.records.items()})
@@ -176,10 +195,38 @@ def _ingest_locked(
         embedder={"name": embedder.name, "dimension": embedder.dimension},
         chunking=chunking,
         access_rules=rules_as_recorded(access),
+        originals=originals,
     )
-    build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
+    build_and_write(
+        index_dir,
+        contents,
+        hnsw_min_chunks=hnsw_min_chunks,
+        progress=progress,
+        originals=wanted,
+        notes=report.notes,
+    )
     report.wrote = True
     return report
+
+
+def _originals_wanted(
+    records: Mapping[str, FileRecord], found: Discovered, report: IngestReport
+) -> dict[str, tuple[str, Path]]:
+    """The files whose originals the run keeps, by sha256: (source, path). Not a file whose
+    earlier version is kept because it cannot be read now (its bytes are not the record's)."""
+    unread = set(report.kept_previous)
+    wanted: dict[str, tuple[str, Path]] = {}
+    for source in sorted(records):
+        path = found.files.get(source)
+        if path is not None and source not in unread:
+            wanted.setdefault(records[source].sha256, (source, path))
+    return wanted
+
+
+def _keep_originals(
+    index_dir: Path, wanted: Mapping[str, tuple[str, Path]], report: IngestReport
+) -> None:
+    report.notes.extend(store_originals(index_dir, wanted).notes)
 
 
 def _recorded_rules(index_dir: Path) -> list[dict[str, Any]]:
@@ -193,13 +240,27 @@ def _recorded_rules(index_dir: Path) -> list[dict[str, Any]]:
 
 
 def build_and_write(
-    index_dir: Path, contents: IndexContents, *, hnsw_min_chunks: int, progress: bool
+    index_dir: Path,
+    contents: IndexContents,
+    *,
+    hnsw_min_chunks: int,
+    progress: bool,
+    originals: Mapping[str, tuple[str, Path]] | None = None,
+    notes: list[str] | None = None,
 ) -> None:
-    """Build BM25 and FAISS over embedded chunks and write them as the index's new generation."""
+    """Build BM25 and FAISS over embedded chunks and write them as the index's new generation
+    (with the ``originals`` it keeps: sha256 -> (source, path); see ``write_index``)."""
     if progress:
         tqdm.write(f"Indexing {len(contents.chunks)} chunks (BM25 + FAISS)…", file=sys.stderr)
     bm25 = build_bm25([c.text for c in contents.chunks])
     dense, dense_info = build_faiss(contents.vectors, hnsw_min_chunks=hnsw_min_chunks)
     write_index(
-        index_dir, contents, bm25=bm25, dense=dense, dense_info=dense_info, bm25_info=BM25_PARAMS
+        index_dir,
+        contents,
+        bm25=bm25,
+        dense=dense,
+        dense_info=dense_info,
+        bm25_info=BM25_PARAMS,
+        originals=originals,
+        notes=notes,
     )

@@ -15,6 +15,13 @@ Layout of an index directory::
         dense.faiss        FAISS index over the normalised embeddings, rows = chunk rows
       fusion.json          optional: how the hybrid retriever fuses BM25 and dense here, as
                            ``ragchains eval tune --apply`` recommends (kept across ingests)
+      files/<sha256>       the original bytes of each ingested file, named by their sha256
+                           (content-addressed, outside the generations: an unchanged file is
+                           never copied again). A generation refers to the originals of its
+                           files' records, unless its manifest says ``"originals": false``
+                           (``ingest --no-originals``). Written to ``files/.tmp-*`` and
+                           renamed once whole and checked, before the generation naming them
+                           commits; those no generation refers to go after each commit.
 
 ``retrievers.indexwriter`` writes a generation, ``retrievers.searchindex`` loads one,
 ``retrievers.indexverify`` checks one in full and ``retrievers.fusionfile`` reads and writes
@@ -45,6 +52,7 @@ CHUNKS_FILE = "chunks.sqlite"
 BM25_DIR = "bm25"
 DENSE_FILE = "dense.faiss"
 LOCK_FILE = ".lock"
+FILES_DIR = "files"
 BM25_LENGTHS_FILE = "doc_lengths.npy"
 GEN_PREFIX = "gen-"
 _DIGEST = "sha256"
@@ -202,6 +210,16 @@ def embedder_mismatch(
             f"gives {dimension}. Rebuild with `ragchains ingest --rebuild`."
         )
     return None
+
+
+def is_file_id(text: str) -> bool:
+    """Whether ``text`` is a file id: a sha256 in lowercase hex (the name of an original)."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def original_path(index_dir: str | Path, file_id: str) -> Path | None:
+    """Where the original with this id is kept in an index folder (None: not a file id)."""
+    return Path(index_dir) / FILES_DIR / file_id if is_file_id(file_id) else None
 
 
 # ----------------------------------------------------------------------------- checksums

@@ -4,18 +4,22 @@ atomically, under a lock that keeps a second writer out (the format: ``retriever
 A writer builds a new generation in a hidden temporary folder, renames it into place, then
 swaps CURRENT with ``os.replace``. A crash at any point leaves CURRENT naming the previous,
 complete generation; leftovers are removed by the next successful write.
+
+The original files are kept beside the generations, by their sha256 (``store_originals``,
+before the generation naming them is written); after each commit those it does not name go.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
 import sqlite3
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -30,6 +34,7 @@ from ragchains.retrievers.indexformat import (
     CHUNKS_FILE,
     CURRENT_FILE,
     DENSE_FILE,
+    FILES_DIR,
     FORMAT_NAME,
     FORMAT_VERSION,
     GEN_PREFIX,
@@ -43,9 +48,12 @@ from ragchains.retrievers.indexformat import (
     StoredBM25,
     current_generation,
     generation_checksums,
+    is_file_id,
 )
 
 _TMP_PREFIX = ".tmp-gen-"
+_TMP_ORIGINAL = ".tmp-"  # an original being copied, in FILES_DIR
+_COPY_BLOCK = 1 << 20
 
 
 @dataclass
@@ -60,6 +68,9 @@ class IndexContents:
     chunking: dict[str, Any]
     # The run's --access rules, kept for the next run that gives none (retrievers.access).
     access_rules: list[dict[str, Any]] = field(default_factory=list)
+    # Whether the generation refers to the originals of its files (FILES_DIR); False: it
+    # refers to none, and those stored go once it is current (``ingest --no-originals``).
+    originals: bool = True
 
 
 @contextmanager
@@ -158,6 +169,8 @@ def _write_failure(
     where = (
         f"{root} (switching {CURRENT_FILE} to the new generation)"
         if writing == CURRENT_FILE
+        else f"{writing} in {root}"
+        if writing.startswith(f"{FILES_DIR}/")
         else f"the new generation's {writing} in {root}"
     )
     if _disk_full(exc):
@@ -182,8 +195,12 @@ def write_index(
     dense: faiss.Index,
     dense_info: dict[str, Any],
     bm25_info: dict[str, Any],
+    originals: Mapping[str, tuple[str, Path]] | None = None,
+    notes: list[str] | None = None,
 ) -> Path:
-    """Write a new generation and make it current; return its folder.
+    """Write a new generation and make it current; return its folder. ``originals``: the
+    files whose bytes to keep (``store_originals``), stored once the generation's own files
+    are written and before it is made current; why one was not kept goes to ``notes``.
 
     The previous generation stays loadable until the final ``os.replace`` of CURRENT. A
     failed write (a full disk, say) removes what it wrote and raises ``IndexWriteError``.
@@ -206,6 +223,7 @@ def write_index(
     pointer_tmp = root / f".{CURRENT_FILE}.{stamp}"
     writing = CHUNKS_FILE
     switched = False
+    added: list[Path] = []
     tmp.mkdir()
     try:
         _write_chunk_store(tmp / CHUNKS_FILE, contents.chunks, contents.files)
@@ -226,6 +244,7 @@ def write_index(
             "bm25": bm25_info,
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
             "access_rules": contents.access_rules,
+            "originals": contents.originals,
             # Additive (readers of format 1 ignore it): generations without it still load.
             "checksums": generation_checksums(tmp),
         }
@@ -235,6 +254,10 @@ def write_index(
                 writing = path.relative_to(tmp).as_posix()
                 with open(path, "rb") as fh:
                     os.fsync(fh.fileno())
+        stored = store_originals(root, originals or {}, raw_errors=True)
+        added = stored.added
+        if notes is not None:
+            notes.extend(stored.notes)
         writing = CURRENT_FILE
         os.rename(tmp, final)
         _fsync_dir(root)
@@ -250,11 +273,16 @@ def write_index(
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(final, ignore_errors=True)
         pointer_tmp.unlink(missing_ok=True)
+        for path in added:  # whole, but no generation names them
+            path.unlink(missing_ok=True)
+        if isinstance(exc, _OriginalWriteError):
+            writing, exc = exc.writing, exc.cause
         failure = _write_failure(exc, root, writing, previous)
         if failure is None:
-            raise
+            raise exc
         raise failure from exc
     _remove_stale(root, keep=final.name)
+    remove_orphans(root, {f.sha256 for f in contents.files} if contents.originals else set())
     return final
 
 
@@ -265,6 +293,131 @@ def _remove_stale(root: Path, *, keep: str) -> None:
         stale_gen = name.startswith(GEN_PREFIX) and name != keep
         leftover = name.startswith(_TMP_PREFIX) or name.startswith(f".{CURRENT_FILE}.")
         if stale_gen or leftover:
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+
+
+# ----------------------------------------------------------------------------- originals
+@dataclass
+class StoredOriginals:
+    """What ``store_originals`` did: the originals it added (whole, under their final names)
+    and, per source, why one was not kept."""
+
+    added: list[Path] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+class _SourceUnreadable(Exception):
+    pass
+
+
+def missing_originals(index_dir: str | Path, ids: Iterable[str]) -> set[str]:
+    """The file ids among ``ids`` whose original the index folder does not hold."""
+    files = Path(index_dir) / FILES_DIR
+    return {i for i in ids if not (files / i).is_file()}
+
+
+class _OriginalWriteError(Exception):
+    """An original could not be written: ``cause``, while writing ``writing``."""
+
+    def __init__(self, writing: str, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.writing, self.cause = writing, cause
+
+
+def store_originals(
+    index_dir: str | Path, wanted: Mapping[str, tuple[str, Path]], *, raw_errors: bool = False
+) -> StoredOriginals:
+    """Copy each file of ``wanted`` (its sha256 -> (source, path)) into ``FILES_DIR`` unless
+    it is there. Each copy is written to a temporary name, fsynced, and renamed to its sha256
+    only when the bytes copied hash to it: a file that changed since it was read (and hashed)
+    is not kept under a hash it no longer has (a note says so; the next run reads it anew).
+    A write failure (a full disk) raises ``IndexWriteError``, the copies of this call removed."""
+    root = Path(index_dir)
+    files = root / FILES_DIR
+    stored = StoredOriginals()
+    todo = sorted(missing_originals(root, [s for s in wanted if is_file_id(s)]))
+    if not todo:
+        return stored
+    writing = f"{FILES_DIR}/"
+    try:
+        files.mkdir(exist_ok=True)
+        for sha in todo:
+            source, path = wanted[sha]
+            writing = f"{FILES_DIR}/{sha[:12]}… (the original of {source})"
+            try:
+                kept = _copy_original(files, sha, path)
+            except _SourceUnreadable as exc:
+                stored.notes.append(f"{source}: original not kept ({exc})")
+                continue
+            if kept is None:
+                stored.notes.append(
+                    f"{source}: original not kept (the file changed while it was read; the "
+                    "next run reads it again)"
+                )
+                continue
+            stored.added.append(kept)
+        _fsync_dir(files)
+    except BaseException as exc:
+        for path in stored.added:
+            path.unlink(missing_ok=True)
+        if raw_errors:  # write_index reports it, with the rest of its cleaning up
+            raise _OriginalWriteError(writing, exc) from exc
+        failure = _write_failure(exc, root, writing, _current_name(root))
+        if failure is None:
+            raise
+        raise failure from exc
+    return stored
+
+
+def _current_name(root: Path) -> str | None:
+    try:
+        return current_generation(root).name
+    except IndexLoadError:
+        return None
+
+
+def _copy_original(files: Path, sha: str, source: Path) -> Path | None:
+    """``source`` copied to ``files/<sha>`` if its bytes hash to ``sha`` (else None)."""
+    final = files / sha
+    tmp = files / f"{_TMP_ORIGINAL}{uuid.uuid4().hex}"
+    digest = hashlib.sha256()
+    try:
+        src = open(source, "rb")  # noqa: SIM115 (closed below; its errors are the source's)
+    except OSError as exc:
+        raise _SourceUnreadable(exc.strerror or str(exc)) from exc
+    try:
+        with src, open(tmp, "xb") as dst:
+            while True:
+                try:
+                    block = src.read(_COPY_BLOCK)
+                except OSError as exc:
+                    raise _SourceUnreadable(exc.strerror or str(exc)) from exc
+                if not block:
+                    break
+                digest.update(block)
+                dst.write(block)
+            dst.flush()
+            os.fsync(dst.fileno())
+        if digest.hexdigest() != sha:
+            tmp.unlink()
+            return None
+        os.rename(tmp, final)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return final
+
+
+def remove_orphans(index_dir: str | Path, referenced: set[str]) -> None:
+    """Delete the originals not in ``referenced`` and copies an interrupted run left."""
+    files = Path(index_dir) / FILES_DIR
+    if not files.is_dir():
+        return
+    for entry in files.iterdir():
+        if entry.name not in referenced or not entry.is_file():
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:

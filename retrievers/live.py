@@ -25,7 +25,7 @@ import numpy as np
 
 from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.fusionfile import FUSION_FILE, read_fusion
-from ragchains.retrievers.indexformat import IndexLoadError, current_generation
+from ragchains.retrievers.indexformat import FileRecord, IndexLoadError, current_generation
 from ragchains.retrievers.searchindex import SearchIndex, load_index
 
 log = logging.getLogger(__name__)
@@ -212,6 +212,12 @@ class LiveIndex:
 
     def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return self.pinned().stored_vectors(ids)
+
+    def file_records(self, file_id: str) -> list[FileRecord]:
+        return self.pinned().file_records(file_id)
+
+    def original(self, file_id: str) -> Path | None:
+        return self.pinned().original(file_id)
 
 
 def _fusion_stamp(folder: Path) -> tuple[int, int] | None:

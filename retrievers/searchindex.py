@@ -27,6 +27,7 @@ from ragchains.retrievers.indexformat import (
     CHUNKS_FILE,
     DENSE_FILE,
     EmbedderMismatchError,
+    FileRecord,
     IndexChecksumError,
     IndexDamagedError,
     StoredBM25,
@@ -34,6 +35,7 @@ from ragchains.retrievers.indexformat import (
     damaged,
     embedder_mismatch,
     file_problem,
+    original_path,
     read_manifest,
     recorded_checksums,
 )
@@ -95,6 +97,29 @@ class SearchIndex:
 
     def __len__(self) -> int:
         return int(self.manifest["chunk_count"])
+
+    @cached_property
+    def _files_by_id(self) -> dict[str, list[FileRecord]]:
+        by_id: dict[str, list[FileRecord]] = {}
+        for record in self.store.files().values():
+            by_id.setdefault(record.sha256, []).append(record)
+        return {sha: sorted(found, key=lambda r: r.source) for sha, found in by_id.items()}
+
+    def file_records(self, file_id: str) -> list[FileRecord]:
+        """The records of the files whose bytes have this sha256 (several names may hold
+        the same bytes), by source; [] for an id the generation does not hold. Who may read
+        them is the caller's to check (``FileRecord.access``)."""
+        return list(self._files_by_id.get(file_id, ()))
+
+    def original(self, file_id: str) -> Path | None:
+        """Where the original bytes of a file this generation holds are kept, or None: not
+        one of its files, kept by a run with ``--no-originals``, or before originals were
+        kept. The caller opens it once (an ingest deletes the originals it no longer needs;
+        an open file stays readable)."""
+        if not self._files_by_id.get(file_id) or self.manifest.get("originals") is False:
+            return None
+        path = original_path(self.folder, file_id)
+        return path if path is not None and path.is_file() else None
 
     def vectors(self) -> np.ndarray:
         """All stored embeddings, row-aligned (used to carry vectors over on re-ingest)."""

@@ -92,7 +92,7 @@ def test_crash_during_write_leaves_previous_index_loadable(
     report = ingest_into(docs_dir, index_dir)
     assert report.updated == ["docs/notes.txt"]
     assert sorted(p.name for p in index_dir.iterdir()) == sorted(
-        [".lock", "CURRENT", current_generation(index_dir).name]
+        [".lock", "CURRENT", "files", current_generation(index_dir).name]
     )
     assert any("hedgehogs" in t for t in _texts(index_dir))
 
@@ -123,7 +123,12 @@ def test_failed_write_cleans_its_temporary_folder(
     monkeypatch.setattr(index_module.faiss, "write_index", disk_full)
     with pytest.raises(OSError, match="No space"):
         ingest_into(docs_dir, index_dir)
-    assert sorted(p.name for p in index_dir.iterdir()) == [".lock", "CURRENT", generation.name]
+    assert sorted(p.name for p in index_dir.iterdir()) == [
+        ".lock",
+        "CURRENT",
+        "files",  # the originals, of the run before (the failed one's are removed)
+        generation.name,
+    ]
 
 
 def test_manifest_records_what_was_built(
