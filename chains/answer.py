@@ -15,7 +15,10 @@ Two answer styles:
 - ``quote``: the model may only copy. The kept chunks are cut into sentences, the ones that
   share most of the question's words are shown to it (the ``quote`` prompt), and a grammar
   built from them lets it write one or two of them verbatim, each followed by its chunk's
-  label, or exactly the don't-know sentence (``chains.quote``). Decoding is greedy.
+  label, or exactly the don't-know sentence (``chains.quote``). Decoding is greedy. The
+  answer shows the quotes for a reader (``QuoteWriter``): a table row under its table's
+  header, a CSV/JSON/Excel record as ``**field:** value`` lines, each citation where it
+  keeps the Markdown valid; sentences stream token by token as the model writes them.
 
 The style is chosen per request (``answer_style`` in ``configurable``), else by the domain
 (``answer_style`` in ``domain.yaml``), else by the chain's default (the server's setting);
@@ -50,6 +53,8 @@ from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
 from ragchains.chains.quote import (
     QUOTE_SENTENCES,
+    Quote,
+    QuoteWriter,
     format_quotes,
     quote_grammar,
     quotes,
@@ -197,6 +202,11 @@ class _Plan:
     prompt: str | None
     style: Literal["quote", "free"] = "free"
     notes: list[str] = field(default_factory=list)
+    offered: list[Quote] = field(default_factory=list)  # the quotes the model may copy
+
+    def shown(self) -> QuoteWriter | None:
+        """What turns the model's quotes into the answer shown (None: shown as written)."""
+        return QuoteWriter(self.offered) if self.offered else None
 
 
 class _Written:
@@ -281,10 +291,10 @@ class Answerer:
             )
             # Best last, next to the question, where small models look most.
             variables["context"] = format_quotes(offered[::-1])
-        else:
-            prompt = options.prompt("answer")
-            chain = self.llm.text(prompt, grammar=citation_grammar(labels))
-            variables["context"] = format_context(documents)
+            return _Plan(chain, variables, documents, prompt.ref, style, notes, offered)
+        prompt = options.prompt("answer")
+        chain = self.llm.text(prompt, grammar=citation_grammar(labels))
+        variables["context"] = format_context(documents)
         return _Plan(chain, variables, documents, prompt.ref, style, notes)
 
     def events(
@@ -298,11 +308,14 @@ class Answerer:
             written.add(DONT_KNOW)
             yield AddableDict(answer=DONT_KNOW)
         else:
+            shown = p.shown()
             # Closed with this generator: a consumer that stops early stops the model at once.
             with closing(p.chain.stream(p.variables, config)) as pieces:  # type: ignore[type-var]
                 for piece in pieces:
-                    if (event := written.add(piece)) is not None:
+                    if (event := written.add(shown.add(piece) if shown else piece)) is not None:
                         yield event
+            if shown and (event := written.add(shown.close())) is not None:
+                yield event
         yield _ending(written.text, p)
 
     async def aevents(
@@ -315,10 +328,13 @@ class Answerer:
             written.add(DONT_KNOW)
             yield AddableDict(answer=DONT_KNOW)
         else:
+            shown = p.shown()
             async with aclosing(p.chain.astream(p.variables, config)) as pieces:  # type: ignore[type-var]
                 async for piece in pieces:
-                    if (event := written.add(piece)) is not None:
+                    if (event := written.add(shown.add(piece) if shown else piece)) is not None:
                         yield event
+            if shown and (event := written.add(shown.close())) is not None:
+                yield event
         yield _ending(written.text, p)
 
     def transform(

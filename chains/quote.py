@@ -14,10 +14,14 @@ so the shortlist finds and the model chooses among the few, or declines.
 ``quote_grammar`` turns the units into GBNF for llama.cpp: the answer is one to ``sentences``
 units, each followed by `` [label]`` of a chunk it comes from, or exactly the don't-know
 sentence. Decoding under it cannot write a word the sources do not hold. ``format_quotes``
-shows the model the units as the answer will look: one ``sentence [label]`` per line.
-"""
+shows the model the units as it will write them: one ``sentence [label]`` per line.
 
-from __future__ import annotations
+``QuoteWriter`` turns what the model writes into what the reader sees, as it streams: a
+sentence as written; a table row under its table's header row and rule (rows of one table
+quoted together share them), the citation on its own line after the table, where it does not
+break it; a record (a CSV/JSON/Excel row) as a list of ``**field:** value`` lines, then its
+citation. The model copies the units as they are offered; only the display changes.
+"""
 
 import math
 import re
@@ -61,13 +65,24 @@ _CLAUSE = re.compile(r"(?<=[;,:])\s+")
 _SENTENCE_END = re.compile(r"[.!?:][\"'”’)\]]*$")
 
 
+# What a unit is, for its display: a sentence (or list item), a table row, a record's fields.
+PROSE, ROW, RECORD = "prose", "row", "record"
+
+
 @dataclass(frozen=True)
 class Quote:
-    """One quotable unit, the labels of the chunks it is copied from, and its context."""
+    """One quotable unit, the labels of the chunks it is copied from, and its context.
+
+    ``kind``, ``table`` and ``fields`` are how it is shown (``QuoteWriter``): ``table`` is a
+    row's table header and rule ("" when its chunk holds no header), ``fields`` a record's
+    ``(field, value)`` pairs."""
 
     text: str
     labels: tuple[str, ...]
     context: str = ""
+    kind: str = PROSE
+    table: str = ""
+    fields: tuple[tuple[str, str], ...] = ()
 
 
 def _norm(text: str) -> str:
@@ -206,10 +221,52 @@ def _cut(text: str, limit: int = MAX_QUOTE_CHARS) -> list[str]:
 @dataclass(frozen=True)
 class Unit:
     """A quotable unit of a chunk and its context: the heading above it, and for a table row
-    the table's header row (what a reader needs to see what the unit is about)."""
+    the table's header row (what a reader needs to see what the unit is about).
+
+    ``kind``: ``prose`` (a sentence, a list item, a piece of a long record), ``row`` (a table
+    row; ``table`` holds its table's header row and a compact rule, "" when the chunk holds
+    no header) or ``record`` (``fields``: the record's ``(field, value)`` pairs)."""
 
     text: str
     context: str = ""
+    kind: str = PROSE
+    table: str = ""
+    fields: tuple[tuple[str, str], ...] = ()
+
+
+def cells(row: str) -> list[str]:
+    """A Markdown table row's cells, stripped (``\\|`` is a pipe inside a cell)."""
+    inner = row.strip()
+    inner = inner[1:] if inner.startswith("|") else inner
+    inner = inner[:-1] if inner.endswith("|") and not inner.endswith("\\|") else inner
+    return [cell.strip() for cell in re.split(r"(?<!\\)\|", inner)]
+
+
+def _compact_rule(rule: str, width: int) -> str:
+    """A table's |---| rule with ``width`` columns, each ``---`` keeping its alignment colons
+    (a source's rule may be as wide as its widest cell: tokens a reader never sees)."""
+    found = cells(rule)
+    out = []
+    for n in range(width):
+        cell = found[n] if n < len(found) else ""
+        left, right = cell.startswith(":"), cell.endswith(":") and len(cell) > 1
+        out.append(f"{':' if left else ''}---{':' if right else ''}")
+    return "| " + " | ".join(out) + " |"
+
+
+def table_head(header: str, rule: str = "") -> str:
+    """A table's header row and a compact rule under it, as two lines."""
+    header = _norm(header)
+    return f"{header}\n{_compact_rule(rule, len(cells(header)))}"
+
+
+def _fields(block: str) -> tuple[tuple[str, str], ...]:
+    """A record's ``field: value`` lines as pairs (the name never holds a colon)."""
+    pairs = []
+    for line in block.splitlines():
+        name, _, value = line.partition(":")
+        pairs.append((name.strip(), _norm(value)))
+    return tuple(pairs)
 
 
 def units_of(text: str, section: str = "") -> list[Unit]:
@@ -217,20 +274,23 @@ def units_of(text: str, section: str = "") -> list[Unit]:
     (the chunk's innermost heading) is the context until a heading in the text; a table's
     header row is the context of its rows, not a unit."""
     units: list[Unit] = []
-    heading, header, previous = section, "", ""
+    heading, header, table, previous = section, "", "", ""
     for kind, block in _blocks(text):
         if kind == "title":
-            heading, header = block, ""
+            heading, header, table = block, "", ""
         elif kind == "rule" and previous:
             # The row above a |---| rule is the table's header: context, not an answer.
-            header = previous
+            header, table = previous, table_head(previous, block)
             if units and units[-1].text == previous:
                 units.pop()
         if kind in ("title", "rule"):
             previous = ""
             continue
+        if kind != "row":
+            header, table = "", ""  # a table ends where other text starts
         previous = _norm(block) if kind == "row" else ""
-        if kind == "row" or (kind == "record" and len(_norm(block)) <= MAX_QUOTE_CHARS):
+        whole = kind == "row" or (kind == "record" and len(_norm(block)) <= MAX_QUOTE_CHARS)
+        if whole:
             found = [_norm(block)]
         elif kind == "record":  # too long for one quote: its fields' sentences
             found = [s for line in block.splitlines() for s in split_sentences(line)]
@@ -239,12 +299,17 @@ def units_of(text: str, section: str = "") -> list[Unit]:
         for sentence in found:
             if sentence.endswith("?"):
                 # Not an answer, but what the next sentences answer (a FAQ's question).
-                heading, header = sentence, ""
+                heading, header, table = sentence, "", ""
                 continue
             if not any(c.isalnum() for c in sentence):
                 continue
             context = " ".join(x for x in (heading, header if kind == "row" else "") if x)
-            units.extend(Unit(piece, context) for piece in _cut(sentence))
+            if kind == "row":
+                units.append(Unit(sentence, context, ROW, table))
+            elif kind == "record" and whole:
+                units.append(Unit(sentence, context, RECORD, fields=_fields(block)))
+            else:
+                units.extend(Unit(piece, context) for piece in _cut(sentence))
     return units
 
 
@@ -267,13 +332,27 @@ def quotes(
     question's words each holds (``rank``), most relevant first; ties keep the chunks'
     order (the compressor's, best first).
     """
-    found: dict[str, tuple[list[str], str]] = {}
+    found: dict[str, tuple[list[str], Unit]] = {}
+    # Table heads by label and width: a chunk that starts inside a table (the overlap of the
+    # chunk before) holds rows without their header; a chunk of the same section that holds
+    # the header lends it.
+    heads: dict[tuple[str, int], str] = {}
     for doc, label in zip(documents, labels, strict=True):
         for unit in units_of(doc.page_content, _section(doc)):
-            owners, _ = found.setdefault(unit.text, ([], unit.context))
+            owners, first = found.setdefault(unit.text, ([], unit))
             if label not in owners:
                 owners.append(label)
-    listed = [Quote(text, tuple(owners), context) for text, (owners, context) in found.items()]
+            if unit.table and not first.table:
+                found[unit.text] = (owners, unit)  # the same row, seen with its header
+            if unit.table:
+                heads.setdefault((label, len(cells(unit.text))), unit.table)
+    listed = []
+    for text, (owners, unit) in found.items():
+        table = unit.table
+        if unit.kind == ROW and not table:
+            width = len(cells(text))
+            table = next((heads[(o, width)] for o in owners if (o, width) in heads), "")
+        listed.append(Quote(text, tuple(owners), unit.context, unit.kind, table, unit.fields))
     return rank(listed, question) if question else listed
 
 
@@ -329,6 +408,161 @@ def format_quotes(found: Sequence[Quote]) -> str:
     """The sources block of the quote prompt: one ``unit [label]`` line per quote, in the
     order given."""
     return "\n".join(f"{q.text} [{q.labels[0]}]" for q in found)
+
+
+# Characters that would turn a record's value into Markdown (emphasis, code, HTML, links).
+_MARKDOWN = re.compile(r"([\\`*_<>\[\]])")
+
+
+def _escaped(value: str) -> str:
+    return _MARKDOWN.sub(r"\\\1", value)
+
+
+def _head_of(quote: Quote) -> str:
+    """A row's table head: its table's, else an empty header row as wide as the row (a
+    GFM table must have one; empty cells say "unknown" where invented names would lie)."""
+    if quote.table:
+        return quote.table
+    width = len(cells(quote.text))
+    return table_head("|" + " |" * width)
+
+
+@dataclass(frozen=True)
+class _Choice:
+    """One quote as the model writes it: ``text [label]``."""
+
+    quote: Quote
+    label: str
+
+    @property
+    def text(self) -> str:
+        return f"{self.quote.text} [{self.label}]"
+
+
+def _marker(labels: Sequence[str]) -> str:
+    return "[" + "; ".join(dict.fromkeys(labels)) + "]"
+
+
+def _group(written: Sequence[_Choice]) -> list[list[_Choice]]:
+    """Consecutive quotes as shown together: rows of one table share its head; any other
+    quote stands alone."""
+    groups: list[list[_Choice]] = []
+    for item in written:
+        last = groups[-1][-1].quote if groups else None
+        if (
+            last is not None
+            and item.quote.kind == ROW
+            and last.kind == ROW
+            and _head_of(last) == _head_of(item.quote)
+        ):
+            groups[-1].append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
+def _show(group: Sequence[_Choice], closed: bool) -> str:
+    """A group as the reader sees it. A table: head, rows, then (once no further row of it
+    can follow: ``closed``) its citation after a blank line, outside the table (GFM reads a
+    line right under a table as one more row). A record: ``- **field:** value`` lines, then
+    its citation. Anything else: the quote as written."""
+    first = group[0].quote
+    labels = [item.label for item in group]
+    if first.kind == ROW:
+        table = "\n".join([_head_of(first), *(item.quote.text for item in group)])
+        return f"{table}\n\n{_marker(labels)}" if closed else table
+    if first.kind == RECORD and first.fields:
+        lines = "\n".join(f"- **{name}:** {_escaped(value)}" for name, value in first.fields)
+        return f"{lines}\n\n{_marker(labels)}"
+    return group[0].text
+
+
+def _between(before: Sequence[_Choice] | None, after_block: bool) -> str:
+    """What separates a group from the one before: a blank between prose quotes, a blank line
+    where a table or list starts or ends."""
+    if before is None:
+        return ""
+    return "\n\n" if after_block or before[0].quote.kind in (ROW, RECORD) else " "
+
+
+def _block(quote: Quote) -> bool:
+    return quote.kind == ROW or (quote.kind == RECORD and bool(quote.fields))
+
+
+class QuoteWriter:
+    """The answer a reader sees, from the quote answer the model writes, as it streams.
+
+    The model writes ``unit [label]`` quotes joined by a blank (``quote_grammar``). Sentences
+    are shown as written, token by token; a table row or a record is shown once written
+    whole, formatted (``_show``); a table's citation once no further row of it can follow.
+    Text that is no offered quote (the don't-know sentence, a reply cut short, a model not
+    held to the grammar) is shown as written. ``add`` returns the new part of the answer
+    shown; ``close`` the rest at the end. The parts add up to ``render`` of the whole reply.
+    """
+
+    def __init__(self, offered: Sequence[Quote]) -> None:
+        self.choices = [_Choice(q, label) for q in offered for label in q.labels]
+        self.written = ""
+        self.shown = ""
+
+    def add(self, piece: str) -> str:
+        self.written += piece
+        return self._advance(final=False)
+
+    def close(self) -> str:
+        return self._advance(final=True)
+
+    def _advance(self, *, final: bool) -> str:
+        now = self.render(self.written, final=final)
+        if not now.startswith(self.shown):  # cannot happen: shown parts are never redone
+            now = self.shown + now[len(self.shown) :]
+        new, self.shown = now[len(self.shown) :], now
+        return new
+
+    def _parse(self, reply: str) -> tuple[list[_Choice], str]:
+        """The whole quotes at the start of ``reply`` and what follows them."""
+        done: list[_Choice] = []
+        rest = reply.lstrip()
+        while rest:
+            body = rest[1:] if done and rest.startswith(" ") else rest
+            hits = [c for c in self.choices if body.startswith(c.text)]
+            if not hits:
+                break
+            hit = max(hits, key=lambda c: len(c.text))
+            done.append(hit)
+            rest = body[len(hit.text) :]
+        return done, rest
+
+    def render(self, reply: str, *, final: bool = True) -> str:
+        """``reply`` (all the model wrote, or so far) as shown: with ``final`` False, only what
+        will not change whatever the model writes next."""
+        done, rest = self._parse(reply)
+        tail = rest[1:] if done and rest.startswith(" ") else rest
+        possible = [c for c in self.choices if c.text.startswith(tail)] if tail else []
+        if final or not possible:
+            shown_tail = tail  # the end of the reply, or no quote (don't-know, junk): as is
+        else:
+            shown_tail = "" if any(_block(c.quote) for c in possible) else tail
+        groups = _group(done)
+        parts: list[str] = []
+        before: list[_Choice] | None = None
+        for n, group in enumerate(groups):
+            head = _head_of(group[0].quote) if group[0].quote.kind == ROW else None
+            closed = (
+                n < len(groups) - 1
+                or final
+                or (
+                    bool(tail)
+                    and not any(c.quote.kind == ROW and _head_of(c.quote) == head for c in possible)
+                )
+            )
+            parts.append(_between(before, _block(group[0].quote)) + _show(group, closed))
+            if not closed:
+                return "".join(parts)  # what follows an open table is not known yet
+            before = group
+        if shown_tail:
+            parts.append(_between(before, False) + shown_tail)
+        return "".join(parts)
 
 
 def gbnf_literal(text: str) -> str:

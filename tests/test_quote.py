@@ -10,10 +10,13 @@ from pathlib import Path
 import pytest
 from langchain_core.documents import Document
 
-from ragchains.chains.answer import DONT_KNOW
+from ragchains.chains.answer import DONT_KNOW, create_answer_chain, parse_citations
+from ragchains.chains.llm import LLM
 from ragchains.chains.quote import (
     MAX_QUOTE_CHARS,
     Quote,
+    QuoteWriter,
+    cells,
     gbnf_literal,
     quote_grammar,
     quotes,
@@ -24,6 +27,7 @@ from ragchains.chains.quote import (
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.searchindex import load_index
+from tests.fakes import RecordingModel
 
 
 @pytest.fixture(scope="module")
@@ -265,3 +269,156 @@ def test_every_unit_of_the_sample_corpus_is_verbatim(sample_chunks: list[Documen
         for unit in sentences_of(chunk.page_content):
             assert unit in flat and len(unit) <= MAX_QUOTE_CHARS
             assert not re.match(r"#{1,6} ", unit)  # no Markdown heading
+
+
+# ----------------------------------------------------------------------------- display
+PLANS = Document(
+    page_content=(
+        "## Benefit plans\nThree plans.\n"
+        "| Plan | Monthly cost | Deductible |\n|------|-------------:|:----------:|\n"
+        "| Basic | $0.00 | $3,000 |\n| Standard | $45.00 | $1,000 |\n| Premium | $120.00 | $250 |\n"
+        "Adding a spouse doubles the monthly cost."
+    ),
+    metadata={"citation": "handbook.md#benefit-plans", "section": "Handbook > Benefit plans"},
+)
+# The next chunk starts inside the table (the overlap): its row has no header of its own.
+PLANS_AFTER = Document(
+    page_content="| Premium | $120.00 | $250 |\nChildren cost $30.00 per month.",
+    metadata={"citation": "handbook.md#benefit-plans", "section": "Handbook > Benefit plans"},
+)
+PROBE = Document(
+    page_content=(
+        "sku: BW-100\nname: AquaSense Soil Probe\nprice: 89.00\n"
+        "description: Measures *soil* moisture; [new]."
+    ),
+    metadata={"citation": "products.csv#row=1", "row": 1},
+)
+HEAD = "| Plan | Monthly cost | Deductible |\n| --- | ---: | :---: |"
+
+
+def _shown(found: list[Quote], reply: str) -> tuple[str, list[str]]:
+    """The answer shown for ``reply`` streamed one character at a time, and its parts."""
+    writer = QuoteWriter(found)
+    parts = [writer.add(char) for char in reply] + [writer.close()]
+    shown = "".join(parts)
+    assert shown == writer.render(reply)  # the streamed parts add up to the whole
+    return shown, [p for p in parts if p]
+
+
+def test_units_know_their_kind_table_head_and_fields() -> None:
+    units = units_of(PLANS.page_content)
+    rows = [u for u in units if u.kind == "row"]
+    assert [u.text for u in rows] == [
+        "| Basic | $0.00 | $3,000 |",
+        "| Standard | $45.00 | $1,000 |",
+        "| Premium | $120.00 | $250 |",
+    ]
+    # The header row, and a compact rule keeping the source's alignment.
+    assert {u.table for u in rows} == {HEAD}
+    assert units[-1].kind == "prose" and units[-1].table == ""
+    (record,) = units_of(PROBE.page_content)
+    assert record.kind == "record" and record.fields == (
+        ("sku", "BW-100"),
+        ("name", "AquaSense Soil Probe"),
+        ("price", "89.00"),
+        ("description", "Measures *soil* moisture; [new]."),
+    )
+    assert cells("| a | b \\| c |") == ["a", "b \\| c"]
+
+
+def test_a_quoted_row_is_shown_under_its_table_header_with_the_citation_after() -> None:
+    found = quotes([PLANS], ["handbook.md#benefit-plans"])
+    shown, parts = _shown(found, "| Standard | $45.00 | $1,000 | [handbook.md#benefit-plans]")
+    assert shown == (f"{HEAD}\n| Standard | $45.00 | $1,000 |\n\n[handbook.md#benefit-plans]")
+    # The table shows once its row is whole; its citation once no other row can follow.
+    assert parts == [f"{HEAD}\n| Standard | $45.00 | $1,000 |", "\n\n[handbook.md#benefit-plans]"]
+    assert [c.label for c in parse_citations(shown, [PLANS])] == ["handbook.md#benefit-plans"]
+    assert _table_lines(shown) == 4  # header, rule and row: the marker is no fourth row
+
+
+def _table_lines(markdown: str) -> int:
+    """The lines of the first GFM table: from the header to the first blank line."""
+    block = markdown.split("\n\n")[0].splitlines()
+    assert all(line.startswith("|") and line.endswith("|") for line in block)
+    assert re.fullmatch(r"\|( :?---:? \|)+", block[1])
+    widths = {len(cells(line)) for line in block}
+    assert len(widths) == 1, block  # every line as wide as the header
+    return len(block) + 1
+
+
+def test_two_rows_of_one_table_share_its_header() -> None:
+    found = quotes([PLANS], ["handbook.md#benefit-plans"])
+    reply = (
+        "| Basic | $0.00 | $3,000 | [handbook.md#benefit-plans] "
+        "| Premium | $120.00 | $250 | [handbook.md#benefit-plans]"
+    )
+    shown, _ = _shown(found, reply)
+    assert shown == (
+        f"{HEAD}\n| Basic | $0.00 | $3,000 |\n| Premium | $120.00 | $250 |\n\n"
+        "[handbook.md#benefit-plans]"
+    )
+
+
+def test_a_row_without_its_header_borrows_it_from_a_chunk_of_its_section() -> None:
+    labels = ["handbook.md#benefit-plans"] * 2
+    # The headerless chunk ranked first: the row is still shown under the header.
+    found = quotes([PLANS_AFTER, PLANS], labels)
+    premium = next(q for q in found if q.text == "| Premium | $120.00 | $250 |")
+    assert premium.table == HEAD
+    # Alone, it gets an empty header row as wide as itself (GFM needs one).
+    (alone, _) = quotes([PLANS_AFTER], labels[:1])
+    assert alone.table == ""
+    shown, _ = _shown([alone], "| Premium | $120.00 | $250 | [handbook.md#benefit-plans]")
+    assert shown.startswith("| | | |\n| --- | --- | --- |\n| Premium | $120.00 | $250 |\n\n[")
+
+
+def test_a_record_is_shown_as_field_value_lines() -> None:
+    found = quotes([PROBE], ["products.csv#row=1"])
+    shown, parts = _shown(found, f"{found[0].text} [products.csv#row=1]")
+    assert shown == (
+        "- **sku:** BW-100\n- **name:** AquaSense Soil Probe\n- **price:** 89.00\n"
+        "- **description:** Measures \\*soil\\* moisture; \\[new\\].\n\n[products.csv#row=1]"
+    )
+    assert len(parts) == 1  # shown once written whole
+    cited = parse_citations(shown, [PROBE])
+    assert [c.label for c in cited] == ["products.csv#row=1"]
+
+
+def test_sentences_stream_as_written_and_blocks_are_set_apart() -> None:
+    found = quotes([PLANS, PROBE], ["handbook.md#benefit-plans", "products.csv#row=1"])
+    sentence = "Adding a spouse doubles the monthly cost. [handbook.md#benefit-plans]"
+    shown, parts = _shown(found, sentence)
+    assert shown == sentence and len(parts) > 10  # token by token, unchanged
+    reply = f"{sentence} | Basic | $0.00 | $3,000 | [handbook.md#benefit-plans] Three plans. [x]"
+    shown, _ = _shown(found, reply)
+    assert shown == (
+        f"{sentence}\n\n{HEAD}\n| Basic | $0.00 | $3,000 |\n\n[handbook.md#benefit-plans]"
+        "\n\nThree plans. [x]"  # no offered quote (the label is not its own): as written
+    )
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        DONT_KNOW,
+        "| Standard | $45.00 | $1,0",  # cut short by max_tokens
+        "Something no source says. [handbook.md#benefit-plans]",  # a model off the grammar
+        "",
+    ],
+)
+def test_anything_but_an_offered_quote_is_shown_as_written(reply: str) -> None:
+    found = quotes([PLANS], ["handbook.md#benefit-plans"])
+    assert _shown(found, reply)[0] == reply
+
+
+def test_quote_answers_of_the_chain_are_shown_formatted_and_cited() -> None:
+    model = RecordingModel(responses=["| Standard | $45.00 | $1,000 | [handbook.md#benefit-plans]"])
+    chain = create_answer_chain(llm=LLM(model=model, name="tiny", count_tokens=len, grammar=True))
+    events = list(
+        chain.stream({"question": "What does the standard plan cost?", "documents": [PLANS]})
+    )
+    out = events[-1]
+    answer = "".join(e.get("answer", "") for e in events)
+    assert answer.startswith(HEAD) and answer.endswith("\n\n[handbook.md#benefit-plans]")
+    assert [c["label"] for c in out["citations"]] == ["handbook.md#benefit-plans"]
+    assert not out["abstained"]
