@@ -224,8 +224,10 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
     panel.wait_for()
     assert panel.get_by_role("heading", level=2).inner_text() == label
     facts = panel.locator("dl").inner_text()
-    assert "samples/" in facts and "Score" in facts and "Section" in facts
-    assert len(panel.locator("blockquote").inner_text()) > 40
+    assert "employee-handbook.md" in facts and "Score" in facts and "Section" in facts
+    # The chunk shown in its document, highlighted (tests/test_passage_viewer.py has more).
+    panel.locator(".source-view .hit").first.wait_for()
+    assert len(panel.locator(".source-view").inner_text()) > 40
     panel.get_by_role("button", name="Close source").click()
     assert not panel.is_visible()
 
@@ -246,15 +248,18 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
 def test_screenshot_for_the_readme(
     url: str, opened: Callable[..., ChatPage], tmp_path: Path
 ) -> None:
-    """The README's picture: an answer, its thought process, a cited chunk in the panel."""
+    """The README's picture: a quoted answer, its thought process, and the cited PDF page in
+    the panel with the chunk and the quoted sentence highlighted."""
     chat = opened(url, (1280, 860))
     page = chat.page
-    chat.use(mode="Ask", domain="hr")
-    turn = chat.ask(ANSWERABLE)
+    chat.use(mode="Ask", domain="default")
+    turn = chat.ask("What is the per diem for meals while travelling?")
     answer = chat.wait_done(turn)
     chat.thoughts(turn)
-    answer.locator(".answer-text a.cite").first.click()
-    page.get_by_role("complementary", name="Source").wait_for()
+    answer.locator(".answer-text a.cite", has_text="travel-policy.pdf").first.click()
+    panel = page.get_by_role("complementary", name="Source")
+    panel.wait_for()
+    panel.locator(".hl-quote").first.wait_for(timeout=60_000)
     turn.locator(".question").scroll_into_view_if_needed()
     shot = tmp_path / "chat-page.png"
     page.screenshot(path=str(shot))

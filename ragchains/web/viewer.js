@@ -133,6 +133,7 @@ export class Viewer {
     frame.style.width = `${viewport.width}px`;
     frame.style.height = `${viewport.height}px`;
     const location = source.location ?? {};
+    frame.dataset.pageWidth = String(location.page_width || natural.width);
     if (pageNumber === (location.page ?? 1)) {
       const scale = viewport.width / (location.page_width || natural.width);
       for (const box of location.boxes ?? []) frame.append(mark(box, scale, "hl"));
@@ -169,6 +170,7 @@ export class Viewer {
     this.container.replaceChildren(nav, frame);
     const [naturalWidth] = view.page_sizes?.[pageNumber - 1] ?? [image.naturalWidth];
     const scale = image.clientWidth / (naturalWidth || image.naturalWidth);
+    frame.dataset.pageWidth = String(naturalWidth || image.naturalWidth);
     const location = source.location ?? {};
     if (pageNumber === (location.page ?? 1)) {
       for (const box of location.boxes ?? []) frame.append(mark(box, scale, "hl"));
