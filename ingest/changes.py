@@ -10,8 +10,9 @@ the index, that version is kept rather than lost.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -111,3 +112,17 @@ def read_files(
         reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
         raise NothingIngestedError(f"nothing could be ingested ({reasons})")
     return read
+
+
+def originals_wanted(
+    records: Mapping[str, FileRecord], found: Discovered, report: IngestReport
+) -> dict[str, tuple[str, Path]]:
+    """The files whose originals the run keeps, by sha256: (source, path). Not a file whose
+    earlier version is kept because it cannot be read now (its bytes are not the record's)."""
+    unread = set(report.kept_previous)
+    wanted: dict[str, tuple[str, Path]] = {}
+    for source in sorted(records):
+        path = found.files.get(source)
+        if path is not None and source not in unread:
+            wanted.setdefault(records[source].sha256, (source, path))
+    return wanted

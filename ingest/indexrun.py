@@ -18,7 +18,7 @@ from ragchains.ingest.accessrules import (
     rules_as_recorded,
     rules_for_run,
 )
-from ragchains.ingest.changes import read_files
+from ragchains.ingest.changes import originals_wanted, read_files
 from ragchains.ingest.discovery import Discovered, discover
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
@@ -33,7 +33,6 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import (
     LOCK_FILE,
     Chunk,
-    FileRecord,
     IndexBusyError,
     IndexDamagedError,
     IndexLoadError,
@@ -177,7 +176,7 @@ def _ingest_locked(
     per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
     all_chunks = [c for source in sorted(per_file) for c in per_file[source]]
     report.chunks_total = len(all_chunks)
-    wanted = _originals_wanted(read.records, found, report) if originals else {}
+    wanted = originals_wanted(read.records, found, report) if originals else {}
     if previous is not None and not report.changed and same_chunking and same_originals:
         if lengths_kept:
             # The index already holds exactly this; only originals it lacks (an index
@@ -207,20 +206,6 @@ def _ingest_locked(
     )
     report.wrote = True
     return report
-
-
-def _originals_wanted(
-    records: Mapping[str, FileRecord], found: Discovered, report: IngestReport
-) -> dict[str, tuple[str, Path]]:
-    """The files whose originals the run keeps, by sha256: (source, path). Not a file whose
-    earlier version is kept because it cannot be read now (its bytes are not the record's)."""
-    unread = set(report.kept_previous)
-    wanted: dict[str, tuple[str, Path]] = {}
-    for source in sorted(records):
-        path = found.files.get(source)
-        if path is not None and source not in unread:
-            wanted.setdefault(records[source].sha256, (source, path))
-    return wanted
 
 
 def _keep_originals(

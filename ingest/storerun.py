@@ -15,7 +15,7 @@ from ragchains.ingest.accessrules import (
     rules_as_recorded,
     rules_for_run,
 )
-from ragchains.ingest.changes import read_files
+from ragchains.ingest.changes import originals_wanted, read_files
 from ragchains.ingest.discovery import discover
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
@@ -42,10 +42,12 @@ def ingest_to_store(
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
+    originals: bool = True,
 ) -> IngestReport:
     """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
     one transaction that deletes the chunks of changed and removed files and adds the new
-    ones (unchanged files are not read back)."""
+    ones (unchanged files are not read back). ``originals``: keep each file's bytes (the
+    ``originals`` table); False: keep none, and delete those kept before."""
     found = discover(paths)
     if access:
         check_rules_match(access, found)
@@ -81,7 +83,12 @@ def ingest_to_store(
             note_opened(read.records, old_files, report)
             report.chunks_total = sum(r.chunk_count for r in read.records.values())
             current = meta.get("schema_version") == SCHEMA_VERSION
-            if meta and not report.changed and same_chunking and current:
+            wanted = originals_wanted(read.records, found, report) if originals else {}
+            # Originals to add, or to drop (--no-originals): a write even if nothing changed.
+            ids = {r.sha256 for r in read.records.values()}
+            missing = store.missing_originals(sorted(ids)) if meta else ids
+            originals_done = not (missing & wanted.keys()) if originals else missing == ids
+            if meta and not report.changed and same_chunking and current and originals_done:
                 return report  # (an older store is written anyway: the write migrates it)
             new_chunks = [c for source in sorted(read.chunks) for c in read.chunks[source]]
             stored = store.stored_vectors([c.id for c in new_chunks]) if meta else {}
@@ -91,7 +98,10 @@ def ingest_to_store(
             report.notes.extend(
                 writer.write(
                     StoreDelta(
-                        remove_sources=sorted(set(report.removed) | set(report.updated)),
+                        # and the files re-chunked the same (their chunks' metadata may change)
+                        remove_sources=sorted(
+                            set(report.removed) | set(report.updated) | set(read.chunks)
+                        ),
                         chunks=new_chunks,
                         vectors=vectors,
                         files=[read.records[s] for s in sorted(read.records)],
@@ -101,6 +111,8 @@ def ingest_to_store(
                         base_fields=BASE_FIELDS,
                         not_filterable=NOT_FILTERABLE,
                         access_rules=rules_as_recorded(access),
+                        originals=wanted,
+                        keep_originals=originals,
                     )
                 )
             )

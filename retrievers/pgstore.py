@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.filters import BASE_FIELDS, LiveFields
-from ragchains.retrievers.indexformat import FileRecord, embedder_mismatch
+from ragchains.retrievers.indexformat import FileRecord, embedder_mismatch, is_file_id
 from ragchains.retrievers.pgerrors import StoreBusyError, StoreError
 from ragchains.retrievers.pgwriter import HNSW_EF_SEARCH, SCHEMA_VERSION, StoreDelta, StoreWriter
 from ragchains.retrievers.storeurl import is_store_url, redact
@@ -325,6 +325,56 @@ class PostgresStore:
             source: FileRecord(source, sha, size, count, fmt, tuple(access))
             for source, sha, size, count, fmt, access in rows
         }
+
+    def file_records(self, file_id: str) -> list[FileRecord]:
+        """The records of the files whose bytes have this sha256, by source ([]: none); who
+        may read them is the caller's to check (``FileRecord.access``)."""
+        if not is_file_id(file_id) or not self.known_meta():
+            return []
+        with self.connection() as conn:
+            labelled = self.column_width(conn, "files", "access") is not None
+            access = sql.SQL("access" if labelled else "ARRAY[]::text[]")
+            rows = conn.execute(
+                sql.SQL(
+                    "SELECT source, sha256, size, chunk_count, format, {} FROM {} "
+                    "WHERE sha256 = %s ORDER BY source"
+                ).format(access, self.table("files")),
+                (file_id,),
+            ).fetchall()
+        return [
+            FileRecord(source, sha, size, count, fmt, tuple(groups))
+            for source, sha, size, count, fmt, groups in rows
+        ]
+
+    def original(self, file_id: str) -> bytes | None:
+        """The original bytes of a file with this sha256, or None (not kept: a store written
+        before originals were, or by ``ingest --no-originals``, or one over the size cap)."""
+        if not is_file_id(file_id) or not self.known_meta():
+            return None
+        with self.connection() as conn:
+            if self.column_width(conn, "originals", "content") is None:
+                return None
+            row = conn.execute(
+                sql.SQL("SELECT content FROM {} WHERE sha256 = %s").format(self.table("originals")),
+                (file_id,),
+            ).fetchone()
+        return bytes(row[0]) if row is not None else None
+
+    def missing_originals(self, ids: Sequence[str]) -> set[str]:
+        """The file ids among ``ids`` whose original the store does not hold."""
+        wanted = {i for i in ids if is_file_id(i)}
+        if not wanted or not self.meta(fresh=True):
+            return wanted
+        with self.connection() as conn:
+            if self.column_width(conn, "originals", "content") is None:
+                return wanted
+            rows = conn.execute(
+                sql.SQL("SELECT sha256 FROM {} WHERE sha256 = ANY(%s)").format(
+                    self.table("originals")
+                ),
+                (sorted(wanted),),
+            ).fetchall()
+        return wanted - {r[0] for r in rows}
 
     def chunk_ids(self, sources: Sequence[str]) -> set[str]:
         if not sources or not self.meta(fresh=True):

@@ -11,18 +11,25 @@ Layout (in one schema, ``ragchains`` unless the URL says ``?schema=NAME``)::
     chunks  id, source, text, metadata (jsonb), tsv (generated: to_tsvector('english', text)),
             embedding vector(dim), access (its file's groups, for the searches' WHERE);
             GIN on tsv and metadata, HNSW (cosine) on embedding
+    originals  sha256 -> content (bytea) and size: each file's original bytes, once for all
+            the files holding them (those no file record names are deleted by each write;
+            added to older stores by their next ingest, without a new schema version: servers
+            of earlier releases read the rest as before and never this table)
 
 An ingest is one transaction (``write``): deleted and changed files' chunks out, new chunks
-in, the file records, the field types and the generation, all committed together or not at
-all. The store opens its one writer (``PostgresStore.writer``), so it imports this module; the
-writer knows the store only as a ``WritableStore``, and imports nothing back.
+in, the file records, the originals, the field types and the generation, all committed
+together or not at all. The store opens its one writer (``PostgresStore.writer``), so it
+imports this module; the writer knows the store only as a ``WritableStore``, and imports
+nothing back.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -51,6 +58,9 @@ TEXT_SEARCH_CONFIG = "english"  # the stemmer BM25 uses on disk (PyStemmer's Eng
 HNSW_M = 16
 HNSW_EF_CONSTRUCTION = 100
 HNSW_EF_SEARCH = 128
+# An original larger than this is not kept (a bytea value travels whole, in memory, and
+# PostgreSQL caps one at 1 GB).
+MAX_ORIGINAL_BYTES = 256 * 1024 * 1024
 
 
 def clean_text(text: str) -> str:
@@ -84,6 +94,10 @@ class StoreDelta:
     not_filterable: Collection[str] = ()
     # The run's access rules, kept for the next run (see ingest.accessrules.rules_for_run).
     access_rules: list[dict[str, Any]] = field(default_factory=list)
+    # The files whose original bytes to keep, by sha256: (source, path); those the store
+    # holds already are not read again. ``keep_originals`` False: the store keeps none.
+    originals: Mapping[str, tuple[str, Path]] = field(default_factory=dict)
+    keep_originals: bool = True
 
 
 class WritableStore(Protocol):
@@ -170,6 +184,7 @@ class StoreWriter:
                         for f in delta.files
                     ],
                 )
+            notes = self._write_originals(conn, delta)
             # New chunks came with their file's groups; a relabelled file's kept ones take them.
             conn.execute(
                 sql.SQL(
@@ -177,9 +192,10 @@ class StoreWriter:
                     "WHERE c.source = f.source AND c.access IS DISTINCT FROM f.access"
                 ).format(chunks=chunks, files=files)
             )
-            fields, notes, readers = self._field_types(
+            fields, typed, readers = self._field_types(
                 conn, delta.base_fields, delta.not_filterable
             )
+            notes.extend(typed)
             counted = conn.execute(sql.SQL("SELECT count(*) FROM {}").format(chunks)).fetchone()
             self._set_meta(
                 conn,
@@ -222,6 +238,17 @@ class StoreWriter:
                 "size bigint NOT NULL, chunk_count integer NOT NULL, format text NOT NULL, "
                 "access text[] NOT NULL DEFAULT ARRAY[]::text[])"
             ).format(self.table("files"))
+        )
+        conn.execute(
+            sql.SQL("CREATE INDEX IF NOT EXISTS files_sha256 ON {} (sha256)").format(
+                self.table("files")
+            )
+        )
+        conn.execute(
+            sql.SQL(
+                "CREATE TABLE IF NOT EXISTS {} (sha256 text PRIMARY KEY, content bytea NOT NULL, "
+                "size bigint NOT NULL)"
+            ).format(self.table("originals"))
         )
         held = self.store.column_width(conn, "chunks", "embedding")
         if held is not None:
@@ -274,6 +301,55 @@ class StoreWriter:
                         meta=self.table("meta"),
                     )
                 )
+
+    def _write_originals(self, conn: psycopg.Connection[Any], delta: StoreDelta) -> list[str]:
+        """The originals the store lacks added (each checked against its sha256: a file that
+        changed since it was read is not kept under a hash it no longer has), and those no
+        file record names deleted (all of them without ``keep_originals``); notes for the
+        files whose original was not kept."""
+        originals, files = self.table("originals"), self.table("files")
+        notes: list[str] = []
+        if not delta.keep_originals:
+            conn.execute(sql.SQL("DELETE FROM {}").format(originals))
+            return notes
+        wanted = sorted(delta.originals)
+        held = {
+            sha
+            for (sha,) in conn.execute(
+                sql.SQL("SELECT sha256 FROM {} WHERE sha256 = ANY(%s)").format(originals),
+                (wanted,),
+            )
+        }
+        for sha in wanted:
+            if sha in held:
+                continue
+            source, path = delta.originals[sha]
+            problem = None
+            try:
+                if path.stat().st_size > MAX_ORIGINAL_BYTES:
+                    problem = f"over {MAX_ORIGINAL_BYTES // (1024 * 1024)} MB"
+                else:
+                    data = path.read_bytes()
+                    if hashlib.sha256(data).hexdigest() != sha:
+                        problem = "the file changed while it was read; the next run reads it again"
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+            if problem is not None:
+                notes.append(f"{source}: original not kept ({problem})")
+                continue
+            conn.execute(
+                sql.SQL(
+                    "INSERT INTO {} (sha256, content, size) VALUES (%s, %s, %s) "
+                    "ON CONFLICT (sha256) DO NOTHING"
+                ).format(originals),
+                (sha, data, len(data)),
+            )
+        conn.execute(
+            sql.SQL(
+                "DELETE FROM {o} o WHERE NOT EXISTS (SELECT 1 FROM {f} f WHERE f.sha256 = o.sha256)"
+            ).format(o=originals, f=files)
+        )
+        return notes
 
     def _create_vector_index(self, conn: psycopg.Connection[Any]) -> None:
         conn.execute("SET LOCAL maintenance_work_mem = '512MB'")
