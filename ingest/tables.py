@@ -164,7 +164,9 @@ def rows_to_parts(
     return parts
 
 
-def load_csv(path: Path, options: LoadOptions) -> LoadedFile:
+def csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
+    """A CSV or TSV file's column names and its rows with text, each cell as written (white
+    space stripped): row N of the list is the record cited as ``#row=N+1``."""
     text = read_text(path)
     if path.suffix.lower() == ".tsv":
         dialect: Any = csv.excel_tab
@@ -190,6 +192,11 @@ def load_csv(path: Path, options: LoadOptions) -> LoadedFile:
     ]
     if not display:
         raise SkipFile("CSV has a header but no rows")
+    return header, display
+
+
+def load_csv(path: Path, options: LoadOptions) -> LoadedFile:
+    _, display = csv_rows(path)
     records = [{col: _parse_cell(cell) for col, cell in row.items()} for row in display]
     return LoadedFile(
         format="csv", title=path.stem, parts=rows_to_parts(records, options, display=display)
@@ -205,7 +212,9 @@ def _json_records(items: Iterable[Any], where: Callable[[int], str]) -> list[dic
     return records
 
 
-def load_json(path: Path, options: LoadOptions) -> LoadedFile:
+def json_records(path: Path) -> list[dict[str, Any]]:
+    """A JSON or JSON Lines file's records, nested objects flattened (``a.b``): record N of
+    the list is the one cited as ``#row=N+1``."""
     text = read_text(path)
     if path.suffix.lower() in (".jsonl", ".ndjson"):
         items = []
@@ -232,4 +241,14 @@ def load_json(path: Path, options: LoadOptions) -> LoadedFile:
         records = _json_records(data, lambda i: f"item {i + 1}")
     if not records:
         raise SkipFile("JSON holds no records")
+    return records
+
+
+def render_value(value: Any) -> str:
+    """A JSON value as a row's text shows it (lists joined, booleans as yes/no)."""
+    return _render_value(value)
+
+
+def load_json(path: Path, options: LoadOptions) -> LoadedFile:
+    records = json_records(path)
     return LoadedFile(format="json", title=path.stem, parts=rows_to_parts(records, options))

@@ -1,0 +1,291 @@
+"""What the chat page's viewer shows of an original file (``GET /files/{id}/view``), read
+again from its stored bytes with the loaders the ingest used, so that a chunk's ``location``
+points into what is shown: a text file's parts (the loader's ``Part.text``, which a chunk's
+``start``/``end`` slice), a table's rows by the numbers its chunks cite, a PDF's or an
+image's pages (never OCRed here: the boxes are in the chunks' metadata already).
+
+Nothing here knows HTTP; ``serving.sourcefiles`` serves it.
+"""
+
+from __future__ import annotations
+
+import io
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from ragchains.ingest import images, sheets
+from ragchains.ingest.loaders import load_file
+from ragchains.ingest.officezip import open_office
+from ragchains.ingest.parts import LoadOptions
+from ragchains.ingest.tables import csv_rows, json_records, render_value
+
+TEXT_FORMATS = frozenset({"markdown", "html", "text", "docx", "pptx"})
+TABLE_FORMATS = frozenset({"csv", "json", "xlsx"})
+# EXIF orientations that turn an image a quarter (its width and height swap).
+_QUARTER_TURNS = frozenset({5, 6, 7, 8})
+
+
+def kind_of(file_format: str) -> str | None:
+    """How the viewer shows a file of this format: pdf, image, text or table."""
+    if file_format in ("pdf", "image"):
+        return file_format
+    if file_format in TEXT_FORMATS:
+        return "text"
+    if file_format in TABLE_FORMATS:
+        return "table"
+    return None
+
+
+@dataclass
+class Sheet:
+    """A table's rows as the file shows them: column names, and (row number, cells)."""
+
+    name: str | None
+    columns: list[str]
+    rows: list[tuple[int, list[str]]]
+
+    def window(self, row: int | None, around: int) -> list[dict[str, Any]]:
+        """The rows numbered ``row - around`` to ``row + around`` (those with text), or
+        without ``row`` the first ``2 * around + 1``."""
+        if row is None:
+            picked = self.rows[: 2 * around + 1]
+        else:
+            picked = [r for r in self.rows if row - around <= r[0] <= row + around]
+        return [{"row": number, "cells": cells} for number, cells in picked]
+
+
+@dataclass
+class FileView:
+    """What the viewer needs of one file (the view JSON, less a table's window)."""
+
+    file_id: str
+    name: str
+    source: str
+    format: str
+    title: str
+    kind: str
+    pages: int | None = None
+    page_sizes: list[list[float]] | None = None
+    parts: list[dict[str, Any]] | None = None
+    sheets: list[Sheet] = field(default_factory=list)
+
+    def body(self, *, row: int | None, sheet: str | None, around: int) -> dict[str, Any]:
+        """The view JSON; for a table, the window of rows asked for (``KeyError`` for a
+        sheet it does not have)."""
+        body: dict[str, Any] = {
+            "file_id": self.file_id,
+            "name": self.name,
+            "source": self.source,
+            "format": self.format,
+            "title": self.title,
+            "kind": self.kind,
+        }
+        if self.kind in ("pdf", "image"):
+            body["pages"] = self.pages
+        if self.kind == "image":
+            body["page_sizes"] = self.page_sizes
+        if self.kind == "text":
+            body["parts"] = self.parts
+        if self.kind == "table":
+            chosen = self.sheet(sheet)
+            body["table"] = {
+                "sheet": chosen.name,
+                "sheets": [s.name for s in self.sheets if s.name is not None],
+                "columns": chosen.columns,
+                "rows": chosen.window(row, around),
+                "total_rows": len(chosen.rows),
+            }
+        return body
+
+    def sheet(self, name: str | None) -> Sheet:
+        if name is None and self.sheets:
+            return self.sheets[0]
+        for found in self.sheets:
+            if found.name == name:
+                return found
+        raise KeyError(name)
+
+
+def build_view(
+    file_id: str, source: str, file_format: str, data: bytes, options: LoadOptions
+) -> FileView:
+    """The view of a file from its bytes (``source``: its name in the index, whose suffix
+    picks the loader; ``options``: those the ingest read it with). Raises ``SkipFile`` or
+    the loaders' own errors for bytes they cannot read."""
+    name = PurePosixPath(source).name
+    kind = kind_of(file_format)
+    if kind is None:
+        raise ValueError(f"no view for format {file_format!r}")
+    view = FileView(file_id, name, source, file_format, PurePosixPath(name).stem, kind)
+    if kind == "pdf":
+        view.pages, view.title = _pdf_pages(data, view.title)
+        return view
+    if kind == "image":
+        view.page_sizes = image_page_sizes(data)
+        view.pages = len(view.page_sizes)
+        return view
+    # The loaders read a path: the bytes under the file's own name (its suffix picks the
+    # loader, its stem is the title when the file names none), in a folder of their own.
+    with tempfile.TemporaryDirectory(prefix="ragchains-view-") as folder:
+        path = Path(folder) / name
+        path.write_bytes(data)
+        if kind == "text":
+            loaded = load_file(path, options)
+            view.title = loaded.title
+            view.parts = [
+                {
+                    "text": part.text,
+                    "section": part.section,
+                    "anchor": part.anchor,
+                    "slide": part.slide,
+                    "page": part.page,
+                    "title": part.title,
+                }
+                for part in loaded.parts
+            ]
+        elif file_format == "xlsx":
+            view.title, view.sheets = _xlsx_sheets(path, options)
+        elif file_format == "csv":
+            columns, rows = csv_rows(path)
+            view.sheets = [
+                Sheet(
+                    None,
+                    columns,
+                    [(n, [row.get(c, "") for c in columns]) for n, row in _numbered(rows)],
+                )
+            ]
+        else:
+            records = json_records(path)
+            columns = list(dict.fromkeys(key for record in records for key in record))
+            cells = [
+                (n, ["" if record.get(c) is None else render_value(record[c]) for c in columns])
+                for n, record in _numbered(records)
+            ]
+            view.sheets = [Sheet(None, columns, cells)]
+    return view
+
+
+def _numbered(rows: Iterable[Any]) -> Iterable[tuple[int, Any]]:
+    return enumerate(rows, start=1)  # a record's number, as its chunk's location cites it
+
+
+def _pdf_pages(data: bytes, stem: str) -> tuple[int, str]:
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument(data, password="")
+    try:
+        title = (pdf.get_metadata_value("Title") or "").strip()
+        return len(pdf), title or stem
+    finally:
+        pdf.close()
+
+
+def _open_image(data: bytes) -> Any:
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data))
+    reason = images.ocr.over_pixel_cap(*image.size)
+    if reason:
+        image.close()
+        raise ValueError(reason)
+    return image
+
+
+def image_page_sizes(data: bytes) -> list[list[float]]:
+    """Each page's (frame's) width and height in the units of its chunks' ``boxes`` and
+    ``page_width``/``page_height``: PDF points (1/72 inch), the pixels scaled by the
+    resolution the image records (300 dpi when it records none), after the EXIF turn a
+    single-page image is read with."""
+    image = _open_image(data)
+    sizes = []
+    with image:
+        frames = getattr(image, "n_frames", 1)
+        for index in range(frames):
+            image.seek(index)
+            width, height = image.size
+            if frames == 1 and image.getexif().get(0x0112) in _QUARTER_TURNS:
+                width, height = height, width
+            dpi_x, dpi_y = images._dpi(image)
+            sizes.append([round(width * 72.0 / dpi_x, 1), round(height * 72.0 / dpi_y, 1)])
+    return sizes
+
+
+def image_page_png(data: bytes, page: int) -> bytes | None:
+    """Page ``page`` (1-based) of an image file as PNG, turned as OCR read it; None when the
+    file has no such page."""
+    from PIL import ImageOps
+
+    image = _open_image(data)
+    with image:
+        frames = getattr(image, "n_frames", 1)
+        if not 1 <= page <= frames:
+            return None
+        image.seek(page - 1)
+        shown = ImageOps.exif_transpose(image) if frames == 1 else image.copy()
+        if shown.mode not in ("1", "L", "LA", "I", "I;16", "P", "RGB", "RGBA"):
+            shown = shown.convert("RGB")  # CMYK JPEGs, and the like
+        out = io.BytesIO()
+        shown.save(out, format="PNG")
+        return out.getvalue()
+
+
+def _xlsx_sheets(path: Path, options: LoadOptions) -> tuple[str, list[Sheet]]:
+    """The visible sheets' rows (those the loader reads: hidden sheets are left out), by
+    the row numbers the sheet shows, under the column names the loader gives them."""
+    import openpyxl
+
+    data = open_office(path, "Excel", "xl")
+    with zipfile.ZipFile(data) as archive:
+        sheet_bytes = sum(
+            e.file_size for e in archive.infolist() if e.filename.startswith("xl/worksheets/")
+        )
+    streamed = sheet_bytes > sheets.FULL_LOAD_BYTES
+    book = openpyxl.load_workbook(data, read_only=streamed, data_only=True, keep_links=False)
+    found: list[Sheet] = []
+    budget = options.max_sheet_rows
+    try:
+        for sheet in book.worksheets:
+            if sheet.sheet_state != "visible":
+                continue
+            grid = _sheet_grid(sheet, budget)
+            budget -= len(grid.rows)
+            found.append(grid)
+        title = book.properties.title or path.stem
+    finally:
+        if streamed:
+            book.close()
+    return title, found
+
+
+def _sheet_grid(sheet: Any, budget: int) -> Sheet:
+    """As ``ingest.sheets._sheet_parts`` reads a sheet: the header rows (a row with a cell
+    merged over columns heads the row below too), then each row with a value."""
+    merged = sheets._merged_values(sheet, budget)
+    rows = sheets._rows(sheet, merged)
+    header_rows: list[list[Any]] = []
+    for number, values in rows:
+        if not any(sheets._value(v) is not None for v in values):
+            continue
+        header_rows.append(values)
+        if not sheets._spans_columns(sheet, number):
+            break
+    if not header_rows:
+        return Sheet(sheet.title, [], [])
+    columns = sheets._column_names(header_rows)
+    grid: list[tuple[int, list[str]]] = []
+    for number, values in rows:
+        if len(grid) >= budget:
+            break
+        cells = [sheets._value(v) for v in values]
+        if not any(v is not None for v in cells):
+            continue
+        shown = [
+            sheets._shown(cells[i]) if i < len(cells) and cells[i] is not None else ""
+            for i in range(len(columns))
+        ]
+        grid.append((number, shown))
+    return Sheet(sheet.title, columns, grid)
