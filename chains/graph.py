@@ -100,6 +100,12 @@ class ChatOutput(BaseModel):
     requery: RequeryReport | None = None
     notes: list[str] = Field(default_factory=list)
     compressor: dict[str, Any] = Field(default_factory=dict)
+    best_score: float | None = Field(
+        None,
+        description="the best compressor score of the retrieved chunks before the threshold "
+        "cut (compare compressor.threshold: why a turn abstained); null when nothing was "
+        "retrieved or the compressor gives no scores",
+    )
     answer_style: Literal["quote", "free"] = Field(
         description="quote: sentences copied from the sources; free: free generation"
     )

@@ -1,5 +1,6 @@
 """The answer stage of a chat or ask turn: a ``RunnableGenerator`` whose first chunk carries
-the sources and what found them, then the answer's tokens (``chains.answer``), then its
+the sources and what found them (with the compressor's threshold and the best score it saw
+before the cut: why a turn kept nothing), then the answer's tokens (``chains.answer``), then its
 citations, prompt refs and timings. The chunks are ``AddableDict``s: they add up into the
 turn's one output (``ChatOutput``).
 """
@@ -46,6 +47,7 @@ class Respond:
             requery=requery.model_dump() if requery else None,
             notes=[*search.notes, *retrieved.notes, *([note] if note else [])],
             compressor=self.status(state["compressed"]),
+            best_score=state["compressed"].best_score,
             answer_style=style,
         )
 

@@ -18,6 +18,7 @@ from langchain_core.language_models.fake_chat_models import FakeMessagesListChat
 from langchain_core.messages import AIMessage, HumanMessage
 from pydantic import Field
 
+from ragchains.chains.answer import DONT_KNOW
 from ragchains.chains.compress import threshold_for
 from ragchains.chains.graph import (
     PROMPTS_USED,
@@ -247,6 +248,20 @@ def test_ask_abstains_without_calling_the_llm(
     assert out["abstained"] is True and out["sources"] == [] and out["citations"] == []
     assert out["answer"] == "I don't know based on the available documents."
     assert out["prompts"] == {}
+    # Why: the best score of the chunks retrieved, under the threshold that cut them all.
+    assert out["best_score"] == pytest.approx(0.1) and out["compressor"]["threshold"] == 0.25
+
+
+def test_best_score_is_the_best_before_the_cut_and_none_without_chunks(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    graphs, _ = build(index, embedder, RecordingModel(responses=[DONT_KNOW]), default=0.7)
+    out = graphs.ask.invoke({"question": "benefit plans"})
+    assert out["sources"] and out["best_score"] == pytest.approx(0.7)
+    head = next(iter(graphs.ask.stream({"question": "benefit plans"})))
+    assert "sources" in head and head["best_score"] == pytest.approx(0.7)  # said up front
+    nothing = {"question": "x", "filters": [{"field": "source", "op": "=", "value": "nowhere.md"}]}
+    assert graphs.ask.invoke(nothing)["best_score"] is None  # nothing retrieved
 
 
 def test_chat_abstains_without_an_answer_call(
