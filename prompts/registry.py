@@ -4,6 +4,8 @@ Layout::
 
     prompts/<domain>/domain.yaml            description, glossary, rewrite options, answer style
     prompts/<domain>/<name>/v<N>.yaml       one prompt version
+    prompts/<domain>/suggestions/v<N>.yaml  questions the domain's documents answer, shown
+                                            on the chat page before the first question
 
 Every file is checked when the registry loads (at start-up, not at the first request): required
 fields, name and version matching the path, declared input variables equal to the template's
@@ -31,6 +33,10 @@ DEFAULT_DOMAIN = "default"
 HISTORY_VARIABLE = "chat_history"
 # The prompts the chains use; every domain resolves each (its own or the default domain's).
 CHAIN_PROMPTS = ("rewrite", "multi_query", "requery", "answer", "quote")
+# The folder of a domain's suggested questions: versioned like a prompt, but no prompt.
+SUGGESTIONS = "suggestions"
+MAX_SUGGESTIONS = 8
+MAX_SUGGESTION_CHARS = 200
 _VERSION_FILE = re.compile(r"^v(\d+)\.ya?ml$")
 _NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
@@ -104,6 +110,33 @@ class DomainFile(BaseModel):
     )
 
 
+class SuggestionsFile(BaseModel):
+    """The schema of ``suggestions/v<N>.yaml``: questions the domain's documents answer."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Literal["suggestions"]
+    version: int = Field(ge=1)
+    description: str = Field(min_length=1)
+    questions: list[str] = Field(min_length=1, max_length=MAX_SUGGESTIONS)
+
+
+@dataclass(frozen=True)
+class Suggestions:
+    """One loaded version of a domain's suggested questions."""
+
+    domain: str
+    version: int
+    description: str
+    questions: tuple[str, ...]
+    path: Path
+
+    @property
+    def ref(self) -> str:
+        """``domain/suggestions@vN``, as a prompt's ref."""
+        return f"{self.domain}/{SUGGESTIONS}@v{self.version}"
+
+
 @dataclass(frozen=True)
 class Prompt:
     """One loaded prompt version: the template plus what it was built from."""
@@ -134,6 +167,7 @@ class Domain:
     thresholds: dict[str, float] = field(default_factory=dict)
     answer_style: str = "auto"
     prompts: dict[str, dict[int, Prompt]] = field(default_factory=dict)
+    suggestions: dict[int, Suggestions] = field(default_factory=dict)
 
     @property
     def query_glossary(self) -> dict[str, str]:
@@ -223,6 +257,26 @@ def load_prompt(path: Path, domain: str) -> Prompt:
     )
 
 
+def load_suggestions(path: Path, domain: str) -> Suggestions:
+    """A ``suggestions/v<N>.yaml`` file, checked: schema, version against the file name, and
+    each question one line, not blank, at most ``MAX_SUGGESTION_CHARS``, none twice."""
+    spec: SuggestionsFile = _validate(SuggestionsFile, _load_yaml(path), path)
+    match = _VERSION_FILE.match(path.name)
+    if match is None or int(match.group(1)) != spec.version:
+        raise PromptFileError(f"{path}: version {spec.version} does not match the file name")
+    questions = tuple(" ".join(q.split()) for q in spec.questions)
+    for n, (question, given) in enumerate(zip(questions, spec.questions, strict=True)):
+        if not question or "\n" in given.strip():
+            raise PromptFileError(f"{path}: questions.{n}: a question is one line of text")
+        if len(question) > MAX_SUGGESTION_CHARS:
+            raise PromptFileError(
+                f"{path}: questions.{n}: longer than {MAX_SUGGESTION_CHARS} characters"
+            )
+    if len(set(questions)) != len(questions):
+        raise PromptFileError(f"{path}: a question is listed twice")
+    return Suggestions(domain, spec.version, spec.description, questions, path)
+
+
 class PromptRegistry:
     """All domains and prompt versions under one folder, validated at construction."""
 
@@ -261,20 +315,23 @@ class PromptRegistry:
         for prompt_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
             if prompt_dir.name.startswith(("_", ".")):
                 continue
-            versions: dict[int, Prompt] = {}
+            load = load_suggestions if prompt_dir.name == SUGGESTIONS else load_prompt
+            versions: dict[int, Any] = {}
             for path in sorted(prompt_dir.iterdir()):
                 if path.name.startswith("."):
                     continue
                 if not _VERSION_FILE.match(path.name):
                     raise PromptFileError(f"{path}: prompt files are named v<N>.yaml")
-                prompt = load_prompt(path, folder.name)
-                if prompt.version in versions:
+                loaded = load(path, folder.name)
+                if loaded.version in versions:
                     raise PromptFileError(
-                        f"{path}: duplicate version {prompt.version} "
-                        f"(also {versions[prompt.version].path.name})"
+                        f"{path}: duplicate version {loaded.version} "
+                        f"(also {versions[loaded.version].path.name})"
                     )
-                versions[prompt.version] = prompt
-            if versions:
+                versions[loaded.version] = loaded
+            if prompt_dir.name == SUGGESTIONS:
+                domain.suggestions = versions
+            elif versions:
                 domain.prompts[prompt_dir.name] = versions
         return domain
 
@@ -311,6 +368,25 @@ class PromptRegistry:
             available = ", ".join(f"v{v}" for v in sorted(versions))
             raise PromptSelectionError(
                 f"prompt {owner}/{name} has no version {wanted!r}; available: {available}"
+            )
+        return versions[number]
+
+    def suggestions(
+        self, domain: str | None, version: int | str | None = None
+    ) -> Suggestions | None:
+        """The suggested questions of ``domain`` (latest version unless one is named), or
+        None when it has none: another domain's questions would not be about its documents."""
+        versions = self.domain(domain).suggestions
+        if not versions:
+            return None
+        if version is None:
+            return versions[max(versions)]
+        number = _parse_version(version)
+        if number not in versions:
+            available = ", ".join(f"v{v}" for v in sorted(versions))
+            raise PromptSelectionError(
+                f"{self.domain(domain).name}/{SUGGESTIONS} has no version {version!r}; "
+                f"available: {available}"
             )
         return versions[number]
 

@@ -144,3 +144,64 @@ def test_few_shots_are_literal_and_placed(tree: Path) -> None:
     assert [m.type for m in messages[1:]] == ["human", "ai", "human"]
     assert "add_filter(field='price'" in messages[2].content
     assert messages[-1].content == "cheap gateways"
+
+
+# ----------------------------------------------------------------------------- suggestions
+SUGGESTED = """\
+name: suggestions
+version: 2
+description: test questions
+questions:
+  - How many PTO days do I get?
+  - What does the standard plan cost?
+"""
+
+
+def test_shipped_domains_suggest_questions_versioned_like_prompts() -> None:
+    registry = PromptRegistry(required=REQUIRED)
+    for name in ("default", "hr", "catalog"):
+        found = registry.suggestions(name)
+        assert found is not None and found.ref == f"{name}/suggestions@v1"
+        assert 3 <= len(found.questions) <= 4 and found.description
+        assert all(q.endswith("?") for q in found.questions)
+        # Not a prompt: never offered as one, nor counted as one a domain overrides.
+        assert "suggestions" not in registry.domain(name).prompts
+    assert registry.suggestions(None) == registry.suggestions("default")
+
+
+def test_suggestions_versions_and_a_domain_without_them(tree: Path) -> None:
+    (tree / "hr" / "suggestions" / "v2.yaml").write_text(SUGGESTED)
+    shutil.rmtree(tree / "catalog" / "suggestions")
+    registry = PromptRegistry(tree, required=REQUIRED)
+    latest = registry.suggestions("hr")
+    assert latest is not None and latest.ref == "hr/suggestions@v2"
+    assert latest.questions == ("How many PTO days do I get?", "What does the standard plan cost?")
+    assert registry.suggestions("hr", "v1").ref == "hr/suggestions@v1"  # type: ignore[union-attr]
+    # Another domain's questions would not be about its documents: none, not default's.
+    assert registry.suggestions("catalog") is None
+    with pytest.raises(PromptSelectionError, match="hr/suggestions has no version 'v9'"):
+        registry.suggestions("hr", "v9")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (SUGGESTED.replace("version: 2", "version: 3"), "version 3 does not match the file name"),
+        (SUGGESTED.replace("name: suggestions", "name: questions"), "name: Input should be"),
+        (SUGGESTED.replace("description: test questions\n", ""), "description: Field required"),
+        (SUGGESTED + "  - How many PTO days do I get?\n", "a question is listed twice"),
+        (SUGGESTED + "  - '   '\n", "questions.2: a question is one line of text"),
+        (SUGGESTED + "  - " + "x" * 201 + "\n", "questions.2: longer than 200 characters"),
+        (SUGGESTED + "".join(f"  - Q{n}?\n" for n in range(7)), "questions: List should have"),
+        (SUGGESTED.split("questions:")[0] + "questions: []\n", "questions: List should have"),
+        (SUGGESTED + "answer_style: quote\n", "answer_style: Extra inputs"),
+    ],
+)
+def test_invalid_suggestions_fail_at_load_naming_the_file(
+    tree: Path, text: str, message: str
+) -> None:
+    path = tree / "hr" / "suggestions" / "v2.yaml"
+    path.write_text(text)
+    with pytest.raises(PromptFileError, match=re.escape(message)) as info:
+        PromptRegistry(tree, required=REQUIRED)
+    assert str(info.value).startswith(str(path))
