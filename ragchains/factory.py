@@ -264,9 +264,11 @@ def run_ingest(
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
+    originals: bool = True,
 ) -> IngestReport:
     """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL); ``access``: who
-    may read which files (see ``retrievers.access``; None: the last run's rules).
+    may read which files (see ``retrievers.access``; None: the last run's rules);
+    ``originals``: keep each file's bytes (False: keep none, and delete those kept).
     ``text_columns``: the table columns that form a row's text (default: all);
     ``include_notes``: read Word footnotes and comments too."""
     load_options = LoadOptions(
@@ -288,6 +290,7 @@ def run_ingest(
                 rebuild=rebuild,
                 progress=progress,
                 access=access,
+                originals=originals,
             )
         finally:
             store.close()
@@ -302,4 +305,5 @@ def run_ingest(
         rebuild=rebuild,
         progress=progress,
         access=access,
+        originals=originals,
     )

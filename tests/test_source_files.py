@@ -504,3 +504,26 @@ def test_content_disposition_names_any_file_safely() -> None:
     )
     assert content_disposition("Übersicht.md").endswith("filename*=UTF-8''%C3%9Cbersicht.md")
     assert json.dumps(content_disposition("ü")).isascii()
+
+
+def test_no_originals_keeps_none_and_a_later_run_keeps_them_again(
+    tmp_path: Path, ingest_into: Callable[..., Any]
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "a.md").write_text(GUIDE, encoding="utf-8")
+    index = tmp_path / "idx"
+    ingest_into(docs, index)
+    assert len(list((index / FILES_DIR).iterdir())) == 1
+    ingest_into(docs, index, originals=False)  # nothing else changed: written all the same
+    assert list((index / FILES_DIR).iterdir()) == []
+    loaded = load_index(index)
+    try:
+        assert loaded.manifest["originals"] is False
+        assert loaded.original(_sha(docs / "a.md")) is None
+    finally:
+        loaded.close()
+    ingest_into(docs, index)
+    assert [p.name for p in (index / FILES_DIR).iterdir()] == [_sha(docs / "a.md")]
+    help_text = run("ingest", "--help").stdout
+    assert "--no-originals" in help_text

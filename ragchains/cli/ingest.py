@@ -42,6 +42,15 @@ from ragchains.retrievers.storeurl import shown
     is_flag=True,
     help="Drop the --access rules earlier runs gave (a run without --access keeps them).",
 )
+@click.option(
+    "--no-originals",
+    is_flag=True,
+    help="Keep no copy of the files' bytes, and delete the copies earlier runs kept. By "
+    "default each file's bytes are kept once, by their sha256 (INDEX/files/, or the store's "
+    "originals table), so a citation opens the original (GET /files/{id}, the chat page's "
+    "viewer); without them those answer 404. Holds for this run: a later run without it "
+    "keeps them again.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def ingest_command(
@@ -52,6 +61,7 @@ def ingest_command(
     rebuild: bool,
     access_rules: tuple[str, ...],
     access_clear: bool,
+    no_originals: bool,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -86,6 +96,7 @@ def ingest_command(
             rebuild=rebuild,
             progress=not quiet and not as_json,
             access=rules if rules or access_clear else None,
+            originals=not no_originals,
         )
     except NothingIngestedError as exc:
         fail(str(exc), EXIT_NOTHING_INGESTED)
