@@ -1,12 +1,146 @@
 """What the caller may ask about: the documents they may read (how many, of which kinds) and
-each domain's suggested questions, for the chat page's empty state."""
+each domain's suggested questions, for the chat page's empty state.
+
+Counted from the index's file records (one row per ingested file: its format and access
+groups), never from its chunks, so the answer stays quick on a large index. The counts are
+kept per index generation and set of groups: callers share a few sets, and a new generation
+(an ingest, served live) is counted again on its first request.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import threading
+from collections import Counter
+from collections.abc import Iterable, Mapping
 
-from ragchains.factory import Service
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+from starlette.concurrency import run_in_threadpool
+
+from ragchains.factory import Service, Store
+from ragchains.prompts.registry import PromptRegistry
+from ragchains.retrievers.access import current_groups
+from ragchains.retrievers.indexformat import FileRecord
+from ragchains.retrievers.pgstore import PostgresStore
+
+# Generations × sets of groups remembered (a handful of each in practice).
+_KEPT = 64
+
+
+class DomainSummary(BaseModel):
+    """A domain a request may choose, and the questions its documents answer."""
+
+    name: str = Field(description="the value of configurable.domain (and of model on /v1)")
+    description: str
+    suggestions: list[str] = Field(description="questions to offer before the first one")
+    suggestions_ref: str | None = Field(
+        description="the suggestions' file, as domain/suggestions@vN; null when the domain has none"
+    )
+
+
+class CollectionSummary(BaseModel):
+    """The documents the caller may read and the domains they may ask in."""
+
+    documents: int = Field(ge=0, description="ingested files the caller may read")
+    kinds: dict[str, int] = Field(
+        description="those files by format (pdf, markdown, csv, ...), most first"
+    )
+    domains: list[DomainSummary]
+
+
+def may_read(access: Iterable[str], groups: frozenset[str] | None) -> bool:
+    """A file with these access groups is readable by a caller in ``groups`` (None: no
+    access control; a file without groups is everyone's)."""
+    labels = tuple(access)
+    return groups is None or not labels or not groups.isdisjoint(labels)
+
+
+def count_files(
+    records: Iterable[FileRecord], groups: frozenset[str] | None
+) -> tuple[int, dict[str, int]]:
+    """How many of ``records`` a caller in ``groups`` may read, and how many of each format
+    (most first, then by name)."""
+    kinds = Counter(r.format for r in records if may_read(r.access, groups))
+    ordered = dict(sorted(kinds.items(), key=lambda item: (-item[1], item[0])))
+    return sum(kinds.values()), ordered
+
+
+def domain_summaries(prompts: PromptRegistry) -> list[DomainSummary]:
+    """Every domain with its description and latest suggested questions, default first."""
+    out = []
+    for name in sorted(prompts.domains, key=lambda n: (n != "default", n)):
+        suggested = prompts.suggestions(name)
+        out.append(
+            DomainSummary(
+                name=name,
+                description=prompts.domains[name].description,
+                suggestions=list(suggested.questions) if suggested else [],
+                suggestions_ref=suggested.ref if suggested else None,
+            )
+        )
+    return out
+
+
+class FileCounts:
+    """The file counts of the generation a request reads, per set of caller groups."""
+
+    def __init__(self, index: Store) -> None:
+        self.index = index
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, frozenset[str] | None], tuple[int, dict[str, int]]] = {}
+
+    def count(self, groups: frozenset[str] | None) -> tuple[int, dict[str, int]]:
+        """Counts for a caller in ``groups``, of the generation this context reads: an index
+        folder's pinned one (``GenerationMiddleware``), or the store's current one. Blocks
+        (file records from SQLite or PostgreSQL the first time): call it in a thread that
+        carries the request's context."""
+        index = self.index
+        if isinstance(index, PostgresStore):
+            generation, files = f"store {index.generation}", index.files
+        else:
+            pinned = index.pinned()
+            # Its folder names a generation; a key holding the object itself would keep an
+            # old generation's index in memory.
+            generation, files = f"folder {pinned.path}", pinned.store.files
+        key = (generation, groups)
+        with self._lock:
+            found = self._counts.get(key)
+        if found is None:
+            records: Mapping[str, FileRecord] = files()
+            found = count_files(records.values(), groups)
+            with self._lock:
+                if len(self._counts) >= _KEPT:
+                    self._counts.clear()  # old generations' counts are never asked for again
+                self._counts[key] = found
+        return found
 
 
 def collection_router(service: Service) -> APIRouter:
-    return APIRouter(tags=["collection"])
+    router = APIRouter(tags=["collection"])
+    counts = FileCounts(service.index)
+    domains = domain_summaries(service.prompts)  # the prompt files are read once, at start
+
+    @router.get(
+        "/collection",
+        response_model=CollectionSummary,
+        summary="The documents you may read and the domains you may ask in",
+        responses={
+            503: {
+                "description": "The document store cannot be reached, or an index file was "
+                "found damaged",
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}
+                },
+            }
+        },
+    )
+    async def collection() -> CollectionSummary:
+        """How many ingested files the caller's key may read, by format, and each domain's
+        description and suggested questions (for a page to show before the first question).
+        Files the key may not read are not counted."""
+        # The thread runs in a copy of the request's context: the caller's groups, and the
+        # index generation the request is pinned to.
+        documents, kinds = await run_in_threadpool(counts.count, current_groups())
+        return CollectionSummary(documents=documents, kinds=kinds, domains=domains)
+
+    return router

@@ -1,0 +1,124 @@
+"""GET /collection (issue 26): what a caller may ask about, as a user runs the server
+(`ragchains serve` as a subprocess over an index `ragchains ingest --access` labelled), for
+an index folder and a PostgreSQL store: each key counts only the files its groups may read;
+no key gets 401. The counting and the domains' part without a server, too."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ragchains.prompts.registry import PromptRegistry
+from ragchains.retrievers.access import SIDECAR
+from ragchains.retrievers.indexformat import FileRecord
+from ragchains.serving.collection import (
+    CollectionSummary,
+    count_files,
+    domain_summaries,
+    may_read,
+)
+from ragchains.serving.keys import add_key
+from tests.conftest import FIXTURES
+from tests.servers import ragchains_serve
+from tests.test_cli import run
+
+# tests/fixtures/docs, which no rule labels: everyone's.
+PUBLIC = {"json": 2, "csv": 1, "html": 1, "markdown": 1, "text": 1}
+
+
+def _record(source: str, fmt: str, *access: str) -> FileRecord:
+    return FileRecord(source, "0" * 64, 1, 1, fmt, tuple(access))
+
+
+def test_files_are_counted_for_the_groups_that_may_read_them() -> None:
+    records = [
+        _record("a.md", "markdown"),
+        _record("b.pdf", "pdf", "hr"),
+        _record("c.pdf", "pdf", "hr", "eng"),
+        _record("d.csv", "csv", "eng"),
+    ]
+    assert count_files(records, None) == (4, {"pdf": 2, "csv": 1, "markdown": 1})
+    assert count_files(records, frozenset({"hr"})) == (3, {"pdf": 2, "markdown": 1})
+    assert count_files(records, frozenset({"eng"})) == (3, {"csv": 1, "markdown": 1, "pdf": 1})
+    assert count_files(records, frozenset()) == (1, {"markdown": 1})
+    assert may_read((), frozenset()) and not may_read(("hr",), frozenset({"eng"}))
+
+
+def test_domains_come_with_their_description_and_suggestions() -> None:
+    domains = domain_summaries(PromptRegistry())
+    assert domains[0].name == "default"
+    hr = next(d for d in domains if d.name == "hr")
+    assert hr.description.startswith("Employee handbook")
+    assert hr.suggestions_ref == "hr/suggestions@v1" and 3 <= len(hr.suggestions) <= 4
+
+
+@pytest.fixture
+def docs(tmp_path: Path) -> Path:
+    """tests/fixtures/docs plus two HR files (labelled by --access) and an engineering one
+    (labelled by the folder's sidecar)."""
+    target = tmp_path / "docs"
+    shutil.copytree(FIXTURES / "docs", target)
+    (target / "hr-salaries.md").write_text("# Salary bands\n\nSenior bands run to 118,000.\n")
+    (target / "hr-payroll.csv").write_text("name,salary_band\nAda,7\nGrace,9\n")
+    (target / "eng-roadmap.md").write_text("# Roadmap\n\nThe zephyr migration is in March.\n")
+    (target / SIDECAR).write_text('[groups]\n"eng-*" = ["eng"]\n', encoding="utf-8")
+    return target
+
+
+@pytest.fixture(params=["folder", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    if request.param == "folder":
+        return ["--index", str(tmp_path / "index")]
+    return ["--store", request.getfixturevalue("pg_url")]
+
+
+def _collection(base: str, key: str | None) -> httpx.Response:
+    headers = {"X-API-Key": key} if key else {}
+    return httpx.get(f"{base}/collection", headers=headers, timeout=60)
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_each_key_sees_only_the_documents_its_groups_may_read(
+    docs: Path, target: list[str], tmp_path: Path
+) -> None:
+    done = run("ingest", docs, *target, "--access", "docs/hr-*=hr")
+    assert done.returncode == 0, done.stderr
+    keys = tmp_path / "keys.toml"
+    hr, eng = add_key(keys, "hana", ["hr"]), add_key(keys, "erik", ["eng"])
+    nobody = add_key(keys, "olga", ["ops"])
+    with ragchains_serve(*target, RAGCHAINS_KEYS_FILE=str(keys)) as base:
+        as_hr, as_eng, as_ops = (_collection(base, key) for key in (hr, eng, nobody))
+        no_key = _collection(base, None)
+        wrong_key = _collection(base, "not-a-key")
+        document = httpx.get(f"{base}/openapi.json", timeout=60).json()
+    for reply in (as_hr, as_eng, as_ops):
+        assert reply.status_code == 200, reply.text
+        CollectionSummary.model_validate(reply.json())  # the shape the document declares
+    hr_out: dict[str, Any] = as_hr.json()
+    assert hr_out["documents"] == 8
+    assert hr_out["kinds"] == {**PUBLIC, "markdown": 2, "csv": 2}
+    assert as_eng.json()["documents"] == 7
+    assert as_eng.json()["kinds"] == {**PUBLIC, "markdown": 2}
+    assert as_ops.json() == {**hr_out, "documents": 6, "kinds": PUBLIC}  # the public files
+    assert list(hr_out["kinds"].values()) == sorted(hr_out["kinds"].values(), reverse=True)
+    domains = {d["name"]: d for d in hr_out["domains"]}
+    assert {"default", "hr", "catalog"} <= domains.keys()
+    assert domains["catalog"]["suggestions_ref"] == "catalog/suggestions@v1"
+    assert domains["catalog"]["description"].startswith("Product catalog")
+    assert all(d["suggestions"] for d in domains.values())
+    assert no_key.status_code == 401 and wrong_key.status_code == 401
+    # In the API's document: its reply's schema, and the key it needs.
+    get = document["paths"]["/collection"]["get"]
+    ok = get["responses"]["200"]["content"]["application/json"]["schema"]
+    assert ok == {"$ref": "#/components/schemas/CollectionSummary"}
+    assert "401" in get["responses"] and get["security"]
+    assert set(document["components"]["schemas"]["CollectionSummary"]["required"]) == {
+        "documents",
+        "kinds",
+        "domains",
+    }
