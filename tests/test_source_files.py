@@ -260,6 +260,10 @@ def test_the_view_of_each_kind_points_where_its_chunks_do(
     pdf = _get(base, keys["hr"], f"/files/{_sha(corpus / 'report.pdf')}/view").json()
     assert (pdf["kind"], pdf["pages"], pdf["format"]) == ("pdf", 2, "pdf")
     assert "parts" not in pdf and "table" not in pdf
+    pdf_id = _sha(corpus / "report.pdf")
+    drawn = _get(base, keys["hr"], f"/files/{pdf_id}/image?page=2")
+    assert drawn.status_code == 200 and drawn.content.startswith(b"\x89PNG")
+    assert _get(base, keys["hr"], f"/files/{pdf_id}/image?page=3").status_code == 404
 
     # A CSV: rows by the numbers its chunks cite, the cells as written.
     csv_id = _sha(corpus / "products.csv")

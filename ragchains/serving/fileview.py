@@ -25,6 +25,7 @@ from ragchains.ingest.tables import csv_rows, json_records, render_value
 
 TEXT_FORMATS = frozenset({"markdown", "html", "text", "docx", "pptx"})
 TABLE_FORMATS = frozenset({"csv", "json", "xlsx"})
+PDF_PNG_DPI = 144.0  # a PDF page drawn as PNG: twice its size in points
 # EXIF orientations that turn an image a quarter (its width and height swap).
 _QUARTER_TURNS = frozenset({5, 6, 7, 8})
 
@@ -231,6 +232,27 @@ def image_page_png(data: bytes, page: int) -> bytes | None:
         out = io.BytesIO()
         shown.save(out, format="PNG")
         return out.getvalue()
+
+
+def pdf_page_png(data: bytes, page: int) -> bytes | None:
+    """Page ``page`` (1-based) of a PDF drawn as PNG at ``PDF_PNG_DPI``; None when the file
+    has no such page, or it would be over the pixel cap."""
+    import pypdfium2 as pdfium
+
+    pdf = pdfium.PdfDocument(data, password="")
+    try:
+        if not 1 <= page <= len(pdf):
+            return None
+        drawn = pdf[page - 1]
+        scale = PDF_PNG_DPI / 72.0
+        width, height = drawn.get_size()
+        if images.ocr.over_pixel_cap(round(width * scale), round(height * scale)):
+            return None
+        out = io.BytesIO()
+        drawn.render(scale=scale).to_pil().save(out, format="PNG")
+        return out.getvalue()
+    finally:
+        pdf.close()
 
 
 def _xlsx_sheets(path: Path, options: LoadOptions) -> tuple[str, list[Sheet]]:

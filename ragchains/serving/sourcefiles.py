@@ -27,6 +27,7 @@ from typing import IO, Any, Literal
 from urllib.parse import quote
 
 from fastapi import APIRouter, Query, Request
+from fastapi import Path as FastPath
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
@@ -38,7 +39,13 @@ from ragchains.retrievers.indexformat import FileRecord, is_file_id
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.searchindex import SearchIndex
-from ragchains.serving.fileview import FileView, build_view, image_page_png, kind_of
+from ragchains.serving.fileview import (
+    FileView,
+    build_view,
+    image_page_png,
+    kind_of,
+    pdf_page_png,
+)
 
 log = logging.getLogger("ragchains.server")
 
@@ -294,9 +301,35 @@ class _Originals:
         return dict(reader.manifest.get("chunking") or {})
 
 
+def example_ids(index: object) -> tuple[str | None, str | None]:
+    """Ids of files everyone may read, for the API document's examples (so that "Try it
+    out" and clients generated from it reach a real file): any file, and a PDF or image.
+    None when there is none, or the store cannot be read now (then no example)."""
+    try:
+        reader = index.pinned() if isinstance(index, LiveIndex) else index
+        if not isinstance(reader, SearchIndex | PostgresStore):
+            return None, None
+        files = reader.store.files() if isinstance(reader, SearchIndex) else reader.files()
+        public = [r for _, r in sorted(files.items()) if not r.access]
+    except Exception as exc:  # a store unreachable at start-up: no example, no failure
+        log.warning("no file id for the API document's examples: %s", exc)
+        return None, None
+    paged = [r for r in public if r.format in ("pdf", "image")]
+    return (public[0].sha256 if public else None, paged[0].sha256 if paged else None)
+
+
+def _file_id(example: str | None) -> Any:
+    examples = {"a file": {"value": example}} if example else None
+    return FastPath(
+        description="the file's id: a chunk's file_id, the sha256 of its bytes",
+        openapi_examples=examples,  # type: ignore[arg-type]
+    )
+
+
 def source_files_router(service: Service) -> APIRouter:
     router = APIRouter(tags=["files"])
     originals = _Originals(service)
+    any_file, paged_file = example_ids(service.index)
     views = _Lru(VIEW_CACHE_SIZE)
     pngs = _Lru(PNG_CACHE_SIZE)
 
@@ -318,7 +351,7 @@ def source_files_router(service: Service) -> APIRouter:
             503: _STORE_DOWN,
         },
     )
-    async def original_file(file_id: str, request: Request) -> Response:
+    async def original_file(request: Request, file_id: str = _file_id(any_file)) -> Response:
         """The original file, by its id (a chunk's ``file_id``: the sha256 of its bytes), if
         the caller may read it; 404 otherwise, the same for every reason."""
         reader = originals.reader()
@@ -381,7 +414,7 @@ def source_files_router(service: Service) -> APIRouter:
         responses={404: _NOT_FOUND_DOC, 422: _INVALID, 503: _STORE_DOWN},
     )
     async def file_view(
-        file_id: str,
+        file_id: str = _file_id(any_file),
         row: int | None = Query(
             None, ge=0, le=2**31, description="a table: the row to centre on (a chunk's row)"
         ),
@@ -419,9 +452,12 @@ def source_files_router(service: Service) -> APIRouter:
             found.close()
             return cached  # type: ignore[no-any-return]
         data = found.read_all()
-        if found.record.format != "image":
+        if found.record.format == "image":
+            png = image_page_png(data, page)
+        elif found.record.format == "pdf":
+            png = pdf_page_png(data, page)
+        else:
             return None
-        png = image_page_png(data, page)
         if png is not None:
             pngs.put(key, png)
         return png
@@ -431,7 +467,7 @@ def source_files_router(service: Service) -> APIRouter:
         response_class=Response,
         responses={
             200: {
-                "description": "The page as PNG",
+                "description": "The page as PNG (an image's at its size, a PDF's at 144 dpi)",
                 "content": {"image/png": {"schema": {"type": "string", "format": "binary"}}},
             },
             404: _NOT_FOUND_DOC,
@@ -440,11 +476,12 @@ def source_files_router(service: Service) -> APIRouter:
         },
     )
     async def image_page(
-        file_id: str,
+        file_id: str = _file_id(paged_file),
         page: int = Query(1, ge=1, le=100_000, description="the page (a TIFF's frame), from 1"),
     ) -> Response:
         """A page of an image file (PNG, JPEG, TIFF: a multi-page TIFF's frame) as PNG, as
-        OCR read it, for the viewer to draw its chunks' boxes over."""
+        OCR read it, for the viewer to draw its chunks' boxes over; or a PDF's page drawn
+        at 144 dpi. 404 for another kind of file or a page it does not have."""
         reader = originals.reader()
         png = await run_in_threadpool(png_of, reader, file_id, page)
         if png is None:
