@@ -2,6 +2,7 @@
 // call to the same LangServe streaming routes any client uses (/chat/stream, /ask/stream),
 // so what the page shows is what the chains produce. Nothing is fetched from elsewhere.
 
+import { el } from "./dom.js";
 import { render } from "./markdown.js";
 import { Viewer } from "./viewer.js";
 
@@ -91,21 +92,6 @@ function savePrefs() {
 }
 
 // ------------------------------------------------------------------------- DOM helpers
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (name === "class") node.className = value;
-    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value === true ? "" : value);
-  }
-  for (const child of children.flat(Infinity)) {
-    if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : String(child));
-  }
-  return node;
-}
-
 function fact(term, ...details) {
   return [el("dt", {}, term), el("dd", {}, ...details)];
 }

@@ -10,6 +10,7 @@
 // Everything comes from this server (/files/{id}, /files/{id}/view, /files/{id}/image): the
 // original file by its id, readable only with the caller's key.
 
+import { el } from "./dom.js";
 import { blocks, render, renderTokens } from "./markdown.js";
 
 const PDFJS = "/ui/vendor/pdfjs/";
@@ -18,21 +19,6 @@ const HEAD_CHARS = 30; // a chunk's first and last characters, to find where it 
 
 // Whitespace-free text: chunks, files and PDF text layers differ in spacing only.
 const flat = (text) => String(text ?? "").replace(/\s+/g, "");
-
-function el(tag, attrs = {}, ...children) {
-  const node = document.createElement(tag);
-  for (const [name, value] of Object.entries(attrs)) {
-    if (value === undefined || value === null || value === false) continue;
-    if (name === "class") node.className = value;
-    else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
-    else node.setAttribute(name, value === true ? "" : value);
-  }
-  for (const child of children.flat(Infinity)) {
-    if (child === undefined || child === null || child === false) continue;
-    node.append(child instanceof Node ? child : String(child));
-  }
-  return node;
-}
 
 // ------------------------------------------------------------------------- the viewer
 export class Viewer {
@@ -196,7 +182,9 @@ export class Viewer {
     const last = rows.at(-1)?.row;
     const caption = [
       table.sheet ? `Sheet ${table.sheet}` : null,
-      rows.length ? `rows ${first}–${last} of ${table.total_rows ?? "?"}` : "no rows",
+      // Row numbers are the file's (a sheet's count its header rows); total_rows counts records.
+      table.total_rows != null ? `${table.total_rows} ${table.total_rows === 1 ? "row" : "rows"}` : null,
+      rows.length ? `showing rows ${first}–${last}` : "no rows",
     ].filter(Boolean).join(" · ");
     const node = el(
       "div",
