@@ -15,6 +15,7 @@ import datetime as dt
 import io
 import zipfile
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -98,8 +99,24 @@ def _rows(sheet: Any, merged: dict[tuple[int, int], Any]) -> Iterator[tuple[int,
         yield number, values
 
 
-def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[str]) -> list[Part]:
-    """The sheet's rows as parts, at most ``budget`` of them."""
+@dataclass
+class SheetRows:
+    """A sheet as read: its column names, then each row with a value as the row number the
+    sheet shows and its cells (one per column, None where empty)."""
+
+    columns: list[str]
+    rows: list[tuple[int, list[Any]]]
+    header_end: int  # the last header row
+    cut_at: int | None = None  # the last row read, when ``budget`` stopped the reading
+
+    def shown(self) -> list[tuple[int, list[str]]]:
+        """The rows as the sheet shows them ("" for an empty cell)."""
+        return [(n, ["" if v is None else _shown(v) for v in cells]) for n, cells in self.rows]
+
+
+def sheet_rows(sheet: Any, options: LoadOptions, budget: int) -> SheetRows | None:
+    """The header rows (a row with a cell merged over columns heads the row below too), then
+    up to ``budget`` rows with a value; None for a sheet with no header."""
     merged = _merged_values(sheet, options.max_sheet_rows)
     rows = _rows(sheet, merged)
     header_rows: list[list[Any]] = []
@@ -112,29 +129,37 @@ def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[st
         if not _spans_columns(sheet, number):
             break
     if not header_rows:
-        partial.append(f"sheet {sheet.title!r} is empty")
-        return []
-    columns = _column_names(header_rows)
-    records: list[dict[str, Any]] = []
-    display: list[dict[str, str]] = []
-    numbers: list[int] = []
+        return None
+    table = SheetRows(_column_names(header_rows), [], header_end)
     last_read = header_end
     for number, values in rows:
-        if len(records) >= budget:
-            total = sheet.max_row or number
-            partial.append(
-                f"sheet {sheet.title!r}: kept rows {header_end + 1:,}-{last_read:,} of "
-                f"{total:,} (the cap is {options.max_sheet_rows:,} rows per workbook)"
-            )
+        if len(table.rows) >= budget:
+            table.cut_at = last_read
             break
         last_read = number
         cells = [_value(v) for v in values]
-        if not any(v is not None for v in cells):
-            continue
-        record = {col: (cells[i] if i < len(cells) else None) for i, col in enumerate(columns)}
-        records.append(record)
-        display.append({col: _shown(v) for col, v in record.items() if v is not None})
-        numbers.append(number)
+        if any(v is not None for v in cells):
+            table.rows.append(
+                (number, [cells[i] if i < len(cells) else None for i in range(len(table.columns))])
+            )
+    return table
+
+
+def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[str]) -> list[Part]:
+    """The sheet's rows as parts, at most ``budget`` of them."""
+    table = sheet_rows(sheet, options, budget)
+    if table is None:
+        partial.append(f"sheet {sheet.title!r} is empty")
+        return []
+    if table.cut_at is not None:
+        total = sheet.max_row or table.cut_at + 1
+        partial.append(
+            f"sheet {sheet.title!r}: kept rows {table.header_end + 1:,}-{table.cut_at:,} of "
+            f"{total:,} (the cap is {options.max_sheet_rows:,} rows per workbook)"
+        )
+    records = [dict(zip(table.columns, cells, strict=True)) for _, cells in table.rows]
+    display = [{col: _shown(v) for col, v in record.items() if v is not None} for record in records]
+    numbers = [number for number, _ in table.rows]
     if not records:
         partial.append(f"sheet {sheet.title!r} has a header but no rows")
         return []
@@ -172,7 +197,9 @@ def _unsaved_formulas(data: io.BytesIO, values: Any, sheet_names: Sequence[str])
     return found
 
 
-def load_xlsx(path: Path, options: LoadOptions) -> LoadedFile:
+def open_workbook(path: Path) -> tuple[Any, io.BytesIO, bool]:
+    """The workbook with the values Excel saved, its bytes, and whether it is streamed
+    (openpyxl's read-only mode, for sheets over ``FULL_LOAD_BYTES``: close it after)."""
     import openpyxl
 
     data = open_office(path, "Excel", "xl")
@@ -181,10 +208,15 @@ def load_xlsx(path: Path, options: LoadOptions) -> LoadedFile:
             e.file_size for e in archive.infolist() if e.filename.startswith("xl/worksheets/")
         )
     streamed = sheet_bytes > FULL_LOAD_BYTES
+    book = openpyxl.load_workbook(data, read_only=streamed, data_only=True, keep_links=False)
+    return book, data, streamed
+
+
+def load_xlsx(path: Path, options: LoadOptions) -> LoadedFile:
     partial: list[str] = []
     parts: list[Part] = []
     try:
-        book = openpyxl.load_workbook(data, read_only=streamed, data_only=True, keep_links=False)
+        book, data, streamed = open_workbook(path)
         title = book.properties.title
         for sheet in book.worksheets:
             if sheet.sheet_state != "visible":

@@ -372,14 +372,14 @@ def test_the_keyboard_reaches_and_closes_the_viewer(
 
 # ----------------------------------------------------------------------------- access
 def test_a_hidden_file_is_404_and_never_named(
-    viewer: Callable[..., Viewer], base: str, keys: dict[str, str], index: Path
+    viewer: Callable[..., Viewer], base: str, keys: dict[str, str]
 ) -> None:
     hidden_id = file_id(base, keys["it"], "How long must passwords be?")
-    for key in ("reader",):
-        response = httpx.get(f"{base}/files/{hidden_id}", headers={"X-API-Key": keys[key]})
-        assert response.status_code == 404
-        unknown = httpx.get(f"{base}/files/{'0' * 64}", headers={"X-API-Key": keys[key]})
-        assert response.json() == unknown.json()
+    reader = {"X-API-Key": keys["reader"]}
+    response = httpx.get(f"{base}/files/{hidden_id}", headers=reader)
+    assert response.status_code == 404
+    unknown = httpx.get(f"{base}/files/{'0' * 64}", headers=reader)
+    assert response.json() == unknown.json()
     allowed = httpx.get(f"{base}/files/{hidden_id}", headers={"X-API-Key": keys["it"]})
     assert allowed.status_code == 200
     assert allowed.content == (REPO / HIDDEN).read_bytes()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import io
 import tempfile
-import zipfile
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -19,7 +18,6 @@ from typing import Any
 
 from ragchains.ingest import images, sheets
 from ragchains.ingest.loaders import load_file
-from ragchains.ingest.officezip import open_office
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.tables import csv_rows, json_records, render_value
 
@@ -256,58 +254,23 @@ def pdf_page_png(data: bytes, page: int) -> bytes | None:
 
 
 def _xlsx_sheets(path: Path, options: LoadOptions) -> tuple[str, list[Sheet]]:
-    """The visible sheets' rows (those the loader reads: hidden sheets are left out), by
-    the row numbers the sheet shows, under the column names the loader gives them."""
-    import openpyxl
-
-    data = open_office(path, "Excel", "xl")
-    with zipfile.ZipFile(data) as archive:
-        sheet_bytes = sum(
-            e.file_size for e in archive.infolist() if e.filename.startswith("xl/worksheets/")
-        )
-    streamed = sheet_bytes > sheets.FULL_LOAD_BYTES
-    book = openpyxl.load_workbook(data, read_only=streamed, data_only=True, keep_links=False)
+    """The visible sheets' rows as the loader reads them (``ingest.sheets.sheet_rows``: the
+    same header, merged cells and row cap), by the row numbers the sheet shows."""
+    book, _, streamed = sheets.open_workbook(path)
     found: list[Sheet] = []
     budget = options.max_sheet_rows
     try:
         for sheet in book.worksheets:
             if sheet.sheet_state != "visible":
                 continue
-            grid = _sheet_grid(sheet, budget)
-            budget -= len(grid.rows)
-            found.append(grid)
+            table = sheets.sheet_rows(sheet, options, max(budget, 0))
+            if table is None:
+                found.append(Sheet(sheet.title, [], []))
+                continue
+            budget -= len(table.rows)
+            found.append(Sheet(sheet.title, table.columns, table.shown()))
         title = book.properties.title or path.stem
     finally:
         if streamed:
             book.close()
     return title, found
-
-
-def _sheet_grid(sheet: Any, budget: int) -> Sheet:
-    """As ``ingest.sheets._sheet_parts`` reads a sheet: the header rows (a row with a cell
-    merged over columns heads the row below too), then each row with a value."""
-    merged = sheets._merged_values(sheet, budget)
-    rows = sheets._rows(sheet, merged)
-    header_rows: list[list[Any]] = []
-    for number, values in rows:
-        if not any(sheets._value(v) is not None for v in values):
-            continue
-        header_rows.append(values)
-        if not sheets._spans_columns(sheet, number):
-            break
-    if not header_rows:
-        return Sheet(sheet.title, [], [])
-    columns = sheets._column_names(header_rows)
-    grid: list[tuple[int, list[str]]] = []
-    for number, values in rows:
-        if len(grid) >= budget:
-            break
-        cells = [sheets._value(v) for v in values]
-        if not any(v is not None for v in cells):
-            continue
-        shown = [
-            sheets._shown(cells[i]) if i < len(cells) and cells[i] is not None else ""
-            for i in range(len(columns))
-        ]
-        grid.append((number, shown))
-    return Sheet(sheet.title, columns, grid)

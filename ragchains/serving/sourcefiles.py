@@ -399,9 +399,10 @@ def source_files_router(service: Service) -> APIRouter:
         if cached is not None:
             found.close()
             return cached  # type: ignore[no-any-return]
-        data = found.read_all()
         if kind_of(record.format) is None:
+            found.close()
             return None
+        data = found.read_all()
         options = _load_options(originals.chunking(reader))
         view = build_view(file_id, record.source, record.format, data, options)
         views.put(key, view)
@@ -451,13 +452,11 @@ def source_files_router(service: Service) -> APIRouter:
         if cached is not None:
             found.close()
             return cached  # type: ignore[no-any-return]
-        data = found.read_all()
-        if found.record.format == "image":
-            png = image_page_png(data, page)
-        elif found.record.format == "pdf":
-            png = pdf_page_png(data, page)
-        else:
+        draw = {"image": image_page_png, "pdf": pdf_page_png}.get(found.record.format)
+        if draw is None:
+            found.close()
             return None
+        png = draw(found.read_all(), page)
         if png is not None:
             pngs.put(key, png)
         return png
