@@ -21,6 +21,8 @@ SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # package-lock.json, copied with their licences where the page serves them (/ui/vendor/).
 VENDOR := ragchains/web/vendor
 VENDOR_STAMP := $(VENDOR)/.installed
+# npm wherever it is installed; where it is not, Debian's (with Node.js), through apt.
+NPM := $(shell command -v npm || echo /usr/bin/npm)
 
 .PHONY: setup quickstart test lint format bench clean
 
@@ -41,8 +43,8 @@ quickstart: setup
 	$(BIN)/ragchains ingest samples --index $(INDEX)
 	$(BIN)/ragchains serve --index $(INDEX)
 
-$(VENDOR_STAMP): package.json package-lock.json
-	npm ci --ignore-scripts --omit=optional --no-audit --no-fund --loglevel=error
+$(VENDOR_STAMP): package.json package-lock.json | $(NPM)
+	$(NPM) ci --ignore-scripts --omit=optional --no-audit --no-fund --loglevel=error
 	rm -rf $(VENDOR) && mkdir -p $(VENDOR)/pdfjs $(VENDOR)/marked $(VENDOR)/dompurify
 	cp node_modules/pdfjs-dist/build/pdf.min.mjs node_modules/pdfjs-dist/build/pdf.worker.min.mjs \
 		node_modules/pdfjs-dist/LICENSE $(VENDOR)/pdfjs/
@@ -51,6 +53,11 @@ $(VENDOR_STAMP): package.json package-lock.json
 	cp node_modules/marked/lib/marked.esm.js node_modules/marked/LICENSE $(VENDOR)/marked/
 	cp node_modules/dompurify/dist/purify.es.mjs node_modules/dompurify/LICENSE $(VENDOR)/dompurify/
 	touch $@
+
+$(NPM):
+	@echo "installing Debian's npm (and Node.js) for the chat page's libraries"
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq npm
 
 $(TESSERACT):
 	@echo "installing Debian's tesseract for OCR of scanned PDFs and images"
