@@ -57,7 +57,15 @@ def add_guards(
 # These routes only read (GET, HEAD): any other method reaches them and gets their 405
 # (asking for a key first would answer 401 for a method no key could make work).
 OPEN_PATHS = frozenset(
-    {"/healthz", "/readyz", "/", "/docs", "/docs/oauth2-redirect", "/openapi.json"}
+    {
+        "/healthz",
+        "/readyz",
+        "/",
+        "/favicon.ico",
+        "/docs",
+        "/docs/oauth2-redirect",
+        "/openapi.json",
+    }
 )
 OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs' files
 

@@ -54,4 +54,10 @@ def add_page(app: FastAPI, routes: dict[str, str]) -> None:
             }
         )
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:
+        """No icon, and no 404 either: a browser asks for one with every document it opens
+        from here (an original file, the API docs), which would show as a console error."""
+        return Response(status_code=204, headers={"Cache-Control": "max-age=86400"})
+
     app.mount("/ui", _PageFiles(directory=WEB), name="ui")
