@@ -159,6 +159,15 @@ def pg_url(postgres: LocalPostgres) -> str:
     return f"{postgres.url}?schema=t_{uuid.uuid4().hex[:12]}"
 
 
+@pytest.fixture(params=["folder", "postgresql"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    """Where a test's CLI run writes and serves: an index folder, then a PostgreSQL store
+    (``--index DIR`` or ``--store URL``)."""
+    if request.param == "folder":
+        return ["--index", str(tmp_path / "index")]
+    return ["--store", request.getfixturevalue("pg_url")]
+
+
 @pytest.fixture(scope="session")
 def sample_store(
     postgres: LocalPostgres, settings: Settings, embedder: SentenceTransformerEmbedder

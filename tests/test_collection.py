@@ -69,13 +69,6 @@ def docs(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture(params=["folder", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
-    if request.param == "folder":
-        return ["--index", str(tmp_path / "index")]
-    return ["--store", request.getfixturevalue("pg_url")]
-
-
 def _collection(base: str, key: str | None) -> httpx.Response:
     headers = {"X-API-Key": key} if key else {}
     return httpx.get(f"{base}/collection", headers=headers, timeout=60)

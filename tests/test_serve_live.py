@@ -61,13 +61,6 @@ def docs(tmp_path: Path) -> Path:
     return target
 
 
-@pytest.fixture(params=["folder", "postgresql"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
-    if request.param == "folder":
-        return ["--index", str(tmp_path / "index")]
-    return ["--store", request.getfixturevalue("pg_url")]
-
-
 def test_serve_serves_each_ingest_committed_while_it_runs(
     docs: Path, target: list[str], tmp_path: Path
 ) -> None:
