@@ -708,6 +708,7 @@ function openSource(source, opener, quote = null) {
   if (location.row != null) facts.push(...fact("Row", String(location.row)));
   if (source.section) facts.push(...fact("Section", source.section));
   facts.push(...fact("Score", score(source.score)));
+  facts.push(...fact("Chunk id", el("code", {}, source.id)));
   if (location.ocr_confidence != null) {
     facts.push(...fact("OCR confidence", `${Math.round(location.ocr_confidence * 100)}%`));
   }
