@@ -69,6 +69,7 @@ export class Viewer {
   showChunk(source, note) {
     const text = source.text ?? "(the text of this chunk was not sent)";
     const shown = el("blockquote", { class: "source-text" }, render(reblock(text, SOFT_WRAPPED.has(source.format) || / {2}\n/.test(text))));
+    nestHeadings(shown);
     this.container.replaceChildren(...(note ? [el("p", { class: "viewer-note" }, note), shown] : [shown]));
   }
 
@@ -297,6 +298,7 @@ function documentNode(text, chunkText, quote, section) {
     const fragment = renderTokens([token], links);
     const wrapper = el("div", { class: "block" });
     wrapper.append(fragment);
+    nestHeadings(wrapper);
     root.append(wrapper);
     if (token.type === "table") {
       const lines = token.raw.split("\n").filter((line) => line.trim());
@@ -314,6 +316,16 @@ function documentNode(text, chunkText, quote, section) {
   if (chunkText) highlight(units, chunkText, section);
   if (quote) emphasise(units, quote);
   return root;
+}
+
+// A document's headings sit under the panel's own (h2): its h1 becomes h3, and so on.
+function nestHeadings(root) {
+  for (const heading of root.querySelectorAll("h1, h2, h3, h4, h5, h6")) {
+    const level = Math.min(6, Number(heading.tagName[1]) + 2);
+    const nested = document.createElement(`h${level}`);
+    nested.append(...heading.childNodes);
+    heading.replaceWith(nested);
+  }
 }
 
 // Marks the run of units the chunk covers: from the unit it starts in to the one it ends in,
