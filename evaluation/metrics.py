@@ -11,7 +11,7 @@ import math
 import re
 import string
 from collections import Counter
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 
 from ragchains.chains.answer import CITATION_MARKER, LABEL_SEPARATOR
 
@@ -96,13 +96,43 @@ def cited_sentences(answer: str) -> list[tuple[str, list[str]]]:
             claims.append((between, labels))
         position = match.end()
     claims.append((answer[position:], []))
-    out = []
-    for text, labels in claims:
-        for sentence in _SENTENCE_END.split(" ".join(text.split())):
-            sentence = sentence.strip().lstrip(_END_PUNCTUATION)
-            if any(c.isalnum() for c in sentence):
-                out.append((sentence, labels))
-    return out
+    return [
+        (sentence, labels)
+        for text, labels in claims
+        for sentence in _statements(text)
+        if any(c.isalnum() for c in sentence)
+    ]
+
+
+# A quoted answer shows a table row under its table's header and rule, and a record as
+# "- **field:** value" lines (chains.quote): each row and field stands alone, as written in
+# the source ("| Standard | $45.00 |", "price: 45"); the rule line states nothing.
+_TABLE_RULE = re.compile(r"^\s*\|?(\s*:?-+:?\s*\|)+\s*(:?-+:?)?\s*$")
+_FIELD_ITEM = re.compile(r"^\s*[-*+]\s+\*\*(.+?):\*\*\s*(.*)$")
+_ESCAPED = re.compile(r"\\([\\`*_<>\[\]])")
+
+
+def _statements(text: str) -> Iterator[str]:
+    """The statements of a cited stretch: table rows and record fields line by line, the
+    prose between them cut into sentences."""
+    prose: list[str] = []
+
+    def sentences() -> Iterator[str]:
+        for sentence in _SENTENCE_END.split(" ".join(" ".join(prose).split())):
+            yield sentence.strip().lstrip(_END_PUNCTUATION)
+        prose.clear()
+
+    for line in text.splitlines():
+        field = _FIELD_ITEM.match(line)
+        if _TABLE_RULE.match(line):
+            continue
+        if line.lstrip().startswith("|") or field:
+            yield from sentences()
+            row = f"{field[1]}: {field[2]}" if field else line
+            yield " ".join(_ESCAPED.sub(r"\1", row).split())
+        else:
+            prose.append(line)
+    yield from sentences()
 
 
 def faithful_sentences(answer: str, sources: Mapping[str, Sequence[str]]) -> tuple[int, int]:

@@ -119,3 +119,17 @@ def test_cited_sentences_pair_each_sentence_with_its_labels() -> None:
         ("B two", ["y", "z", "w"]),
         ("C three", []),
     ]
+
+
+def test_a_quoted_table_row_and_record_are_checked_row_by_row_and_field_by_field() -> None:
+    """A quote shown as Markdown (chains.quote): the header and the row are each found in the
+    cited chunk, the rule line states nothing, a record's '- **field:** value' lines are its
+    chunk's 'field: value' lines (escapes undone)."""
+    sources = {
+        "plans.md#plans": ["| Plan | Cost |\n|------|------|\n| Basic | $0 |\n| Standard | $45 |"],
+        "items.csv#row=2": ["sku: BW_7\nname: Auger\nprice: 34.0"],
+    }
+    table = "| Plan | Cost |\n| --- | --- |\n| Standard | $45 |\n\n[plans.md#plans]"
+    assert faithful_sentences(table, sources) == (2, 2)
+    record = "- **sku:** BW\\_7\n- **name:** Auger\n- **price:** 35.0\n\n[items.csv#row=2]"
+    assert faithful_sentences(record, sources) == (2, 3)  # the price is not the source's
