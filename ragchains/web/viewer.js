@@ -15,6 +15,7 @@ import { blocks, render, renderTokens } from "./markdown.js";
 
 const PDFJS = "/ui/vendor/pdfjs/";
 const ROWS_AROUND = 5;
+const OPEN_PDFS = 3;
 const HEAD_CHARS = 30; // a chunk's first and last characters, to find where it starts and ends
 
 // Whitespace-free text: chunks, files and PDF text layers differ in spacing only.
@@ -91,6 +92,12 @@ export class Viewer {
       });
       loading.catch(() => this.pdfs.delete(fileId));
       this.pdfs.set(fileId, loading);
+      // A few documents stay open for going back and forth; the oldest is let go.
+      while (this.pdfs.size > OPEN_PDFS) {
+        const [oldest, opened] = this.pdfs.entries().next().value;
+        this.pdfs.delete(oldest);
+        opened.then(({ doc }) => doc.destroy()).catch(() => {});
+      }
     }
     return this.pdfs.get(fileId);
   }
