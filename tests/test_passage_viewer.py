@@ -24,6 +24,7 @@ from tests.browser import WatchedPage, open_page
 from tests.servers import REPO, ragchains_serve
 from tests.test_chat_page import VIEWPORTS, viewport_id
 from tests.test_cli import run
+from tests.test_ocr import DPI, draw_page
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -40,6 +41,10 @@ Visitors sign in at reception and wear a badge at all times.
 
 Badges are returned at reception when the visitor leaves.
 """
+SCAN_LINES = [
+    "Forklift licences",
+    "Forklift drivers renew their forklift licence every three years at the depot.",
+]
 HOSTILE_HTML = """<!doctype html><html><head><title>Parking rules</title>
 <script>document.title = "pwned"; localStorage.setItem("pwned", "1"); alert("html")</script>
 </head><body><main><h1>Parking rules</h1>
@@ -70,8 +75,12 @@ def index(tmp_path_factory: pytest.TempPathFactory) -> Path:
     hostile.mkdir()
     (hostile / "visitor-rules.md").write_text(HOSTILE_MD)
     (hostile / "parking.html").write_text(HOSTILE_HTML)
+    scans = root / "scans"
+    scans.mkdir()
+    page, _ = draw_page(SCAN_LINES, size_pt=14)
+    page.save(scans / "forklift-notice.png", dpi=(300, 300))
     target = root / "index"
-    done = run("ingest", "samples", hostile, "--index", target, "--access", f"{HIDDEN}=it")
+    done = run("ingest", "samples", hostile, scans, "--index", target, "--access", f"{HIDDEN}=it")
     assert done.returncode == 0, done.stderr
     return target
 
@@ -278,6 +287,24 @@ def test_a_pdf_citation_opens_its_page_with_the_quoted_sentence_highlighted(
     panel.get_by_role("button", name="Previous page").click()
     panel.get_by_text("Page 2 of 3").wait_for()
     panel.locator(".hl-quote").first.wait_for()
+
+
+def test_a_scanned_image_citation_shows_the_page_with_the_ocr_boxes_over_its_words(
+    viewer: Callable[..., Viewer],
+) -> None:
+    shown = viewer((768, 1024))
+    turn = shown.ask("How often do forklift drivers renew their forklift licence?")
+    panel = shown.open_label(turn, "forklift-notice.png")
+    panel.locator(".page-frame img").wait_for()
+    assert panel.get_by_role("group", name="Pages").inner_text().count("Page 1 of 1") == 1
+    # Where the words were printed, in PDF points (the image is 300 dpi).
+    _, printed = draw_page(SCAN_LINES, size_pt=14)
+    drawn = drawn_boxes(shown.page, ".hl")
+    assert drawn
+    for word in ("drivers", "renew", "depot."):
+        box = tuple(v * 72 / DPI for v in printed[word])
+        assert any(overlaps(box, hl) for hl in drawn), (word, box, drawn)
+    assert shown.in_view(".hl")
 
 
 # ----------------------------------------------------------------------------- documents
