@@ -29,13 +29,18 @@ from urllib.parse import urlsplit
 import langserve
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi_offline import FastAPIOffline
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.log_stream import RunLogPatch
 from langserve import add_routes
+from opentelemetry.trace import TracerProvider
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
 from ragchains.feedback import FeedbackStore, feedback_path
+from ragchains.llms import LLMFailure
+from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
+from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
@@ -83,11 +88,13 @@ def create_app(
     llm: LLM | None = None,
     embedder: SentenceTransformerEmbedder | None = None,
     keyring: KeyRing | None = None,
+    tracer_provider: TracerProvider | None = None,
 ) -> FastAPI:
     """The app, over ``service`` or one built now from ``settings.index`` (models and index
     load here, before any route exists); ``llm`` and ``embedder`` replace the configured
     ones (tests and benchmarks); ``keyring``: the keys of ``settings.keys_file``, when the
-    caller has read them already."""
+    caller has read them already; ``tracer_provider``: where spans go (default: OTLP when
+    the OTEL_EXPORTER_OTLP_* variables are set, else no tracing)."""
     settings = settings or Settings()
     configure_runtime(settings)
     service = service or _service(settings, llm, embedder)
@@ -95,7 +102,18 @@ def create_app(
     keyring = _keyring(settings, keyring)
     health = Health()
     feedback_store = FeedbackStore(feedback_path(settings, service.index.folder))
-    routes = _routes(service, limits)
+    tracer = app_tracer(tracer_provider)
+    metrics = Metrics(service)
+    # LCEL callbacks on every served run (and those run for MCP's tools): each stage's span
+    # and metrics come from its own run's start and end, never from timers in the stages.
+    observers: list[BaseCallbackHandler] = [StageMetrics(metrics)]
+    if tracer is not None:
+        observers.append(StageSpans(tracer, record_content=settings.trace_content))
+    routes = _routes(service, limits, observers)
+
+    def on_llm_failure(failure: LLMFailure) -> None:
+        health.record(failure)
+        metrics.model_failure(failure)
 
     app = _app(service, settings)
     add_error_handlers(app, service.prompts)
@@ -103,11 +121,17 @@ def create_app(
     app.include_router(openai_router(service, routes["chat"]))
     _add_langserve_routes(app, routes, limits)
     app.include_router(probes_router(service, health, limits))
-    app.include_router(feedback_router(feedback_store))
+    app.include_router(feedback_router(feedback_store, on_vote=metrics.feedback))
+    app.include_router(metrics_router(metrics))
     app.include_router(source_files_router(service))
     app.include_router(collection_router(service))
     add_page(app, ROUTES)
-    add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=health.record)
+    add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=on_llm_failure)
+    # Outermost (Starlette runs the last added first): every request is counted and traced,
+    # those refused by the guards too.
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    if tracer is not None:
+        app.add_middleware(RequestSpans, tracer=tracer)
     app.openapi = truthful_openapi(  # type: ignore[method-assign]
         app,
         chat_request=ChatCompletionRequest,
@@ -141,11 +165,20 @@ def _keyring(settings: Settings, keyring: KeyRing | None) -> KeyRing | None:
     return keyring
 
 
-def _routes(service: Service, limits: Limits) -> dict[str, Route]:
-    """Each served chain with the server's limits on its input, by route name."""
+def _routes(
+    service: Service, limits: Limits, observers: list[BaseCallbackHandler]
+) -> dict[str, Route]:
+    """Each served chain with the server's limits on its input and the observers on its
+    runs, by route name."""
     requests = request_models(limits, filterable_fields(service.index))
     return {
-        name: Route(name, service.chains[name], requests[name], service.prompts, binding=_Served)
+        name: Route(
+            name,
+            service.chains[name].with_config(callbacks=observers),
+            requests[name],
+            service.prompts,
+            binding=_Served,
+        )
         for name in ROUTES
     }
 

@@ -155,6 +155,17 @@ class Settings(BaseSettings):
         ge=1,
         description="threads for retrieval's CPU work (search, rerank); default: one per core",
     )
+    metrics_public: bool = Field(
+        False,
+        description="serve /metrics without an API key (for a Prometheus scraper that sends "
+        "none); by default it needs a key like every other route",
+    )
+    trace_content: bool = Field(
+        False,
+        description="record questions, queries and answers in trace spans (off: spans carry "
+        "sizes, scores and counts only); traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT "
+        "is set",
+    )
     feedback_db: Path | None = Field(
         None,
         description="SQLite file for readers' feedback on answers (POST /feedback); "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
@@ -13,7 +14,8 @@ from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError
 log = logging.getLogger("ragchains.server")
 
 
-def feedback_router(store: FeedbackStore) -> APIRouter:
+def feedback_router(store: FeedbackStore, on_vote: Callable[[int], None]) -> APIRouter:
+    """``on_vote``: told each stored vote's score (1 up, 0 down)."""
     router = APIRouter(tags=["feedback"])
 
     @router.post("/feedback", status_code=201)
@@ -25,6 +27,7 @@ def feedback_router(store: FeedbackStore) -> APIRouter:
         except FeedbackStoreError as exc:  # the file, not the request, is at fault
             log.error("feedback not stored: %s", exc)
             raise HTTPException(503, f"feedback cannot be stored now: {exc}") from exc
+        on_vote(body.score)
         return {"id": record.id, "created_at": record.created_at}
 
     return router

@@ -40,7 +40,9 @@ def add_guards(
     )
     if settings.api_key is not None or keyring is not None:
         api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, keyring=keyring)
+        # /metrics needs a key unless the settings open it to a scraper that sends none.
+        opened = frozenset({"/metrics"}) if settings.metrics_public else frozenset()
+        app.add_middleware(ApiKeyMiddleware, api_key=api_key, keyring=keyring, opened=opened)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -70,21 +72,34 @@ OPEN_PATHS = frozenset(
 OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs' files
 
 
+# Where ApiKeyMiddleware leaves the caller's groups in the request's state (absent: the caller
+# reads everything).
+CALLER_GROUPS = "ragchains_caller_groups"
+
+
 class ApiKeyMiddleware:
     """Every route but the health checks and the page's files needs a key: ``X-API-Key:
     <key>`` or ``Authorization: Bearer <key>`` (what OpenAI SDKs send). ``api_key`` reads
     everything; a key of ``keyring`` reads what its groups may, for the whole request."""
 
-    def __init__(self, app: Any, api_key: str | None, keyring: KeyRing | None = None) -> None:
+    def __init__(
+        self,
+        app: Any,
+        api_key: str | None,
+        keyring: KeyRing | None = None,
+        opened: frozenset[str] = frozenset(),
+    ) -> None:
         self.app = app
         self.key = api_key.encode() if api_key is not None else None
         self.keyring = keyring
+        self.opened = opened  # paths the settings open, besides OPEN_PATHS
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         if (
             scope["type"] != "http"
             or scope["method"] == "OPTIONS"
             or is_open(scope["method"], scope["path"])
+            or scope["path"] in self.opened
         ):
             await self.app(scope, receive, send)
             return
@@ -104,6 +119,9 @@ class ApiKeyMiddleware:
             )
             await refuse(scope, send, 401, reason, **{"WWW-Authenticate": "Bearer"})
             return
+        # Also in the request's state, for work the request hands to tasks that do not
+        # inherit its context (MCP's tool calls run in the session manager's task group).
+        scope.setdefault("state", {})[CALLER_GROUPS] = principal.groups
         with caller_groups(principal.groups):
             await self.app(scope, receive, send)
 

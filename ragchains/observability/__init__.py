@@ -1,0 +1,1 @@
+"""What a running ragchains tells operators: OpenTelemetry traces and Prometheus metrics."""
