@@ -36,7 +36,7 @@ from opentelemetry.trace import TracerProvider
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
-from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
+from ragchains.factory import Service, build_service, configure_runtime
 from ragchains.feedback import FeedbackStore, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
@@ -49,6 +49,7 @@ from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
 from ragchains.serving.guards import add_guards, request_json
 from ragchains.serving.keys import KeyRing
+from ragchains.serving.mcp_server import McpEndpoint, RagTools
 from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
 from ragchains.serving.openapi import truthful_openapi
 from ragchains.serving.page import add_page
@@ -59,7 +60,7 @@ from ragchains.serving.requests import (
     Limits,
     Route,
     check_body,
-    request_models,
+    served_routes,
 )
 from ragchains.serving.sourcefiles import source_files_router
 from ragchains.settings import Settings
@@ -109,13 +110,14 @@ def create_app(
     observers: list[BaseCallbackHandler] = [StageMetrics(metrics)]
     if tracer is not None:
         observers.append(StageSpans(tracer, record_content=settings.trace_content))
-    routes = _routes(service, limits, observers)
+    routes = served_routes(service, limits, list(ROUTES), observers, binding=_Served)
 
     def on_llm_failure(failure: LLMFailure) -> None:
         health.record(failure)
         metrics.model_failure(failure)
 
-    app = _app(service, settings)
+    mcp = McpEndpoint(RagTools(service, routes, on_llm_failure=on_llm_failure))
+    app = _app(service, settings, mcp)
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
     app.include_router(openai_router(service, routes["chat"]))
@@ -125,6 +127,8 @@ def create_app(
     app.include_router(metrics_router(metrics))
     app.include_router(source_files_router(service))
     app.include_router(collection_router(service))
+    # Any method: the transport answers GET and DELETE itself (405 when stateless).
+    app.router.add_route("/mcp", mcp, include_in_schema=False)
     add_page(app, ROUTES)
     add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=on_llm_failure)
     # Outermost (Starlette runs the last added first): every request is counted and traced,
@@ -165,25 +169,7 @@ def _keyring(settings: Settings, keyring: KeyRing | None) -> KeyRing | None:
     return keyring
 
 
-def _routes(
-    service: Service, limits: Limits, observers: list[BaseCallbackHandler]
-) -> dict[str, Route]:
-    """Each served chain with the server's limits on its input and the observers on its
-    runs, by route name."""
-    requests = request_models(limits, filterable_fields(service.index))
-    return {
-        name: Route(
-            name,
-            service.chains[name].with_config(callbacks=observers),
-            requests[name],
-            service.prompts,
-            binding=_Served,
-        )
-        for name in ROUTES
-    }
-
-
-def _app(service: Service, settings: Settings) -> FastAPI:
+def _app(service: Service, settings: Settings, mcp: McpEndpoint) -> FastAPI:
     # The API docs (/docs) from files served here: no CDN, the machine may be offline. (No
     # /redoc: its page loads its logo from Redocly's CDN.)
     app = FastAPIOffline(
@@ -191,13 +177,13 @@ def _app(service: Service, settings: Settings) -> FastAPI:
         title="ragchains",
         version=__version__,
         description="Grounded, cited answers over your own documents.",
-        lifespan=_lifespan(service, settings),
+        lifespan=_lifespan(service, settings, mcp),
     )
     app.state.service = service  # what `ragchains serve` announces (domains, index)
     return app
 
 
-def _lifespan(service: Service, settings: Settings) -> Callable[[FastAPI], Any]:
+def _lifespan(service: Service, settings: Settings, mcp: McpEndpoint) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The stages are async (the model through its async API, retrieval's CPU work in a
@@ -217,7 +203,8 @@ def _lifespan(service: Service, settings: Settings) -> Callable[[FastAPI], Any]:
         # generation, a store's new fields and groups' fields.
         if isinstance(service.index, LiveIndex | PostgresStore):
             service.index.watch()
-        yield
+        async with mcp.running():
+            yield
         gc.unfreeze()
         if isinstance(service.index, PostgresStore):
             await service.index.aclose()

@@ -1,7 +1,7 @@
 """The `ragchains` command line: the group, the console entry point and its commands.
 
-One module per command group (ingest, query, serve, eval, feedback, index), each importing only
-``ragchains.cli.common``; this module imports them to register their commands.
+One module per command group (ingest, query, serve, mcp, eval, feedback, index, keys), each
+importing only ``ragchains.cli.common``; this module imports them to register their commands.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ragchains.cli.feedback import feedback_group
 from ragchains.cli.index import index_group
 from ragchains.cli.ingest import ingest_command
 from ragchains.cli.keys import keys_group
+from ragchains.cli.mcp import mcp_command
 from ragchains.cli.query import ask_command, chat_command, retrieve_command
 from ragchains.cli.serve import serve_command
 
@@ -47,6 +48,7 @@ for _command in (
     ask_command,
     chat_command,
     serve_command,
+    mcp_command,
     eval_group,
     feedback_group,
     index_group,

@@ -207,6 +207,27 @@ def load_service(settings: Any, index: Path | str, configurable: dict[str, Any],
         fail(str(exc))
 
 
+def serve_mcp_stdio(settings: Any, index: Path | str) -> None:
+    """The MCP tools over stdio until the client closes stdin; the index folder followed
+    as ingests commit, as the server follows it."""
+    from ragchains.factory import build_service
+    from ragchains.retrievers.live import LiveIndex
+    from ragchains.retrievers.pgstore import PostgresStore
+    from ragchains.serving.mcp_server import serve_stdio
+
+    try:
+        service = build_service(settings, index, live=True)
+    except ValueError as exc:
+        fail(str(exc))
+    if isinstance(service.index, LiveIndex | PostgresStore):
+        service.index.watch()
+    try:
+        serve_stdio(service)
+    finally:
+        if isinstance(service.index, LiveIndex | PostgresStore):
+            service.index.close()
+
+
 def service_chain(service: Any, mode: str) -> Any:
     """The chain of a loaded service that runs a turn of ``mode`` ("ask" or "chat")."""
     return service.chains[mode]

@@ -12,6 +12,7 @@ from typing import Any
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
 
@@ -25,6 +26,7 @@ from ragchains.chains.options import (
 )
 from ragchains.chains.retrieve import RetrieveInput
 from ragchains.chains.rewrite import RewriteInput
+from ragchains.factory import Service, filterable_fields
 from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.settings import Settings
@@ -221,6 +223,29 @@ class Route:
         except OptionsError as exc:
             raise HTTPException(422, str(exc)) from exc
         return values
+
+
+def served_routes(
+    service: Service,
+    limits: Limits,
+    names: Sequence[str],
+    observers: Sequence[BaseCallbackHandler],
+    *,
+    binding: type[KnownKeysOnly] = KnownKeysOnly,
+) -> dict[str, Route]:
+    """The service's chains ``names`` as routes serve them (HTTP, MCP's tools): the server's
+    limits on their input and ``observers`` (traces, metrics) on their runs."""
+    requests = request_models(limits, filterable_fields(service.index))
+    return {
+        name: Route(
+            name,
+            service.chains[name].with_config(callbacks=list(observers)),
+            requests[name],
+            service.prompts,
+            binding=binding,
+        )
+        for name in names
+    }
 
 
 # What each LangServe endpoint's body may hold besides its input (LangServe ignores other
