@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from opentelemetry import trace
 from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker, chunk_file
@@ -27,6 +28,10 @@ from ragchains.retrievers.indexformat import Chunk, FileRecord, file_sha256
 
 log = logging.getLogger(__name__)
 
+# Spans for `ragchains ingest` when it exports traces (the API's global provider; without
+# one they record nothing).
+_tracer = trace.get_tracer(__name__)
+
 
 @dataclass
 class ReadResult:
@@ -38,6 +43,7 @@ class ReadResult:
     records: dict[str, FileRecord] = field(default_factory=dict)
 
 
+@_tracer.start_as_current_span("read")  # loaded and chunked
 def read_files(
     found: Discovered,
     old_files: dict[str, FileRecord],
@@ -111,6 +117,14 @@ def read_files(
     if not report.added and not report.updated and not report.unchanged:
         reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
         raise NothingIngestedError(f"nothing could be ingested ({reasons})")
+    trace.get_current_span().set_attributes(
+        {
+            "ragchains.files.read": len(read.chunks),
+            "ragchains.files.skipped": len(report.skipped),
+            "ragchains.chunks": sum(r.chunk_count for r in read.records.values()),
+            "ragchains.chunks.new": sum(map(len, read.chunks.values())),
+        }
+    )
     return read
 
 

@@ -8,10 +8,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from opentelemetry import trace
+
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.loaders import LOADERS
 from ragchains.ingest.report import Skipped
 from ragchains.retrievers.access import AccessRule, AccessRuleError, sidecar_rules
+
+# Spans for `ragchains ingest` when it exports traces (the API's global provider; without
+# one they record nothing).
+_tracer = trace.get_tracer(__name__)
 
 
 @dataclass
@@ -25,6 +31,7 @@ def _within(path: Path, roots: Sequence[Path]) -> bool:
     return any(path == root or path.is_relative_to(root) for root in roots)
 
 
+@_tracer.start_as_current_span("discover")
 def discover(paths: Sequence[str | Path]) -> Discovered:
     """Supported files under the given paths, named ``<root name>/<relative path>``.
 
@@ -96,4 +103,7 @@ def discover(paths: Sequence[str | Path]) -> Discovered:
                 add(f"{prefix}/{path.relative_to(root).as_posix()}", path)
     sidecars.sort(key=lambda depth_rules: -depth_rules[0])
     found.sidecar_rules = [rule for _, rules in sidecars for rule in rules]
+    trace.get_current_span().set_attributes(
+        {"ragchains.files.seen": len(found.files), "ragchains.files.skipped": len(found.skipped)}
+    )
     return found

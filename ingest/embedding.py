@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from opentelemetry import trace
 from tqdm import tqdm
 
 from ragchains.ingest.report import IngestReport
@@ -13,6 +14,10 @@ from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import Chunk
 
 EMBED_BATCH = 256
+
+# Spans for `ragchains ingest` when it exports traces (the API's global provider; without
+# one they record nothing).
+_tracer = trace.get_tracer(__name__)
 
 
 def embed_texts(
@@ -29,6 +34,7 @@ def embed_texts(
     return np.concatenate(out)
 
 
+@_tracer.start_as_current_span("embed")
 def chunk_vectors(
     embedder: SentenceTransformerEmbedder,
     chunks: Sequence[Chunk],
@@ -40,6 +46,9 @@ def chunk_vectors(
     embedded now."""
     missing = [i for i, c in enumerate(chunks) if c.id not in stored]
     report.chunks_embedded = len(missing)
+    trace.get_current_span().set_attributes(
+        {"ragchains.chunks": len(chunks), "ragchains.chunks.embedded": len(missing)}
+    )
     vectors = np.zeros((len(chunks), embedder.dimension), dtype=np.float32)
     for row, chunk in enumerate(chunks):
         if chunk.id in stored:

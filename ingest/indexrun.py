@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from opentelemetry import trace
 from tqdm import tqdm
 
 from ragchains.ingest.accessrules import (
@@ -47,6 +48,10 @@ from ragchains.retrievers.indexwriter import (
     writer_lock,
 )
 from ragchains.retrievers.searchindex import SearchIndex, load_index
+
+# Spans for `ragchains ingest` when it exports traces (the API's global provider; without
+# one they record nothing).
+_tracer = trace.get_tracer(__name__)
 
 
 def ingest(
@@ -224,6 +229,7 @@ def _recorded_rules(index_dir: Path) -> list[dict[str, Any]]:
     return rules if isinstance(rules, list) else []
 
 
+@_tracer.start_as_current_span("write")
 def build_and_write(
     index_dir: Path,
     contents: IndexContents,
@@ -239,7 +245,7 @@ def build_and_write(
         tqdm.write(f"Indexing {len(contents.chunks)} chunks (BM25 + FAISS)…", file=sys.stderr)
     bm25 = build_bm25([c.text for c in contents.chunks])
     dense, dense_info = build_faiss(contents.vectors, hnsw_min_chunks=hnsw_min_chunks)
-    write_index(
+    generation = write_index(
         index_dir,
         contents,
         bm25=bm25,
@@ -248,4 +254,7 @@ def build_and_write(
         bm25_info=BM25_PARAMS,
         originals=originals,
         notes=notes,
+    )
+    trace.get_current_span().set_attributes(
+        {"ragchains.chunks": len(contents.chunks), "ragchains.index.generation": generation.name}
     )

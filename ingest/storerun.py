@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from opentelemetry import trace
 from tqdm import tqdm
 
 from ragchains.ingest.accessrules import (
@@ -29,6 +30,10 @@ from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.retrievers.pgerrors import StoreError
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
+
+# Spans for `ragchains ingest` when it exports traces (the API's global provider; without
+# one they record nothing).
+_tracer = trace.get_tracer(__name__)
 
 
 def ingest_to_store(
@@ -95,27 +100,24 @@ def ingest_to_store(
             vectors = chunk_vectors(embedder, new_chunks, stored, report, progress)
             if progress:
                 tqdm.write(f"Writing {len(new_chunks)} chunks to PostgreSQL…", file=sys.stderr)
-            report.notes.extend(
-                writer.write(
-                    StoreDelta(
-                        # and the files re-chunked the same (their chunks' metadata may change)
-                        remove_sources=sorted(
-                            set(report.removed) | set(report.updated) | set(read.chunks)
-                        ),
-                        chunks=new_chunks,
-                        vectors=vectors,
-                        files=[read.records[s] for s in sorted(read.records)],
-                        embedder={"name": embedder.name, "dimension": embedder.dimension},
-                        chunking=chunking,
-                        rebuild=rebuild,
-                        base_fields=BASE_FIELDS,
-                        not_filterable=NOT_FILTERABLE,
-                        access_rules=rules_as_recorded(access),
-                        originals=wanted,
-                        keep_originals=originals,
-                    )
-                )
+            delta = StoreDelta(
+                # and the files re-chunked the same (their chunks' metadata may change)
+                remove_sources=sorted(set(report.removed) | set(report.updated) | set(read.chunks)),
+                chunks=new_chunks,
+                vectors=vectors,
+                files=[read.records[s] for s in sorted(read.records)],
+                embedder={"name": embedder.name, "dimension": embedder.dimension},
+                chunking=chunking,
+                rebuild=rebuild,
+                base_fields=BASE_FIELDS,
+                not_filterable=NOT_FILTERABLE,
+                access_rules=rules_as_recorded(access),
+                originals=wanted,
+                keep_originals=originals,
             )
+            with _tracer.start_as_current_span("write") as span:
+                span.set_attribute("ragchains.chunks", len(new_chunks))
+                report.notes.extend(writer.write(delta))
     except StoreError as exc:
         raise IngestError(str(exc)) from exc
     report.wrote = True

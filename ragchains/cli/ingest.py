@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, index_option, load_settings
-from ragchains.retrievers.storeurl import shown
+from ragchains.retrievers.storeurl import is_store_url, shown
+
+if TYPE_CHECKING:
+    from ragchains.ingest.report import IngestReport
 
 
 @click.command("ingest")
@@ -76,6 +81,7 @@ def ingest_command(
     """
     from ragchains.factory import run_ingest
     from ragchains.ingest.errors import IngestError, NothingIngestedError
+    from ragchains.observability.tracing import command_span
     from ragchains.retrievers.access import AccessRule, AccessRuleError
 
     settings = load_settings()
@@ -87,17 +93,21 @@ def ingest_command(
     if access_clear and rules:
         fail("give --access rules or --access-clear, not both")
     try:
-        report = run_ingest(
-            settings,
-            paths,
-            index,
-            text_columns=columns,
-            include_notes=word_notes,
-            rebuild=rebuild,
-            progress=not quiet and not as_json,
-            access=rules if rules or access_clear else None,
-            originals=not no_originals,
-        )
+        # Traced when the OTEL_* variables say where to (its stages are the span's children).
+        with command_span("ingest") as span:
+            report = run_ingest(
+                settings,
+                paths,
+                index,
+                text_columns=columns,
+                include_notes=word_notes,
+                rebuild=rebuild,
+                progress=not quiet and not as_json,
+                access=rules if rules or access_clear else None,
+                originals=not no_originals,
+            )
+            if span.is_recording():
+                span.set_attributes(_traced(report, index))
     except NothingIngestedError as exc:
         fail(str(exc), EXIT_NOTHING_INGESTED)
     except IngestError as exc:
@@ -118,3 +128,22 @@ def ingest_command(
         f"{counts}; {report.chunks_total} chunks ({report.chunks_embedded} embedded); "
         f"index {shown(index)} {state}"
     )
+
+
+def _traced(report: IngestReport, index: Path | str) -> dict[str, Any]:
+    """The run's counts for its trace (never a path, nor a store's URL)."""
+    from ragchains.retrievers.indexformat import IndexLoadError, current_generation
+
+    attributes: dict[str, Any] = {
+        "ragchains.files.ingested": len(report.added) + len(report.updated),
+        "ragchains.files.unchanged": len(report.unchanged),
+        "ragchains.files.removed": len(report.removed),
+        "ragchains.files.skipped": len(report.skipped),
+        "ragchains.chunks": report.chunks_total,
+        "ragchains.chunks.embedded": report.chunks_embedded,
+        "ragchains.index.wrote": report.wrote,
+    }
+    if not is_store_url(str(index)):
+        with contextlib.suppress(IndexLoadError):  # no generation to name
+            attributes["ragchains.index.generation"] = current_generation(index).name
+    return attributes
