@@ -157,15 +157,11 @@ def request_span(spans: Sequence[ReadableSpan], name: str) -> ReadableSpan:
 
 
 def children(spans: Sequence[ReadableSpan], parent: ReadableSpan) -> dict[str, ReadableSpan]:
-    found = {
-        s.name: s
-        for s in spans
-        if s.parent is not None and s.parent.span_id == parent.context.span_id
-    }
-    assert len(found) == len(
-        [s for s in spans if s.parent and s.parent.span_id == parent.context.span_id]
-    )
-    return found
+    """The direct children of ``parent``, by name (each name once)."""
+    found = [s for s in spans if s.parent and s.parent.span_id == parent.context.span_id]
+    by_name = {s.name: s for s in found}
+    assert len(by_name) == len(found), [s.name for s in found]
+    return by_name
 
 
 # ----------------------------------------------------------------------------- in-process
@@ -238,6 +234,35 @@ def test_chat_invoke_is_a_request_span_with_the_five_stages_as_children(
     texts = every_text(spans)
     for secret in (QUESTION, "standard plan monthly cost", ANSWER[:30]):
         assert not [t for t in texts if secret in t], secret
+
+
+def test_streamed_turns_and_the_other_routes_trace_their_own_stages(
+    settings: Settings, service: Service
+) -> None:
+    """A streamed turn's stages get their input as it streams in: their attributes come
+    from the state as it ended. The ask route has no rewrite or re-query; the retrieve
+    route's own run (named retrieve) is no stage, its retrieve and compress are."""
+    body = {"input": {"question": QUESTION}, "config": {"configurable": {"domain": "hr"}}}
+    with traced_app(settings, service) as (client, exporter):
+        streamed = client.post("/chat/stream", json=body)
+        assert streamed.status_code == 200 and "event: end" in streamed.text
+        assert client.post("/ask/invoke", json=body).status_code == 200
+        assert (
+            client.post("/retrieve/invoke", json={"input": {"query": "standard plan"}}).status_code
+            == 200
+        )
+    spans = exporter.get_finished_spans()
+    stream = children(spans, request_span(spans, "POST /chat/stream"))
+    assert sorted(stream) == sorted(STAGES)
+    retrieve = dict(stream["retrieve"].attributes or {})
+    assert retrieve["ragchains.domain"] == "hr" and retrieve["ragchains.k"] == settings.k
+    assert dict(stream["answer"].attributes or {})["ragchains.citations"] > 0
+    ask = request_span(spans, "POST /ask/invoke")
+    assert sorted(children(spans, ask)) == ["answer", "compress", "retrieve"]
+    assert dict(ask.attributes or {})["ragchains.chain"] == "ask"
+    search = request_span(spans, "POST /retrieve/invoke")
+    assert sorted(children(spans, search)) == ["compress", "retrieve"]
+    assert dict(search.attributes or {})["ragchains.domain"] == "default"
 
 
 def test_trace_content_records_the_question_queries_and_answer(

@@ -306,10 +306,9 @@ class StageSpans(BaseCallbackHandler):
 
     # -- runs of every kind: the tracker must see each to place the runs inside it
     def _start(self, run_id: UUID, parent_run_id: UUID | None, name: str | None) -> _Stage | None:
+        """A run that is no chain's (a model's, a retriever's): the stage it is in, if any.
+        (Only a chain's own run is a turn: the served runnables are all chains.)"""
         run = self.runs.start(run_id, parent_run_id, name)
-        if StageTracker.is_top(run_id, run):
-            self._turns[run_id] = _Turn(otel_context.get_current(), name, None)
-            return None
         return self._stages.get(run.stage_id) if run.stage_id is not None else None
 
     def _end(self, run_id: UUID) -> tuple[_Stage | None, bool]:
