@@ -33,6 +33,7 @@ from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.tracers.log_stream import RunLogPatch
 from langserve import add_routes
 from opentelemetry.trace import TracerProvider
+from starlette import routing
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
@@ -128,7 +129,7 @@ def create_app(
     app.include_router(source_files_router(service))
     app.include_router(collection_router(service))
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
-    app.router.add_route("/mcp", mcp, include_in_schema=False)
+    app.router.routes.append(routing.Route("/mcp", mcp, include_in_schema=False))
     add_page(app, ROUTES)
     add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=on_llm_failure)
     # Outermost (Starlette runs the last added first): every request is counted and traced,
