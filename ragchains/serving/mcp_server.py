@@ -44,7 +44,7 @@ from ragchains.chains.options import problem_text
 from ragchains.chains.retrieve import Source, to_source
 from ragchains.factory import Service, filterable_fields
 from ragchains.llms import LLMFailure
-from ragchains.observability.tracing import StageSpans, app_tracer
+from ragchains.observability.tracing import REQUEST_CONTEXT, StageSpans, app_tracer
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.filters import OPERATORS
 from ragchains.serving.collection import DomainSummary, domain_summaries
@@ -56,9 +56,6 @@ log = logging.getLogger("ragchains.mcp")
 
 # The routes the tools run, by route name.
 TOOL_ROUTES = ("retrieve", "ask")
-# Where RequestSpans leaves the request span's context in the request's state, so the
-# stages a tool runs nest under the request that called it.
-OTEL_CONTEXT = "ragchains_otel_context"
 
 INSTRUCTIONS = (
     "Search and ask over the documents this ragchains server holds. `search` returns "
@@ -218,7 +215,8 @@ class RagTools:
     async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
         request = self._request()
         groups = request.scope.get("state", {}).get(CALLER_GROUPS) if request else None
-        traced = request.scope.get("state", {}).get(OTEL_CONTEXT) if request else None
+        # The request span's context (RequestSpans): the stages a tool runs nest under it.
+        traced = request.scope.get("state", {}).get(REQUEST_CONTEXT) if request else None
         token = otel_context.attach(traced) if traced is not None else None
         try:
             with caller_groups(groups):
