@@ -7,7 +7,9 @@ The handbook is readable by the ``hr`` group only, the security policy by ``it``
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
@@ -83,14 +85,13 @@ def over_http(base: str, key: str, use: Session[T]) -> T:
     return asyncio.run(session())
 
 
-def over_stdio(index: Path, use: Session[T]) -> T:
+def over_stdio(index: Path, use: Session[T], command: list[str] | None = None) -> T:
     """``use`` on an initialised session of the SDK's stdio client, which starts
-    `ragchains mcp --index INDEX` as an assistant or IDE would."""
+    `ragchains mcp --index INDEX` (or ``command``) as an assistant or IDE would."""
 
     async def session() -> T:
-        params = StdioServerParameters(
-            command=str(RAGCHAINS), args=["mcp", "--index", str(index)], env=user_env(), cwd=REPO
-        )
+        program, *args = command or [str(RAGCHAINS), "mcp", "--index", str(index)]
+        params = StdioServerParameters(command=program, args=args, env=user_env(), cwd=REPO)
         with open(os.devnull, "w") as quiet:  # the model's log on stderr
             async with (
                 stdio_client(params, errlog=quiet) as (read, write),
@@ -264,3 +265,40 @@ def test_mcp_needs_a_key(base: str) -> None:
     assert "API key" in refused.json()["detail"]
     wrong = httpx.post(f"{base}/mcp", json=hello, headers={**accept, "X-API-Key": "nope"})
     assert wrong.status_code == 401
+
+
+# ----------------------------------------------------------------------------- the README
+def readme_config(marker: str) -> dict[str, Any]:
+    """The JSON block after ``<!-- marker -->`` in the README."""
+    text = (REPO / "README.md").read_text()
+    found = re.search(rf"<!-- {marker} -->\s*```json\n(.*?)```", text, re.S)
+    assert found, marker
+    return json.loads(found.group(1))  # type: ignore[no-any-return]
+
+
+def tool_names(client: ClientSession) -> Awaitable[Any]:
+    async def names() -> set[str]:
+        return {tool.name for tool in (await client.list_tools()).tools}
+
+    return names()
+
+
+def test_the_readme_client_configurations_work(
+    base: str, index: Path, keys: dict[str, str]
+) -> None:
+    """The README's two snippets, with this checkout and this test's index and server in
+    place of the example's paths, URL and key."""
+    entry = readme_config("mcp-stdio-config")["mcpServers"]["ragchains"]
+    command = [entry["command"], *entry["args"]]
+    assert command[1:3] == ["mcp", "--index"]
+    command = [str(RAGCHAINS), "mcp", "--index", str(index)]  # the example's paths, here
+    assert Path(entry["command"]).name == RAGCHAINS.name
+    assert {"search", "ask"} <= over_stdio(index, tool_names, command)
+
+    config = readme_config("mcp-http-config")
+    server = config["servers"]["ragchains"]
+    assert server["type"] == "http" and server["url"] == "http://localhost:8000/mcp"
+    prompt = config["inputs"][0]
+    header = server["headers"]["Authorization"].replace(f"${{input:{prompt['id']}}}", keys["hr"])
+    assert header == f"Bearer {keys['hr']}"
+    assert {"search", "ask"} <= over_http(base, keys["hr"], tool_names)
