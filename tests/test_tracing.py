@@ -478,6 +478,9 @@ def test_ragchains_serve_exports_request_and_stage_spans_over_otlp(sample_index:
     assert request["attributes"]["http.route"] == "/chat/invoke"
     assert request["attributes"]["http.response.status_code"] == 200
     assert request["attributes"]["ragchains.domain"]
+    # The generation that answered (an index folder is served live, pinned per request).
+    generations = [p.name for p in sample_index.glob("gen-*")]
+    assert request["attributes"]["ragchains.index.generation"] in generations
     assert set(stages) == set(STAGES)
     rewrite = stages["rewrite"]["attributes"]
     assert rewrite["gen_ai.request.model"] == "ok-traced"

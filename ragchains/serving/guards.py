@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from opentelemetry import trace
 from starlette.requests import Request
 
 from ragchains.llms import LLMFailure
@@ -283,6 +284,9 @@ def _depth(value: Any) -> int:
     return deepest
 
 
+GENERATION_ATTRIBUTE = "ragchains.index.generation"
+
+
 class GenerationMiddleware:
     """Each request keeps to the index generation current when it arrived, to its last
     streamed byte, while ingests commit new ones (see ``retrievers.live``)."""
@@ -295,7 +299,9 @@ class GenerationMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with self.index.pin():
+        with self.index.pin() as pinned:
+            # On the request's span (a no-op when tracing is off): which generation answered.
+            trace.get_current_span().set_attribute(GENERATION_ATTRIBUTE, pinned.path.name)
             await self.app(scope, receive, send)
 
 
