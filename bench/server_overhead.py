@@ -2,7 +2,11 @@
 
 1. Overhead: the chat graph over the sample index with an instant stub model, called
    in-process (``ainvoke``, the path the server runs) and over HTTP (``POST /chat/invoke`` to
-   the real app under uvicorn in another process). Target: p50 difference <= 10 ms.
+   the real app under uvicorn in another process), the HTTP path twice in the same run,
+   repeats interleaved: tracing off (no OTEL_* variables) and tracing on (the server exports
+   its spans over OTLP/HTTP to a sink this benchmark runs, which counts them); Prometheus
+   metrics are on in both, as always. Target: p50 difference <= 10 ms, each. A scrape of
+   /metrics at the end checks the request counter against the calls made.
 2. Concurrency: 64 streaming requests at once against a server whose stub model takes 2 s to
    stream each answer (asynchronously, as a remote model would). Target: all 64 done within
    1.6x the stub alone with no error, on /chat/stream and on /v1/chat/completions. The stub's
@@ -13,6 +17,8 @@
    within 2x of uvicorn (a listening socket without IPPROTO_TCP cost ~40 ms a reply).
 
     python -m bench.server_overhead            # writes its section of bench/RESULTS.md
+    python -m bench.server_overhead --overhead-only
+        # part 1 alone, printed (RESULTS.md untouched)
     python -m bench.server_overhead --before DIR
         # also measures the server CPU per turn of another checkout (DIR: a worktree of an
         # earlier commit), for the before/after line
@@ -22,14 +28,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gzip
 import itertools
+import json
 import os
 import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +63,7 @@ def question() -> str:
 ANSWER = "The standard plan costs $45.00 a month [employee-handbook.md#benefit-plans]."
 REPEATS = 5
 CALLS = 60
+WARM_UP = 5  # untimed calls before each series of CALLS
 CONCURRENT = 64
 STUB_SECONDS = 2.0
 
@@ -157,7 +168,10 @@ class Server:
         else:
             args = ["--serve", str(index), "--port", str(self.port), "--delay", str(delay)]
             argv = [sys.executable, "-m", "bench.server_overhead", *args]
-        environment = {**os.environ, **(env or {})}
+        # Tracing is the benchmark's choice: no OTEL_* variable of the caller's environment
+        # reaches a server (the BSP's schedule delay included), only those ``env`` passes.
+        inherited = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        environment = {**inherited, **(env or {})}
         if checkout is not None:  # its packages first on the path, ahead of the installed ones
             # Only a checkout whose ragchains/ holds the packages (the symlinked layout of
             # commits before package-dir) is imported whole; with a later one the installed
@@ -197,6 +211,92 @@ class Server:
             self.process.wait()
 
 
+# ----------------------------------------------------------------------------- OTLP sink
+# A collector's stand-in, in a process of its own: answers 200 to OTLP/HTTP trace exports
+# (POST /v1/traces, protobuf, as the SDK's exporter sends them) and counts their spans.
+_sink_lock = threading.Lock()
+_sink_exports = [0]
+_sink_traces: dict[bytes, list[Any]] = {}  # trace id: [its root span's name, its spans' names]
+
+
+class _SinkHandler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"  # the exporter's session keeps its connection
+
+    def do_POST(self) -> None:
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        if self.path != "/v1/traces":
+            self._reply(404, b"", "text/plain")
+            return
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        export = ExportTraceServiceRequest.FromString(body)
+        with _sink_lock:
+            _sink_exports[0] += 1
+            for resource_spans in export.resource_spans:
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        trace = _sink_traces.setdefault(span.trace_id, [None, []])
+                        trace[1].append(span.name)
+                        if not span.parent_span_id:
+                            trace[0] = span.name
+        self._reply(200, ExportTraceServiceResponse().SerializeToString(), "application/x-protobuf")
+
+    def do_GET(self) -> None:
+        if self.path == "/readyz":
+            self._reply(200, b"ok", "text/plain")
+        elif self.path == "/stats":
+            self._reply(200, json.dumps(sink_stats()).encode(), "application/json")
+        else:
+            self._reply(404, b"", "text/plain")
+
+    def _reply(self, status: int, body: bytes, content_type: str) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # one line per export would only fill the terminal
+
+
+def sink_stats() -> dict[str, Any]:
+    """Exports and spans received; per root span name: its traces, their spans, the fewest
+    and most spans in one of them, and how many spans of each name they hold."""
+    roots: dict[str, dict[str, Any]] = {}
+    with _sink_lock:
+        for root, names in _sink_traces.values():
+            entry = roots.setdefault(
+                str(root), {"traces": 0, "spans": 0, "min": len(names), "max": 0, "names": {}}
+            )
+            entry["traces"] += 1
+            entry["spans"] += len(names)
+            entry["min"] = min(entry["min"], len(names))
+            entry["max"] = max(entry["max"], len(names))
+            for name in names:
+                entry["names"][name] = entry["names"].get(name, 0) + 1
+        spans = sum(len(names) for _, names in _sink_traces.values())
+        return {"exports": _sink_exports[0], "spans": spans, "roots": roots}
+
+
+def run_sink(port: int) -> None:
+    sink = ThreadingHTTPServer(("127.0.0.1", port), _SinkHandler)
+    try:
+        sink.serve_forever()
+    except KeyboardInterrupt:  # Server.__exit__'s SIGINT
+        pass
+    finally:
+        sink.server_close()
+
+
+SINK = [sys.executable, "-m", "bench.server_overhead", "--sink", "--port", "{port}"]
+
+
 # ----------------------------------------------------------------------------- 1. overhead
 def in_process_times(index: Path) -> list[float]:
     from ragchains.factory import build_service
@@ -220,7 +320,7 @@ def in_process_times(index: Path) -> list[float]:
 
 def http_times(url: str) -> list[float]:
     with httpx.Client(base_url=url, timeout=60) as client:
-        for _ in range(5):
+        for _ in range(WARM_UP):
             client.post("/chat/invoke", json={"input": {"question": question()}}).raise_for_status()
         times = []
         for _ in range(CALLS):
@@ -230,6 +330,149 @@ def http_times(url: str) -> list[float]:
             times.append(time.perf_counter() - start)
             response.raise_for_status()
     return times
+
+
+def scraped_counts(url: str) -> dict[str, dict[str, float]]:
+    """From one scrape of /metrics (prometheus_client's parser): the requests counted for
+    ``/chat/invoke`` by method and status, the answer stage's timings and the turns counted,
+    each by chain label."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{url}/metrics", timeout=30)
+    response.raise_for_status()
+    counts: dict[str, dict[str, float]] = {"requests": {}, "answer stage": {}, "turns": {}}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == "ragchains_http_requests_total":
+                if labels.get("route") == "/chat/invoke":
+                    key = f"{labels.get('method')} {labels.get('status')}"
+                    counts["requests"][key] = counts["requests"].get(key, 0.0) + sample.value
+            elif sample.name == "ragchains_stage_duration_seconds_count":
+                if labels.get("stage") == "answer" and sample.value:
+                    counts["answer stage"][str(labels.get("chain"))] = sample.value
+            elif sample.name == "ragchains_turns_total" and sample.value:
+                counts["turns"][str(labels.get("chain"))] = sample.value
+    return counts
+
+
+def overhead(index: Path) -> list[str]:
+    """Part 1: in-process against HTTP with tracing off and on, interleaved in one run."""
+    local_p50, local_p95 = [], []
+    modes = ("off", "on")
+    p50: dict[str, list[float]] = {mode: [] for mode in modes}
+    p95: dict[str, list[float]] = {mode: [] for mode in modes}
+    cpu: dict[str, list[float]] = {mode: [] for mode in modes}
+    with Server(index, command=SINK) as sink:
+        # The endpoint alone: the BSP's schedule delay (and every other OTEL_BSP_*) at its
+        # default, as a deployment that sets only where to send its traces runs.
+        traced = {"OTEL_EXPORTER_OTLP_ENDPOINT": sink.url}
+        with Server(index, 0.0) as off, Server(index, 0.0, env=traced) as on:
+            servers = {"off": off, "on": on}
+            for repeat in range(REPEATS):
+                local = in_process_times(index)
+                local_p50.append(percentile_ms(local, 50))
+                local_p95.append(percentile_ms(local, 95))
+                # Alternate which server goes first, so neither always follows the other.
+                for mode in modes if repeat % 2 == 0 else modes[::-1]:
+                    server = servers[mode]
+                    cpu_start = server.cpu_seconds()
+                    remote = http_times(server.url)
+                    used = server.cpu_seconds() - cpu_start
+                    cpu[mode].append(used * 1000.0 / (WARM_UP + CALLS))
+                    p50[mode].append(percentile_ms(remote, 50))
+                    p95[mode].append(percentile_ms(remote, 95))
+            scraped = {mode: scraped_counts(server.url) for mode, server in servers.items()}
+        # Both servers stopped: the traced one flushed its last batch as it exited.
+        received = httpx.get(f"{sink.url}/stats", timeout=10).json()
+    calls = REPEATS * (WARM_UP + CALLS)  # to each server
+
+    med = statistics.median
+    added = {
+        mode: med(r - loc for r, loc in zip(p50[mode], local_p50, strict=True)) for mode in modes
+    }
+    tracing_cost = med(on - off for on, off in zip(p50["on"], p50["off"], strict=True))
+    tracing_cpu = med(on - off for on, off in zip(cpu["on"], cpu["off"], strict=True))
+    chat_traces = received["roots"].get("POST /chat/invoke")
+    if not received["spans"] or chat_traces is None:
+        raise RuntimeError(f"no /chat/invoke span reached the OTLP sink: {received}")
+    per_request = chat_traces["spans"] / chat_traces["traces"]
+    low, high = chat_traces["min"], chat_traces["max"]
+    span_names = ", ".join(f"`{name}` {n}" for name, n in chat_traces["names"].items())
+    others = ", ".join(
+        f"{entry['traces']} `{root}`"
+        for root, entry in sorted(received["roots"].items())
+        if root != "POST /chat/invoke"
+    )
+
+    def counted(mode: str) -> str:
+        found = scraped[mode]
+        requests = sum(found["requests"].values())
+        verdict = "equal" if requests == calls else "not equal"
+        by_status = ", ".join(f"{k}: {v:.0f}" for k, v in sorted(found["requests"].items()))
+
+        def by_chain(series: str) -> str:
+            return ", ".join(f'chain="{k}": {v:.0f}' for k, v in sorted(found[series].items()))
+
+        return (
+            f'`ragchains_http_requests_total{{route="/chat/invoke"}}` {requests:.0f} '
+            f"({by_status or 'no series'}; {verdict} to the calls made); "
+            f'`ragchains_stage_duration_seconds_count{{stage="answer"}}` '
+            f"{by_chain('answer stage') or 'none'}; `ragchains_turns_total` "
+            f"{by_chain('turns') or 'all 0'}"
+        )
+
+    def runs(values: list[float]) -> str:
+        return ", ".join(f"{v:.2f}" for v in values)
+
+    rows = []
+    for mode, name in (
+        ("off", "HTTP `POST /chat/invoke`, tracing off, metrics on"),
+        ("on", "HTTP `POST /chat/invoke`, tracing on (OTLP export), metrics on"),
+    ):
+        verdict = "meets" if added[mode] <= 10 else "misses"
+        rows.append(
+            f"| {name} | {med(p50[mode]):.2f} | {med(p95[mode]):.2f} | {runs(p50[mode])} "
+            f"| {added[mode]:.2f} | {verdict} | {med(cpu[mode]):.1f} |"
+        )
+    return [
+        "### HTTP overhead, instant stub model: tracing off and on",
+        "",
+        "Two servers in the same run, each under uvicorn in its own process: one with no "
+        "`OTEL_*` variable (tracing off), one with `OTEL_EXPORTER_OTLP_ENDPOINT` set to a "
+        "local OTLP/HTTP sink this benchmark runs in a third process (it answers 200 to "
+        "`POST /v1/traces` and counts the spans it receives), every other `OTEL_*` variable "
+        "unset (`OTEL_BSP_SCHEDULE_DELAY` at its default, 5 s). Prometheus metrics are "
+        f"collected by both (always on). Each of the {REPEATS} repeats times the in-process "
+        "chain, then both servers, their order alternating from one repeat to the next; "
+        "figures are medians over the repeats, overheads the median of the per-repeat p50 "
+        "differences. The in-process chain runs without the app's callbacks (no metrics, no "
+        "spans): what the server adds, metrics and tracing included, counts as overhead.",
+        "",
+        "| path | p50 ms | p95 ms | p50 ms per repeat | added at p50 ms | target <= 10 ms "
+        "| server CPU ms / call |",
+        "|---|---:|---:|---|---:|---|---:|",
+        f"| in-process `chat.ainvoke` | {med(local_p50):.2f} | {med(local_p95):.2f} "
+        f"| {runs(local_p50)} | | | |",
+        *rows,
+        "",
+        f"- HTTP adds **{added['off']:.2f} ms** at p50 with tracing off and "
+        f"**{added['on']:.2f} ms** with tracing on; tracing itself costs "
+        f"**{tracing_cost:.2f} ms** at p50 and {tracing_cpu:.1f} ms of server CPU per call "
+        "(medians of the per-repeat on - off differences; medians of differences, these "
+        "three need not add up).",
+        f"- Spans received by the sink: {received['spans']} in {received['exports']} exports. "
+        f"The {chat_traces['traces']} `POST /chat/invoke` traces (calls made: {calls}) hold "
+        f"{chat_traces['spans']} spans, **{per_request:.1f} per request** "
+        f"({f'{low} in each' if low == high else f'{low} to {high} in one'}; by name: "
+        f"{span_names})" + (f"; other traces: {others}." if others else "."),
+        f"- Metrics, one scrape of `/metrics` of each server after the last repeat (parsed with "
+        f"`prometheus_client`'s parser), {calls} calls made to each. Tracing on: "
+        f"{counted('on')}. Tracing off: {counted('off')}.",
+        "- Server CPU per call: the server process's CPU time (user + system, psutil) over "
+        f"one repeat's {WARM_UP + CALLS} calls, divided by them; with tracing on it includes "
+        "the batch exports that fell in that window.",
+    ]
 
 
 # ----------------------------------------------------------------------------- 2. concurrency
@@ -336,18 +579,22 @@ def _commit(checkout: Path) -> str:
 
 
 # ----------------------------------------------------------------------------- report
-def main(before: Path | None) -> None:
+def main(before: Path | None, overhead_only: bool = False) -> None:
     index = sample_index()
-    local_p50, local_p95, remote_p50, remote_p95 = [], [], [], []
-    with Server(index, 0.0) as server:
-        for _ in range(REPEATS):
-            local = in_process_times(index)
-            remote = http_times(server.url)
-            local_p50.append(percentile_ms(local, 50))
-            local_p95.append(percentile_ms(local, 95))
-            remote_p50.append(percentile_ms(remote, 50))
-            remote_p95.append(percentile_ms(remote, 95))
-    overhead = statistics.median(r - loc for r, loc in zip(remote_p50, local_p50, strict=True))
+    header = [
+        "## Service overhead (`python -m bench.server_overhead`)",
+        "",
+        machine_line(),
+        "",
+        f"Chat graph over the sample index ({os.cpu_count()} cores), re-query off; the server runs "
+        "under uvicorn in its own process. Medians over "
+        f"{REPEATS} repeats of {CALLS} sequential calls each (after {WARM_UP} warm-up calls).",
+        "",
+    ]
+    part1 = overhead(index)
+    if overhead_only:
+        print("\n".join(header + part1))
+        return
 
     walls: dict[str, list[float]] = {"chat": [], "openai": []}
     errors: dict[str, int] = {"chat": 0, "openai": 0}
@@ -367,25 +614,9 @@ def main(before: Path | None) -> None:
     health = keep_alive(index)
 
     med = statistics.median
-    verdict = "meets" if overhead <= 10 else "misses"
     lines = [
-        "## Service overhead (`python -m bench.server_overhead`)",
-        "",
-        machine_line(),
-        "",
-        f"Chat graph over the sample index ({os.cpu_count()} cores), re-query off; the server runs "
-        "under uvicorn in its own process. Medians over "
-        f"{REPEATS} repeats of {CALLS} sequential calls each (after 5 warm-up calls).",
-        "",
-        "### HTTP overhead, instant stub model",
-        "",
-        "| path | p50 ms | p95 ms |",
-        "|---|---:|---:|",
-        f"| in-process `chat.ainvoke` | {med(local_p50):.2f} | {med(local_p95):.2f} |",
-        f"| HTTP `POST /chat/invoke` | {med(remote_p50):.2f} | {med(remote_p95):.2f} |",
-        "",
-        f"- HTTP adds **{overhead:.2f} ms** at p50 (median of the per-repeat differences); "
-        f"target <= 10 ms: {verdict}.",
+        *header,
+        *part1,
         "",
         f"### {CONCURRENT} concurrent streams, stub model taking {STUB_SECONDS:.0f} s per answer",
         "",
@@ -454,6 +685,13 @@ if __name__ == "__main__":
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--delay", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--sink", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--overhead-only",
+        action="store_true",
+        help="run part 1 only (HTTP overhead, tracing off and on) and print it; "
+        "bench/RESULTS.md is left as it is",
+    )
     parser.add_argument(
         "--before",
         type=Path,
@@ -461,7 +699,9 @@ if __name__ == "__main__":
         "per turn is measured too, for the before/after line",
     )
     args = parser.parse_args()
-    if args.serve:
+    if args.sink:
+        run_sink(args.port)
+    elif args.serve:
         serve(args.serve, args.port, args.delay)
     else:
-        main(args.before)
+        main(args.before, args.overhead_only)
