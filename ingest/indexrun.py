@@ -25,13 +25,14 @@ from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import resolve_field_types
 from ragchains.ingest.parts import LoadOptions
-from ragchains.ingest.report import IngestReport
+from ragchains.ingest.report import IngestReport, log_ingest
 from ragchains.ingest.runsetup import run_setup
 from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
 from ragchains.retrievers.dense import build_faiss
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import (
+    CURRENT_FILE,
     LOCK_FILE,
     Chunk,
     IndexBusyError,
@@ -81,7 +82,7 @@ def ingest(
         check_rules_match(access, found)
     try:
         with writer_lock(index_dir):
-            return _ingest_locked(
+            report = _ingest_locked(
                 found,
                 index_dir,
                 embedder=embedder,
@@ -94,6 +95,14 @@ def ingest(
                 access=access,
                 originals=originals,
             )
+            # Counted for a server's /metrics; a folder that is no index yet stays empty
+            # (a second run would take it for someone else's folder).
+            if (index_dir / CURRENT_FILE).exists():
+                try:
+                    log_ingest(index_dir, report)
+                except OSError as exc:  # the run itself is done and committed
+                    report.notes.append(f"the run was not added to the ingest log: {exc}")
+            return report
     except IndexBusyError as exc:
         raise IngestError(str(exc)) from exc
 

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import json
+import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+# The ingest log of an index folder (beside CURRENT): the runs so far, for a server's
+# /metrics (the server runs in another process than `ragchains ingest`). A store keeps the
+# same record in its meta table, under "ingests".
+INGEST_LOG = "ingests.json"
 
 
 @dataclass
@@ -54,3 +63,39 @@ class IngestReport:
             "partly_read": [{"source": s.source, "reason": s.reason} for s in self.partial],
             "notes": self.notes,
         }
+
+
+def logged(previous: Mapping[str, Any], report: IngestReport) -> dict[str, Any]:
+    """The ingest log ``previous`` with ``report``'s run added: the runs and skipped files
+    so far (counters: they only grow), and the last run's counts."""
+    return {
+        "runs": int(previous.get("runs") or 0) + 1,
+        "skipped_files": int(previous.get("skipped_files") or 0) + len(report.skipped),
+        "last": {
+            "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            **report.counts(),
+            "wrote": report.wrote,
+        },
+    }
+
+
+def read_ingest_log(index_dir: str | Path) -> dict[str, Any]:
+    """An index folder's ingest log; {} before its first logged run."""
+    try:
+        recorded = json.loads((Path(index_dir) / INGEST_LOG).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def log_ingest(index_dir: str | Path, report: IngestReport) -> None:
+    """Add ``report``'s run to the folder's ingest log (under the writer's lock: one run at
+    a time). Replaced whole, so a server reading it never sees half of it."""
+    path = Path(index_dir) / INGEST_LOG
+    try:
+        previous = read_ingest_log(index_dir)
+    except ValueError:  # damaged: the counts start over (Prometheus reads it as a reset)
+        previous = {}
+    tmp = path.with_name(f".{INGEST_LOG}.tmp")
+    tmp.write_text(json.dumps(logged(previous, report), indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)

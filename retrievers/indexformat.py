@@ -8,11 +8,14 @@ Layout of an index directory::
       CURRENT              name of the live generation (replaced atomically)
       gen-<stamp>/         one complete, immutable generation
         manifest.json      format version, embedder, chunk count, field types, build time,
-                           and the sha256 of every other file of the generation (checked at load)
+                           its number (the one it replaced plus one), and the sha256 of every
+                           other file of the generation (checked at load)
         chunks.sqlite      chunk text + metadata (JSON) by row, and the per-file records
         bm25/              bm25s arrays (.npy, loaded with allow_pickle=False) + JSON vocab,
                            and each row's length in tokens (doc_lengths.npy)
         dense.faiss        FAISS index over the normalised embeddings, rows = chunk rows
+      ingests.json         the ingest runs so far and the last one's counts (``ingest.report``,
+                           for a server's /metrics); written by each run, outside the generations
       fusion.json          optional: how the hybrid retriever fuses BM25 and dense here, as
                            ``ragchains eval tune --apply`` recommends (kept across ingests)
       files/<sha256>       the original bytes of each ingested file, named by their sha256

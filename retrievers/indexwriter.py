@@ -49,6 +49,7 @@ from ragchains.retrievers.indexformat import (
     current_generation,
     generation_checksums,
     is_file_id,
+    read_manifest,
 )
 
 _TMP_PREFIX = ".tmp-gen-"
@@ -217,6 +218,7 @@ def write_index(
         previous: str | None = current_generation(root).name
     except IndexLoadError:
         previous = None
+    number = _generation_number(root, previous) + 1
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S") + "-" + uuid.uuid4().hex[:8]
     tmp = root / f"{_TMP_PREFIX}{stamp}"
     final = root / f"{GEN_PREFIX}{stamp}"
@@ -243,6 +245,8 @@ def write_index(
             "dense": dense_info,
             "bm25": bm25_info,
             "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            # Additive: each generation one more than the one it replaces, as a store's.
+            "generation": number,
             "access_rules": contents.access_rules,
             "originals": contents.originals,
             # Additive (readers of format 1 ignore it): generations without it still load.
@@ -284,6 +288,17 @@ def write_index(
     _remove_stale(root, keep=final.name)
     remove_orphans(root, {f.sha256 for f in contents.files} if contents.originals else set())
     return final
+
+
+def _generation_number(root: Path, previous: str | None) -> int:
+    """The number of generation ``previous`` (0: none, or written before they were numbered,
+    or unreadable: the new one is then 1)."""
+    if previous is None:
+        return 0
+    try:
+        return int(read_manifest(root, root / previous).get("generation") or 0)
+    except (IndexLoadError, OSError, TypeError, ValueError):
+        return 0
 
 
 def _remove_stale(root: Path, *, keep: str) -> None:
