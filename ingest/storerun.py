@@ -4,8 +4,9 @@ written as one transaction."""
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from opentelemetry import trace
 from tqdm import tqdm
@@ -22,14 +23,14 @@ from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import NOT_FILTERABLE
 from ragchains.ingest.parts import LoadOptions
-from ragchains.ingest.report import IngestReport
+from ragchains.ingest.report import IngestReport, logged
 from ragchains.ingest.runsetup import run_setup
 from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import BASE_FIELDS
 from ragchains.retrievers.pgerrors import StoreError
 from ragchains.retrievers.pgstore import PostgresStore
-from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
+from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta, StoreWriter
 
 # Spans for `ragchains ingest` when it exports traces (the API's global provider; without
 # one they record nothing).
@@ -94,6 +95,7 @@ def ingest_to_store(
             missing = store.missing_originals(sorted(ids)) if meta else ids
             originals_done = not (missing & wanted.keys()) if originals else missing == ids
             if meta and not report.changed and same_chunking and current and originals_done:
+                _log_run(writer, recorded, report)
                 return report  # (an older store is written anyway: the write migrates it)
             new_chunks = [c for source in sorted(read.chunks) for c in read.chunks[source]]
             stored = store.stored_vectors([c.id for c in new_chunks]) if meta else {}
@@ -118,7 +120,16 @@ def ingest_to_store(
             with _tracer.start_as_current_span("write") as span:
                 span.set_attribute("ragchains.chunks", len(new_chunks))
                 report.notes.extend(writer.write(delta))
+            report.wrote = True
+            _log_run(writer, recorded, report)
     except StoreError as exc:
         raise IngestError(str(exc)) from exc
-    report.wrote = True
     return report
+
+
+def _log_run(writer: StoreWriter, recorded: Mapping[str, Any], report: IngestReport) -> None:
+    """Add the run to the store's ingest log (meta "ingests"), for a server's /metrics."""
+    try:
+        writer.set_meta({"ingests": logged(recorded.get("ingests") or {}, report)})
+    except StoreError as exc:  # the run itself is done and committed
+        report.notes.append(f"the run was not added to the ingest log: {exc}")

@@ -5,7 +5,8 @@ Layout (in one schema, ``ragchains`` unless the URL says ``?schema=NAME``)::
 
     meta    key -> jsonb: schema_version, embedder, chunking, fields (name -> type, as the
             index manifest records them), generation (bumped by every committed ingest),
-            access_rules (the last run's), field_readers (which fields whose rows hold)
+            access_rules (the last run's), field_readers (which fields whose rows hold),
+            ingests (the runs so far and the last one's counts: ``ingest.report.logged``)
     files   one row per ingested file (source, sha256, size, chunk_count, format, access:
             the groups that may read it, {} = everyone)
     chunks  id, source, text, metadata (jsonb), tsv (generated: to_tsvector('english', text)),
@@ -140,6 +141,15 @@ class StoreWriter:
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise self.store.read_only() from exc
         except psycopg.Error as exc:  # whatever PostgreSQL refused: one line, no traceback
+            raise self.store.failure(exc) from exc
+
+    def set_meta(self, values: Mapping[str, Any]) -> None:
+        """Record ``values`` in meta, apart from a run's write (the ingest log)."""
+        try:
+            self._set_meta(self.conn, values)
+        except psycopg.errors.ReadOnlySqlTransaction as exc:
+            raise self.store.read_only() from exc
+        except psycopg.Error as exc:
             raise self.store.failure(exc) from exc
 
     def _write(self, delta: StoreDelta) -> list[str]:

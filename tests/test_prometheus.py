@@ -10,6 +10,7 @@ which the tests break or slow for the model failures.
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,7 +21,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragchains.factory import run_ingest
+from ragchains.observability.metrics import index_generation, ingest_log
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.settings import Settings
 from tests.servers import FakeOpenAI, ragchains_serve, wait_until
 
@@ -248,3 +251,27 @@ def test_metrics_public_and_ingest_runs_of_another_process(
     assert value(after, "ragchains_ingest_skipped_files_total") == 1
     assert value(after, "ragchains_ingest_last_skipped_files") == 1
     assert value(after, "ragchains_ingest_last_run_timestamp_seconds") > 0
+
+
+def test_a_store_logs_its_ingest_runs_for_the_metrics(
+    pg_url: str, tmp_path: Path, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    """A PostgreSQL store keeps the ingest log in its meta table, written runs or not; the
+    collector reads it, and the generation and build time, from the meta the server holds."""
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "orchard.md").write_text("# Orchard\n\nThe orchard has forty apple trees.\n")
+    run_ingest(settings, [docs], pg_url, embedder=embedder, progress=False)
+    (docs / "empty.md").write_text("")
+    unchanged = run_ingest(settings, [docs], pg_url, embedder=embedder, progress=False)
+    assert not unchanged.wrote and len(unchanged.skipped) == 1
+
+    store = PostgresStore(pg_url)
+    try:
+        recorded = ingest_log(store)
+        generation, built_at = index_generation(store)
+    finally:
+        store.close()
+    assert recorded["runs"] == 2 and recorded["skipped_files"] == 1
+    assert recorded["last"]["skipped"] == 1 and recorded["last"]["wrote"] is False
+    assert generation == 1 and built_at is not None and built_at <= time.time()
