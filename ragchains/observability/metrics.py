@@ -164,7 +164,9 @@ class StageMetrics(BaseCallbackHandler):
     """Stage latencies, turns, abstentions, re-queries and chunks served (LCEL callbacks).
 
     Sees chain and retriever runs only: model and tool runs start no stage, and the
-    fewer callbacks a turn makes the less it pays for being measured.
+    fewer callbacks a turn makes the less it pays for being measured (about 0.25 ms of a
+    chat turn's 56 callbacks). Retriever runs are seen all the same: a chain run inside one
+    would otherwise look like a chain's top run.
     """
 
     # Called on the event loop, not in a thread of the default pool: each call is a few
@@ -443,6 +445,7 @@ def metrics_router(metrics: Metrics) -> APIRouter:
         "/metrics",
         scrape,
         methods=["GET"],
+        summary="Prometheus metrics",
         response_class=PlainTextResponse,
         responses={200: {"description": "The metrics, in Prometheus' text format"}},
     )
