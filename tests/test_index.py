@@ -80,7 +80,12 @@ def test_crash_during_write_leaves_previous_index_loadable(
     )
     assert child.returncode == 9, child.stderr
     # The crash left a half-built generation behind ...
-    extra = {p.name for p in index_dir.iterdir()} - {"CURRENT", ".lock", generation.name}
+    extra = {p.name for p in index_dir.iterdir()} - {
+        "CURRENT",
+        ".lock",
+        "ingests.json",
+        generation.name,
+    }
     prefix = ".tmp-gen-" if step == "mid-generation" else "gen-"
     assert any(name.startswith(prefix) for name in extra), extra
 
@@ -92,7 +97,7 @@ def test_crash_during_write_leaves_previous_index_loadable(
     report = ingest_into(docs_dir, index_dir)
     assert report.updated == ["docs/notes.txt"]
     assert sorted(p.name for p in index_dir.iterdir()) == sorted(
-        [".lock", "CURRENT", "files", current_generation(index_dir).name]
+        [".lock", "CURRENT", "files", "ingests.json", current_generation(index_dir).name]
     )
     assert any("hedgehogs" in t for t in _texts(index_dir))
 
@@ -128,6 +133,7 @@ def test_failed_write_cleans_its_temporary_folder(
         "CURRENT",
         "files",  # the originals, of the run before (the failed one's are removed)
         generation.name,
+        "ingests.json",  # the run before's
     ]
 
 

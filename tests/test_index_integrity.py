@@ -404,7 +404,9 @@ def test_a_full_disk_changes_nothing_and_says_so(
         f"{said}; nothing was changed (the previous generation {previous.name} is still "
         "current). Free some space and run the ingest again."
     )
-    assert sorted(p.name for p in index.iterdir()) == [".lock", "CURRENT", "files", previous.name]
+    assert sorted(p.name for p in index.iterdir()) == sorted(
+        [".lock", "CURRENT", "files", "ingests.json", previous.name]
+    )
     assert current_generation(index) == previous and verify_index(index).sound
 
 
@@ -481,7 +483,9 @@ def test_cli_ingest_on_a_full_disk_is_one_line(index: Path, docs_dir: Path) -> N
         f"{index}: No space left on device; nothing was changed (the previous generation "
         f"{previous.name} is still current). Free some space and run the ingest again."
     ]
-    assert sorted(p.name for p in index.iterdir()) == [".lock", "CURRENT", "files", previous.name]
+    assert sorted(p.name for p in index.iterdir()) == sorted(
+        [".lock", "CURRENT", "files", "ingests.json", previous.name]
+    )
     assert load_index(index).store.count() == 15
 
 
