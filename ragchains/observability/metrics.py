@@ -27,7 +27,6 @@ from uuid import UUID
 
 from fastapi import APIRouter, Response
 from fastapi.responses import PlainTextResponse
-from langchain_core.callbacks import BaseCallbackHandler
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -43,7 +42,7 @@ from ragchains.chains.graph import PROMPTS_USED
 from ragchains.chains.requery import RequeryReport
 from ragchains.ingest.report import read_ingest_log
 from ragchains.llms import LLMFailure
-from ragchains.observability.stages import STAGES, StageTracker
+from ragchains.observability.stages import STAGES, RunFollower, StageTracker
 from ragchains.retrievers.pgstore import PostgresStore
 
 if TYPE_CHECKING:
@@ -160,7 +159,7 @@ class Metrics:
 
 
 # ----------------------------------------------------------------------------- stages
-class StageMetrics(BaseCallbackHandler):
+class StageMetrics(RunFollower):
     """Stage latencies, turns, abstentions, re-queries and chunks served (LCEL callbacks).
 
     Sees chain and retriever runs only: model and tool runs start no stage, and the
@@ -169,9 +168,6 @@ class StageMetrics(BaseCallbackHandler):
     would otherwise look like a chain's top run.
     """
 
-    # Called on the event loop, not in a thread of the default pool: each call is a few
-    # dictionary operations, cheaper than a hop to a thread (and it keeps runs in order).
-    run_inline = True
     ignore_llm = True
     ignore_chat_model = True
     ignore_agent = True  # tools too
@@ -193,18 +189,7 @@ class StageMetrics(BaseCallbackHandler):
         parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:
-        self._start(run_id, parent_run_id, kwargs.get("name"))
-
-    def on_retriever_start(
-        self,
-        serialized: dict[str, Any] | None,
-        query: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id, kwargs.get("name"))
+        self.run_started(run_id, parent_run_id, kwargs.get("name"))
 
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id, outputs, failed=False)
@@ -212,13 +197,10 @@ class StageMetrics(BaseCallbackHandler):
     def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id, None, failed=True)
 
-    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+    def run_ended(self, run_id: UUID) -> None:
         self.tracker.end(run_id)
 
-    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
-        self.tracker.end(run_id)
-
-    def _start(self, run_id: UUID, parent_run_id: UUID | None, name: str | None) -> None:
+    def run_started(self, run_id: UUID, parent_run_id: UUID | None, name: str | None) -> None:
         run = self.tracker.start(run_id, parent_run_id, name)
         if run.stage_id == run_id:
             self._started[run_id] = time.perf_counter()

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
+
+from langchain_core.callbacks import BaseCallbackHandler
 
 # The run names of the chains' stages (chains.graph), in the order a chat turn runs them.
 STAGES = ("rewrite", "retrieve", "compress", "requery", "answer")
@@ -67,3 +70,53 @@ class StageTracker:
     @staticmethod
     def is_top(run_id: UUID, run: Run | None) -> bool:
         return run is not None and run.top == run_id
+
+
+class RunFollower(BaseCallbackHandler):
+    """A callback handler that follows the runs it does not look into (retrievers', tools')
+    only to place the runs inside them: each start goes to ``run_started``, each end or
+    error to ``run_ended``. Subclasses handle chain and model runs themselves."""
+
+    # Called on the event loop, in the run's own context, not in a thread of the default
+    # pool: each call is a few dictionary operations, and runs stay in order.
+    run_inline = True
+
+    def run_started(self, run_id: UUID, parent_run_id: UUID | None, name: str | None) -> None:
+        raise NotImplementedError
+
+    def run_ended(self, run_id: UUID) -> None:
+        raise NotImplementedError
+
+    def on_retriever_start(
+        self,
+        serialized: dict[str, Any] | None,
+        query: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.run_started(run_id, parent_run_id, kwargs.get("name"))
+
+    def on_retriever_end(self, documents: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.run_ended(run_id)
+
+    def on_retriever_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.run_ended(run_id)
+
+    def on_tool_start(
+        self,
+        serialized: dict[str, Any] | None,
+        input_str: str,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.run_started(run_id, parent_run_id, kwargs.get("name"))
+
+    def on_tool_end(self, output: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.run_ended(run_id)
+
+    def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.run_ended(run_id)

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.outputs import ChatGeneration, LLMResult
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -47,7 +46,7 @@ from opentelemetry.trace import (
 )
 
 from ragchains import __version__
-from ragchains.observability.stages import StageTracker
+from ragchains.observability.stages import RunFollower, StageTracker
 
 log = logging.getLogger(__name__)
 
@@ -277,7 +276,7 @@ class _Stage:
     counted: bool = False  # a call reported token counts
 
 
-class StageSpans(BaseCallbackHandler):
+class StageSpans(RunFollower):
     """A span per chain stage, a child of the request's span (LCEL callbacks).
 
     Attributes (``ragchains.`` unless standard): every stage its ``stage`` and ``domain``;
@@ -293,9 +292,8 @@ class StageSpans(BaseCallbackHandler):
     and ``abstained``.
     """
 
-    # Called on the event loop, in the run's own context, as each run starts: the chain's
-    # run sees the request's span current. (A thread of the pool would see none.)
-    run_inline = True
+    # (RunFollower's run_inline: the chain's run sees the request's span current; a
+    # thread of the pool would see none.)
 
     def __init__(self, tracer: Tracer, *, record_content: bool = False) -> None:
         self.tracer = tracer
@@ -412,56 +410,10 @@ class StageSpans(BaseCallbackHandler):
         if stage is not None:
             stage.span.set_attribute("ragchains.model_error", type(error).__qualname__)
 
-    def on_retriever_start(
-        self,
-        serialized: dict[str, Any] | None,
-        query: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id, kwargs.get("name"))
+    def run_started(self, run_id: UUID, parent_run_id: UUID | None, name: str | None) -> None:
+        self._start(run_id, parent_run_id, name)
 
-    def on_retriever_end(
-        self, documents: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._end(run_id)
-
-    def on_retriever_error(
-        self,
-        error: BaseException,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._end(run_id)
-
-    def on_tool_start(
-        self,
-        serialized: dict[str, Any] | None,
-        input_str: str,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self._start(run_id, parent_run_id, kwargs.get("name"))
-
-    def on_tool_end(
-        self, output: Any, *, run_id: UUID, parent_run_id: UUID | None = None, **kwargs: Any
-    ) -> None:
-        self._end(run_id)
-
-    def on_tool_error(
-        self,
-        error: BaseException,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
+    def run_ended(self, run_id: UUID) -> None:
         self._end(run_id)
 
     # -- what each stage's span says
