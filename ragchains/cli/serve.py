@@ -25,9 +25,11 @@ def serve_command(
     The chat page at / (open it in a browser); LangServe routes /chat, /ask, /rewrite and
     /retrieve (invoke, batch, stream, playground); OpenAI-compatible /v1/chat/completions and
     /v1/models (one model per prompt domain); POST /feedback (votes kept in feedback.sqlite in
-    the index folder, or RAGCHAINS_FEEDBACK_DB); /healthz and /readyz. Set RAGCHAINS_API_KEY to
-    require a key on every route but the health checks and the page's files,
-    RAGCHAINS_CORS_ORIGINS to allow browsers from other origins.
+    the index folder, or RAGCHAINS_FEEDBACK_DB); MCP tools for assistants and IDEs at /mcp;
+    Prometheus metrics at /metrics; /healthz and /readyz. Set RAGCHAINS_API_KEY (or
+    RAGCHAINS_KEYS_FILE) to require a key on every route but the health checks and the page's
+    files, RAGCHAINS_CORS_ORIGINS to allow browsers from other origins, and
+    OTEL_EXPORTER_OTLP_ENDPOINT to export traces over OTLP/HTTP.
     """
     import socket
     import threading
@@ -92,6 +94,7 @@ def serve_command(
             click.echo(f"  chat page:   {base}/")
             click.echo(f"  playground:  {base}/chat/playground/")
             click.echo(f"  API docs:    {base}/docs")
+            click.echo(f"  MCP:         {base}/mcp")
             click.echo(
                 f"  OpenAI API:  {base}/v1 (models: {', '.join(sorted(service.prompts.domains))})"
             )
