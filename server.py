@@ -110,7 +110,9 @@ def create_app(
     # and metrics come from its own run's start and end, never from timers in the stages.
     observers: list[BaseCallbackHandler] = [StageMetrics(metrics)]
     if tracer is not None:
-        observers.append(StageSpans(tracer, record_content=settings.trace_content))
+        observers.append(
+            StageSpans(tracer, record_content=settings.trace_content, model=service.llm.name)
+        )
     routes = served_routes(service, limits, list(ROUTES), observers, binding=_Served)
 
     def on_llm_failure(failure: LLMFailure) -> None:

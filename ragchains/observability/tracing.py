@@ -295,9 +295,14 @@ class StageSpans(RunFollower):
     # (RunFollower's run_inline: the chain's run sees the request's span current; a
     # thread of the pool would see none.)
 
-    def __init__(self, tracer: Tracer, *, record_content: bool = False) -> None:
+    def __init__(
+        self, tracer: Tracer, *, record_content: bool = False, model: str | None = None
+    ) -> None:
+        """``model``: the served model's name, for model calls that report none of their own
+        (the embedded llama.cpp model's runs carry no ``ls_model_name``)."""
         self.tracer = tracer
         self.record_content = record_content
+        self.model = model
         self.runs = StageTracker()
         self._turns: dict[UUID, _Turn] = {}
         self._stages: dict[UUID, _Stage] = {}
@@ -511,12 +516,16 @@ class StageSpans(RunFollower):
             span.set_attributes(summary)
 
     # -- the model calls inside a stage
-    @staticmethod
     def _model_called(
-        stage: _Stage, metadata: Mapping[str, Any], params: Mapping[str, Any]
+        self, stage: _Stage, metadata: Mapping[str, Any], params: Mapping[str, Any]
     ) -> None:
         stage.model_calls += 1
-        model = metadata.get("ls_model_name") or params.get("model") or params.get("model_name")
+        model = (
+            metadata.get("ls_model_name")
+            or params.get("model")
+            or params.get("model_name")
+            or self.model
+        )
         attributes: dict[str, Any] = {"gen_ai.operation.name": "chat"}
         _attr(attributes, "gen_ai.request.model", model)
         _attr(attributes, "gen_ai.provider.name", metadata.get("ls_provider"))

@@ -347,9 +347,8 @@ def serve_stdio(service: Service) -> None:
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
     limits = Limits.from_settings(service.settings)
     tracer = app_tracer()
-    observers = (
-        [StageSpans(tracer, record_content=service.settings.trace_content)] if tracer else []
-    )
+    record, model = service.settings.trace_content, service.llm.name
+    observers = [StageSpans(tracer, record_content=record, model=model)] if tracer else []
     tools = RagTools(service, served_routes(service, limits, TOOL_ROUTES, observers))
 
     async def run() -> None:
