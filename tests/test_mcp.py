@@ -268,6 +268,9 @@ def test_mcp_needs_a_key(base: str) -> None:
 
 
 # ----------------------------------------------------------------------------- the README
+EXAMPLE_CHECKOUT = "/home/me/ragchains"  # where the README's example has its checkout
+
+
 def readme_config(marker: str) -> dict[str, Any]:
     """The JSON block after ``<!-- marker -->`` in the README."""
     text = (REPO / "README.md").read_text()
@@ -289,10 +292,12 @@ def test_the_readme_client_configurations_work(
     """The README's two snippets, with this checkout and this test's index and server in
     place of the example's paths, URL and key."""
     entry = readme_config("mcp-stdio-config")["mcpServers"]["ragchains"]
-    command = [entry["command"], *entry["args"]]
-    assert command[1:3] == ["mcp", "--index"]
-    command = [str(RAGCHAINS), "mcp", "--index", str(index)]  # the example's paths, here
-    assert Path(entry["command"]).name == RAGCHAINS.name
+    # The example's checkout is this one; its index, this test's.
+    program = Path(entry["command"].replace(EXAMPLE_CHECKOUT, str(REPO)))
+    assert program.samefile(RAGCHAINS)
+    *args, example_index = entry["args"]
+    assert example_index.startswith(EXAMPLE_CHECKOUT)
+    command = [str(program), *args, str(index)]
     assert {"search", "ask"} <= over_stdio(index, tool_names, command)
 
     config = readme_config("mcp-http-config")
