@@ -267,3 +267,60 @@ def test_row_count_mismatch_is_damage(built: Path) -> None:
     manifest_path.write_text(json.dumps(manifest))
     with pytest.raises(IndexDamagedError, match="row counts disagree"):
         load_index(built)
+
+
+# ----------------------------------------------------------------------------- building the parts
+def test_bm25_build_matches_bm25s_own_index() -> None:
+    """build_bm25 makes bm25s's score matrix with array operations: the same scores, bit for
+    bit, as bm25s's per-document builder, and the same words."""
+    import numpy as np
+
+    from ragchains.retrievers.bm25 import BM25_PARAMS, bm25_search, build_bm25, tokenize
+    from ragchains.retrievers.indexformat import StoredBM25
+
+    words = [
+        "the",
+        "running",
+        "runs",
+        "ran",
+        "naïve",
+        "café",
+        "Über",
+        "x",
+        "a1",
+        "__",
+        "東京",
+        "and",
+        "it's",
+        "soup",
+        "tomato",
+        "ÉCOLE",
+    ]
+    rng = np.random.default_rng(0)
+    corpus = ["", "tomato soup", "soup soup soup", "the and of"] + [
+        " ".join(rng.choice(words, rng.integers(0, 30))) for _ in range(300)
+    ]
+    ours = build_bm25(corpus)
+    theirs = StoredBM25(method=BM25_PARAMS["method"], k1=BM25_PARAMS["k1"], b=BM25_PARAMS["b"])
+    theirs.index([tokenize(t) for t in corpus], show_progress=False)
+    assert set(ours.vocab_dict) == set(theirs.vocab_dict)
+    assert ours.scores["num_docs"] == theirs.scores["num_docs"] == len(corpus)
+    for word, column in theirs.vocab_dict.items():
+        if word == "":
+            continue
+        mine = ours.vocab_dict[word]
+        a = slice(*theirs.scores["indptr"][column : column + 2])
+        b = slice(*ours.scores["indptr"][mine : mine + 2])
+        assert np.array_equal(theirs.scores["indices"][a], ours.scores["indices"][b])
+        assert np.array_equal(theirs.scores["data"][a], ours.scores["data"][b])
+    for name in ("data", "indices", "indptr"):
+        assert ours.scores[name].dtype == theirs.scores[name].dtype
+    assert ours.doc_lengths is not None
+    assert ours.doc_lengths.tolist() == [len(tokenize(t)) for t in corpus]
+    for query in ("soup", "running tomato", "naïve", "the", "unknown"):
+        rows, scores = bm25_search(ours, query, 20)
+        expected_rows, expected_scores = bm25_search(theirs, query, 20)
+        assert rows.tolist() == expected_rows.tolist()
+        assert scores.tolist() == expected_scores.tolist()
+    empty = build_bm25([])  # bm25s's own builder fails on no rows
+    assert bm25_search(empty, "soup", 5)[0].size == 0
