@@ -438,13 +438,13 @@ class PostgresStore:
             conn = psycopg.connect(self.conninfo, autocommit=True)
         except psycopg.Error as exc:  # unreachable, refused, or a malformed URL
             raise self.failure(exc) from exc
+        lock = f"ragchains:{self.schema}"
+        got = None
         try:
             standby = conn.execute("SELECT pg_is_in_recovery()").fetchone()
             if standby and standby[0]:
                 raise self.read_only()
-            got = conn.execute(
-                "SELECT pg_try_advisory_lock(hashtext(%s))", (f"ragchains:{self.schema}",)
-            ).fetchone()
+            got = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s))", (lock,)).fetchone()
             if not got or not got[0]:
                 raise StoreBusyError(
                     f"another ingest is writing {self.redacted} (schema {self.schema}); wait "
@@ -452,6 +452,11 @@ class PostgresStore:
                 )
             yield StoreWriter(self, conn)
         finally:
+            if got and got[0]:
+                # Released now: a closed session's backend releases it only once it has exited,
+                # which a busy machine may delay past the next run's start.
+                with suppress(psycopg.Error):
+                    conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (lock,))
             conn.close()  # ends the session: the lock goes with it, as on a crash
 
     def write(self, delta: StoreDelta) -> list[str]:

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import fnmatch
 import json
+import math
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -20,6 +22,8 @@ import psycopg
 import pytest
 
 from ragchains.factory import build_retriever, build_service, open_index
+from ragchains.retrievers.access import SIDECAR, AccessRule, caller_groups
+from ragchains.retrievers.bm25 import BM25Retriever
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import (
     MAX_GLOB_CHARS,
@@ -117,8 +121,8 @@ from ragchains.settings import Settings
 
 copy = pgwriter.StoreWriter._copy_chunks
 
-def copy_then_hang(self, conn, delta):
-    copy(self, conn, delta)  # the new rows are in, uncommitted
+def copy_then_hang(self, conn, delta, *rest):
+    copy(self, conn, delta, *rest)  # the new rows are in, uncommitted
     Path(sys.argv[3]).write_text("copied")
     time.sleep(600)
 
@@ -376,11 +380,11 @@ def test_glob_patterns_match_as_fnmatch_does(postgres: LocalPostgres) -> None:
     ],
     ids=lambda f: f.describe(),
 )
-def test_sql_fusion_ranks_as_the_python_fusion(
+def test_the_hybrid_fuses_its_halves_as_the_index_folder_does(
     fusion: FusionConfig, sample_store: str, embedder: SentenceTransformerEmbedder
 ) -> None:
-    """One statement fuses in SQL; the same two lists fused by retrievers.fusion give the
-    same order (the functions ``ragchains eval tune`` measures)."""
+    """The store's two halves, fused by retrievers.fusion (the functions the index folder
+    and ``ragchains eval tune`` use), give the hybrid's order and scores."""
     settings = fusion.model_dump()
     hybrid = pg_retriever(sample_store, embedder, k=10, candidates=20, **settings)
     try:
@@ -405,6 +409,134 @@ def test_sql_fusion_ranks_as_the_python_fusion(
             assert fused == pytest.approx(scores.tolist(), rel=1e-9, abs=1e-12)
     finally:
         hybrid.store.close()
+
+
+KEYWORD_QUERIES = (
+    QUESTION,
+    "sensor under 50 dollars",
+    "travel hotel per night in Europe",
+    "How many vacation days do employees get?",
+    "soil moisture sensor battery",
+    "the the plan plan cost",  # a stop word and a repeated word, counted as BM25Retriever does
+)
+
+
+def keyword_hits(docs: list[Any]) -> list[tuple[str, float]]:
+    return [(d.id, d.metadata["bm25_score"]) for d in docs]
+
+
+def assert_same_ranking(found: list[tuple[str, float]], expected: list[tuple[str, float]]) -> None:
+    """The same chunks with the same scores, in the same order up to ties (bm25s keeps
+    float32 scores; a tie at the cut may keep either chunk)."""
+    assert [s for _, s in found] == pytest.approx([s for _, s in expected], rel=1e-5)
+
+    def tied(hits: list[tuple[str, float]], score: float) -> list[str]:
+        return sorted(c for c, s in hits if math.isclose(s, score, rel_tol=1e-5))
+
+    last = found[-1][1] if found else 0.0
+    for _, score in found:
+        if not math.isclose(score, last, rel_tol=1e-5):
+            assert tied(found, score) == tied(expected, score)
+
+
+def test_the_stores_keyword_half_ranks_as_the_index_folders_bm25(
+    sample_store: str, sample_index: Path, embedder: SentenceTransformerEmbedder
+) -> None:
+    index = load_index(sample_index)
+    fulltext = pg_retriever(sample_store, embedder, search="fulltext", k=10)
+    try:
+        for query in KEYWORD_QUERIES:
+            expected = keyword_hits(BM25Retriever(index=index, k=10).invoke(query))
+            found = keyword_hits(fulltext.invoke(query))
+            assert expected and len(found) == len(expected), query
+            assert_same_ranking(found, expected)
+            # The hybrid's BM25 side: the same ranks and scores.
+            hybrid = pg_retriever(sample_store, embedder, k=10, candidates=10).invoke(query)
+            sides = {d.metadata["bm25_rank"]: d.metadata["bm25_score"] for d in hybrid}
+            for rank, score in sides.items():
+                if rank is not None:
+                    assert score == pytest.approx(found[rank - 1][1], rel=1e-9)
+        assert fulltext.invoke("zzzqqq the and") == []  # no known word: nothing, no error
+    finally:
+        fulltext.store.close()
+        index.close()
+
+
+def test_keyword_statistics_follow_incremental_ingests(
+    docs_dir: Path, pg_url: str, tmp_path: Path, ingest_into: Any, embedder: Any
+) -> None:
+    """After runs that add, change and remove files, the store scores as an index folder
+    built from scratch over the files as they are (its count, lengths and frequencies)."""
+    ingest_into(docs_dir, pg_url)
+    guide = docs_dir / "guide.md"
+    guide.write_text(guide.read_text() + "\n\n## Mulching\n\nMulch keeps the soil moist.\n")
+    (docs_dir / "notes.txt").unlink()
+    (docs_dir / "extra.md").write_text("# Mulch\n\nMulch, mulch and more mulch for the soil.\n")
+    report = ingest_into(docs_dir, pg_url)
+    assert report.removed == ["docs/notes.txt"] and "docs/guide.md" in report.updated
+    fresh = tmp_path / "fresh"
+    ingest_into(docs_dir, fresh)
+    index = load_index(fresh)
+    fulltext = pg_retriever(pg_url, embedder, search="fulltext", k=20)
+    try:
+        for query in ("mulch soil", "water the garden in the morning", "soil", "tool shed"):
+            expected = keyword_hits(BM25Retriever(index=index, k=20).invoke(query))
+            assert expected, query
+            assert_same_ranking(keyword_hits(fulltext.invoke(query)), expected)
+        schema = fulltext.store.schema
+        with fulltext.store.connection() as conn:
+            totals = conn.execute(f'SELECT sum(chunks) FROM "{schema}".bm25_stats').fetchone()
+            orphans = conn.execute(
+                f'SELECT count(*) FROM "{schema}".postings p WHERE NOT EXISTS '
+                f'(SELECT 1 FROM "{schema}".chunks c WHERE c.key = p.chunk)'
+            ).fetchone()
+        assert totals == (len(index),) and orphans == (0,)
+    finally:
+        fulltext.store.close()
+        index.close()
+
+
+def test_a_callers_keyword_scores_use_only_what_it_may_read(
+    docs_dir: Path,
+    pg_url: str,
+    tmp_path: Path,
+    ingest_into: Any,
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    """As in an index folder (tests/test_access.py): a caller's BM25 statistics are those of
+    the chunks it may read, so neither a score nor the order tells of hidden files."""
+    from tests.test_access import HR_RULE, _labelled_docs
+
+    ingest_into(_labelled_docs(docs_dir), pg_url, access=[AccessRule.parse(HR_RULE)])
+    alone_dir = tmp_path / "eng-only" / "docs"
+    shutil.copytree(docs_dir, alone_dir, ignore=shutil.ignore_patterns("hr-*", SIDECAR))
+    ingest_into(alone_dir, tmp_path / "alone")
+    alone = load_index(tmp_path / "alone")
+    query = "quokka salary band zephyr migration water beds tool shed garden morning timer"
+
+    def scores(docs: list[Any]) -> dict[tuple[str, str], float]:
+        return {
+            (d.metadata["source"], d.page_content): d.metadata["bm25_score"]
+            for d in docs
+            if d.metadata["bm25_score"] is not None  # the hybrid's dense-only hits
+        }
+
+    expected = scores(BM25Retriever(index=alone, k=50).invoke(query))
+    fulltext = pg_retriever(pg_url, embedder, search="fulltext", k=50)
+    try:
+        for retriever in (fulltext, fulltext.model_copy(update={"search": "hybrid"})):
+            with caller_groups(frozenset({"eng"})):
+                as_eng = scores(retriever.invoke(query))
+            assert any("eng-roadmap" in source for source, _ in as_eng)
+            assert not any("hr-" in source for source, _ in as_eng)
+            shared = as_eng.keys() & expected.keys()
+            assert len(shared) >= 3 and shared == as_eng.keys()
+            assert as_eng == pytest.approx({k: expected[k] for k in shared}, rel=1e-5)
+        everyone = scores(fulltext.invoke(query))  # no access control: the whole store's
+        assert {k: everyone[k] for k in shared} != pytest.approx(as_eng, rel=1e-5)
+    finally:
+        fulltext.store.close()
+        alone.close()
 
 
 def test_async_search_is_the_same_search(
@@ -523,6 +655,56 @@ def test_an_older_store_is_migrated_and_a_newer_one_refused(
         ingest_into(docs_dir, pg_url)
 
 
+def written_as_version_2(store: PostgresStore) -> None:
+    """Turn a store into one as the release before BM25 postings wrote it: ranked by
+    full-text search over a generated tsvector, no chunk keys, lengths or postings."""
+    with store.connection() as conn:
+        schema = f'"{store.schema}"'
+        for statement in (
+            f"DROP TABLE {schema}.postings",
+            f"DROP TABLE {schema}.bm25_stats",
+            f"ALTER TABLE {schema}.chunks DROP COLUMN key, DROP COLUMN length",
+            f"ALTER TABLE {schema}.chunks ADD COLUMN tsv tsvector GENERATED ALWAYS AS "
+            "(to_tsvector('english'::regconfig, text)) STORED",
+            f"CREATE INDEX chunks_tsv ON {schema}.chunks USING gin (tsv)",
+            f"UPDATE {schema}.meta SET value = '2' WHERE key = 'schema_version'",
+        ):
+            conn.execute(statement)
+
+
+def test_a_store_of_full_text_ranking_is_migrated_to_bm25_by_a_plain_re_run(
+    pg_url: str,
+    docs_dir: Path,
+    tmp_path: Path,
+    ingest_into: Any,
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    ingest_into(docs_dir, pg_url)
+    store = PostgresStore(pg_url)
+    try:
+        written_as_version_2(store)
+        with pytest.raises(StoreError, match=r"version 2; .* run `ragchains ingest` on it"):
+            store.check(embedder_name=embedder.name)
+        (docs_dir / "notes.txt").unlink()  # the run's own change applies after the migration
+        report = ingest_into(docs_dir, pg_url)
+        assert report.wrote and report.chunks_embedded == 0
+        store.forget()
+        store.check(embedder_name=embedder.name)
+    finally:
+        store.close()
+    fresh = tmp_path / "fresh"
+    ingest_into(docs_dir, fresh)
+    index = load_index(fresh)
+    fulltext = pg_retriever(pg_url, embedder, search="fulltext", k=20)
+    try:
+        for query in ("water the garden in the morning", "soil sensor", "tool shed"):
+            expected = keyword_hits(BM25Retriever(index=index, k=20).invoke(query))
+            assert_same_ranking(keyword_hits(fulltext.invoke(query)), expected)
+    finally:
+        fulltext.store.close()
+        index.close()
+
+
 def test_a_store_written_before_access_labels_is_migrated_by_a_plain_re_run(
     pg_url: str, docs_dir: Path, ingest_into: Any, embedder: SentenceTransformerEmbedder
 ) -> None:
@@ -530,6 +712,7 @@ def test_a_store_written_before_access_labels_is_migrated_by_a_plain_re_run(
     ingest_into(docs_dir, pg_url)
     store = PostgresStore(pg_url)
     try:
+        written_as_version_2(store)
         with store.connection() as conn:
             for table in ("chunks", "files"):
                 conn.execute(f'ALTER TABLE "{store.schema}".{table} DROP COLUMN access')
