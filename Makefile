@@ -36,6 +36,8 @@ $(STAMP): pyproject.toml setup.py
 	@echo "installing llama-cpp-python $(LLAMA_CPP_VERSION) (compiles on a new machine: ~15 min)"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --quiet llama-cpp-python==$(LLAMA_CPP_VERSION)
 	$(BIN)/pip install --quiet -e '.[dev]'
+	@echo "exporting the embedder to int8 OpenVINO (once, about a minute; kept in ~/.cache/ragchains)"
+	$(BIN)/python -m ragchains.retrievers.openvinoembedder
 	touch $(STAMP)
 
 # The main job on the embedded defaults: no network, no API key. Serves until Ctrl-C.

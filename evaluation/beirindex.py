@@ -18,7 +18,7 @@ from ragchains.evaluation.datasets import BeirDataset, load_beir
 from ragchains.ingest.chunking import sha256_text
 from ragchains.ingest.embedding import embed_texts
 from ragchains.ingest.indexrun import build_and_write
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.embeddings import UNRECORDED_BACKEND, SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import Chunk, FileRecord, IndexLoadError, IndexNotFoundError
 from ragchains.retrievers.indexwriter import IndexContents, writer_lock
 from ragchains.retrievers.pgstore import PostgresStore
@@ -52,7 +52,7 @@ def open_corpus(
         if isinstance(index, str):
             store = beir_store(data, index, embedder, progress=progress, say=say)
             return store, store.location
-        index_dir = index or default_index_dir(data)
+        index_dir = index or default_index_dir(data, embedder.backend)
         found = beir_index(
             data, index_dir, embedder, hnsw_min_chunks=hnsw_min_chunks, progress=progress, say=say
         )
@@ -61,12 +61,14 @@ def open_corpus(
     return found, index_dir
 
 
-def default_index_dir(dataset: BeirDataset) -> Path:
-    """A cache folder per corpus content, outside the dataset (which may be read-only)."""
+def default_index_dir(dataset: BeirDataset, backend: str = UNRECORDED_BACKEND) -> Path:
+    """A cache folder per corpus content and embedder backend, outside the dataset (which
+    may be read-only): measuring one backend after the other embeds each corpus once."""
     root = Path(
         os.environ.get("RAGCHAINS_EVAL_CACHE", Path.home() / ".cache" / "ragchains" / "eval")
     )
-    return root / f"{dataset.name}-{dataset.corpus_sha256[:12]}"
+    suffix = "" if backend == UNRECORDED_BACKEND else f"-{backend}"
+    return root / f"{dataset.name}-{dataset.corpus_sha256[:12]}{suffix}"
 
 
 def beir_chunks(dataset: BeirDataset) -> list[Chunk]:
@@ -123,12 +125,12 @@ def beir_index(
         vectors=vectors,
         files=[_corpus_record(dataset, len(chunks))],
         fields={},
-        embedder={"name": embedder.name, "dimension": embedder.dimension},
+        embedder=embedder.record(),
         chunking=BEIR_CHUNKING,
     )
     with writer_lock(index_dir):
         build_and_write(index_dir, contents, hnsw_min_chunks=hnsw_min_chunks, progress=progress)
-    return load_index(index_dir, embedder_name=embedder.name)
+    return load_index(index_dir, embedder_name=embedder.name, embedder_backend=embedder.backend)
 
 
 def beir_store(
@@ -149,6 +151,7 @@ def beir_store(
     if (
         meta.get("chunking") == BEIR_CHUNKING
         and (meta.get("embedder") or {}).get("name") == embedder.name
+        and ((meta.get("embedder") or {}).get("backend") or UNRECORDED_BACKEND) == embedder.backend
         and record is not None
         and record.sha256 == dataset.corpus_sha256
     ):
@@ -158,7 +161,11 @@ def beir_store(
     chunks = beir_chunks(dataset)
     stored: dict[str, np.ndarray] = {}
     try:
-        on_disk = load_index(default_index_dir(dataset), embedder_name=embedder.name)
+        on_disk = load_index(
+            default_index_dir(dataset, embedder.backend),
+            embedder_name=embedder.name,
+            embedder_backend=embedder.backend,
+        )
     except IndexLoadError:
         pass
     else:
@@ -176,7 +183,7 @@ def beir_store(
             chunks=chunks,
             vectors=np.stack([stored[c.id] for c in chunks]).astype(np.float32),
             files=[_corpus_record(dataset, len(chunks))],
-            embedder={"name": embedder.name, "dimension": embedder.dimension},
+            embedder=embedder.record(),
             chunking=BEIR_CHUNKING,
             rebuild=True,
         )
@@ -190,7 +197,9 @@ def _open_if_current(
     """The index at ``index_dir`` if it was built from this corpus with this embedder;
     otherwise None and why it must be built."""
     try:
-        index = load_index(index_dir, embedder_name=embedder.name)
+        index = load_index(
+            index_dir, embedder_name=embedder.name, embedder_backend=embedder.backend
+        )
     except IndexNotFoundError:
         return None, "none there yet"
     except IndexLoadError as exc:

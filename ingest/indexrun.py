@@ -41,6 +41,7 @@ from ragchains.retrievers.indexformat import (
     IndexNotFoundError,
     current_generation,
     read_manifest,
+    recorded_embedder,
 )
 from ragchains.retrievers.indexwriter import (
     IndexContents,
@@ -113,7 +114,7 @@ def _open_previous(
     if rebuild:
         return None
     try:
-        return load_index(index_dir, embedder_name=embedder.name)
+        return load_index(index_dir, embedder_name=embedder.name, embedder_backend=embedder.backend)
     except IndexNotFoundError:
         if any(p.name != LOCK_FILE for p in index_dir.iterdir()):
             raise IngestError(
@@ -143,6 +144,8 @@ def _ingest_locked(
 ) -> IngestReport:
     report = IngestReport(index=index_dir)
     report.skipped.extend(found.skipped)
+    if not rebuild:  # an auto embedder keeps the backend the index was embedded with
+        embedder.follow(recorded_embedder(index_dir))
     setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress)
     chunker, options, chunking = setup.chunker, setup.options, setup.chunking
 
@@ -205,7 +208,7 @@ def _ingest_locked(
         vectors=chunk_vectors(embedder, all_chunks, old_vectors, report, progress),
         files=[read.records[s] for s in sorted(read.records)],
         fields=fields,
-        embedder={"name": embedder.name, "dimension": embedder.dimension},
+        embedder=embedder.record(),
         chunking=chunking,
         access_rules=rules_as_recorded(access),
         originals=originals,

@@ -28,6 +28,7 @@ from ragchains.ingest.runsetup import run_setup
 from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import BASE_FIELDS
+from ragchains.retrievers.indexformat import embedder_mismatch
 from ragchains.retrievers.pgerrors import StoreError
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta, StoreWriter
@@ -35,6 +36,21 @@ from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta, StoreWrite
 # Spans for `ragchains ingest` when it exports traces (the API's global provider; without
 # one they record nothing).
 _tracer = trace.get_tracer(__name__)
+
+
+def check_store_embedder(
+    store: PostgresStore, embedder: SentenceTransformerEmbedder, *, writing: bool = False
+) -> None:
+    """Refuse a store of another schema or embedder (``PostgresStore.check``) or one filled
+    by the other embedder backend; an ``auto`` embedder first takes the store's backend."""
+    recorded = store.meta(fresh=True).get("embedder")
+    embedder.follow(recorded if isinstance(recorded, dict) else None)
+    store.check(embedder_name=embedder.name, dimension=embedder.dimension, writing=writing)
+    problem = embedder_mismatch(
+        f"the store at {store.redacted}", recorded or {}, None, None, embedder.backend
+    )
+    if problem:
+        raise StoreError(problem)
 
 
 def ingest_to_store(
@@ -65,9 +81,7 @@ def ingest_to_store(
             meta = {} if rebuild else recorded
             if meta:
                 try:
-                    store.check(
-                        embedder_name=embedder.name, dimension=embedder.dimension, writing=True
-                    )
+                    check_store_embedder(store, embedder, writing=True)
                 except StoreError as exc:
                     raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
             setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress)
@@ -108,7 +122,7 @@ def ingest_to_store(
                 chunks=new_chunks,
                 vectors=vectors,
                 files=[read.records[s] for s in sorted(read.records)],
-                embedder={"name": embedder.name, "dimension": embedder.dimension},
+                embedder=embedder.record(),
                 chunking=chunking,
                 rebuild=rebuild,
                 base_fields=BASE_FIELDS,

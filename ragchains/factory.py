@@ -20,7 +20,7 @@ from ragchains.chains.requery import RequeryPolicy
 from ragchains.ingest.indexrun import ingest
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
-from ragchains.ingest.storerun import ingest_to_store
+from ragchains.ingest.storerun import check_store_embedder, ingest_to_store
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.compressors import (
@@ -31,6 +31,7 @@ from ragchains.retrievers.compressors import (
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import LiveFields
 from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.indexformat import recorded_embedder
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgsearch import PostgresRetriever
 from ragchains.retrievers.pgstore import PostgresStore
@@ -61,7 +62,10 @@ def configure_runtime(settings: Settings) -> None:
 
 def build_embedder(settings: Settings) -> SentenceTransformerEmbedder:
     return SentenceTransformerEmbedder(
-        settings.embedding_model, device=settings.device, batch_size=settings.embedding_batch_size
+        settings.embedding_model,
+        device=settings.device,
+        batch_size=settings.embedding_batch_size,
+        backend=settings.embedding_backend,
     )
 
 
@@ -78,11 +82,12 @@ def open_index(
     can serve each generation an ingest commits (a store always serves what is committed)."""
     if is_store_url(str(index_dir)):
         store = PostgresStore(str(index_dir))
-        store.check(embedder_name=embedder.name, dimension=embedder.dimension)
+        check_store_embedder(store, embedder)
         return store
+    embedder.follow(recorded_embedder(index_dir))
     if live:
-        return LiveIndex(index_dir, embedder_name=embedder.name)
-    index = load_index(index_dir, embedder_name=embedder.name)
+        return LiveIndex(index_dir, embedder_name=embedder.name, embedder_backend=embedder.backend)
+    index = load_index(index_dir, embedder_name=embedder.name, embedder_backend=embedder.backend)
     _ = index.columns  # build the filter columns now, not during the first query
     return index
 

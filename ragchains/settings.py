@@ -26,6 +26,13 @@ class Settings(BaseSettings):
         description="sentence-transformers model id or local path; the default ships in a package",
     )
     embedding_batch_size: int = Field(64, ge=1)
+    embedding_backend: Literal["auto", "openvino-int8", "torch"] = Field(
+        "auto",
+        description="what runs the embedder: openvino-int8 (about 3x faster, exported once "
+        "from the local weights) or torch (fp32). auto: what an existing index or store was "
+        "embedded with, else openvino-int8. An index is never searched or extended with the "
+        "other backend's vectors",
+    )
     reranker_model: str = Field(
         DEFAULT_RERANKER, description="CrossEncoder hub id (from the local cache) or local path"
     )

@@ -2,6 +2,12 @@
 
 LangChain's ``Embeddings`` returns lists of floats; indexing 100k chunks wants one float32
 matrix instead, so this class offers both. Weights load on first use, never at import.
+
+Two backends run the same model: ``openvino-int8`` (the default: exported once from the local
+weights and quantised, ``retrievers.openvinoembedder``) and ``torch`` (sentence-transformers in
+fp32). Their vectors agree within noise but are not the same, so an index records the
+backend that embedded it and a run with the other one is refused (``backend="auto"`` follows
+what the index records instead: see ``follow``).
 """
 
 from __future__ import annotations
@@ -9,14 +15,21 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections import OrderedDict
+from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import numpy as np
 from langchain_core.embeddings import Embeddings
 
 QUERY_CACHE_SIZE = 256
+
+Backend = Literal["openvino-int8", "torch"]
+BACKENDS: tuple[str, ...] = get_args(Backend)
+DEFAULT_BACKEND: Backend = "openvino-int8"
+# What an index or store that records no backend was embedded with (all, before backends).
+UNRECORDED_BACKEND: Backend = "torch"
 
 # Names that resolve to weights shipped inside an installed package (no network needed).
 _PACKAGED_MODELS = {
@@ -39,12 +52,24 @@ def resolve_model_path(name: str) -> str:
 class SentenceTransformerEmbedder(Embeddings):
     """Normalised sentence-transformers embeddings (inner product = cosine)."""
 
-    def __init__(self, model: str, *, device: str = "cpu", batch_size: int = 64) -> None:
+    def __init__(
+        self,
+        model: str,
+        *,
+        device: str = "cpu",
+        batch_size: int = 64,
+        backend: Backend | Literal["auto"] = "auto",
+    ) -> None:
         if not model:
             raise ValueError("embedding model name must not be empty")
+        if backend != "auto" and backend not in BACKENDS:
+            raise ValueError(f"embedding backend must be auto or one of {', '.join(BACKENDS)}")
         self.name = model
         self.device = device
         self.batch_size = batch_size
+        self.requested_backend = backend
+        # "auto" runs the default unless an index's recorded backend is followed first.
+        self._backend: Backend = DEFAULT_BACKEND if backend == "auto" else backend
         self._model: Any = None
         self._token_counter: Any = None
         self._lock = threading.Lock()
@@ -53,28 +78,55 @@ class SentenceTransformerEmbedder(Embeddings):
         self._encoding_now: dict[str, Future[np.ndarray]] = {}  # the batch being encoded
         self._queue_lock = threading.Lock()
 
+    # -- backend ---------------------------------------------------------------------------
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def record(self) -> dict[str, Any]:
+        """What an index or store records of the embedder that filled it."""
+        return {"name": self.name, "dimension": self.dimension, "backend": self.backend}
+
+    def follow(self, recorded: Mapping[str, Any] | None) -> None:
+        """Run the backend that the embedder ``recorded`` by an index or store ran (None:
+        nothing recorded, a new index), when this embedder was asked for ``auto`` and has
+        not loaded its model yet; else leave it (the mismatch check then refuses the index,
+        with the reason). Indexes written before backends were recorded ran torch."""
+        if recorded is None:
+            return
+        wanted = recorded.get("backend") or UNRECORDED_BACKEND
+        if self.requested_backend != "auto" or wanted == self._backend or wanted not in BACKENDS:
+            return
+        with self._lock:
+            if self._model is None:
+                self._backend = wanted  # type: ignore[assignment]
+
     # -- lazy loading -------------------------------------------------------------------
     @property
     def model(self) -> Any:
+        """The loaded model: a SentenceTransformer (torch) or an ``OpenVinoInt8Model``."""
         if self._model is None:
             with self._lock:
                 if self._model is None:
-                    from sentence_transformers import SentenceTransformer
+                    path = resolve_model_path(self.name)
+                    if self._backend == "openvino-int8":
+                        from ragchains.retrievers.openvinoembedder import OpenVinoInt8Model
 
-                    self._model = SentenceTransformer(
-                        resolve_model_path(self.name), device=self.device
-                    )
+                        self._model = OpenVinoInt8Model.load(path)
+                    else:
+                        from sentence_transformers import SentenceTransformer
+
+                        self._model = SentenceTransformer(path, device=self.device)
         return self._model
 
     @property
     def dimension(self) -> int:
         model = self.model
-        # sentence-transformers 6 renamed the method; accept both.
-        getter = (
-            getattr(model, "get_embedding_dimension", None)
-            or model.get_sentence_embedding_dimension
-        )
-        dim = getter()
+        if self._backend == "openvino-int8":
+            return int(model.dimension)
+        from ragchains.retrievers.openvinoembedder import _dimension_getter
+
+        dim = _dimension_getter(model)()
         if dim is None:
             raise ValueError(f"embedding model {self.name!r} does not report its dimension")
         return int(dim)
@@ -85,7 +137,13 @@ class SentenceTransformerEmbedder(Embeddings):
             from tokenizers import Tokenizer
 
             # A private copy: the model's own tokenizer truncates, a counter must not.
-            backend = Tokenizer.from_str(self.model.tokenizer.backend_tokenizer.to_str())
+            model = self.model
+            source = (
+                model.tokenizer_json
+                if self._backend == "openvino-int8"
+                else model.tokenizer.backend_tokenizer.to_str()
+            )
+            backend = Tokenizer.from_str(source)
             backend.no_truncation()
             backend.no_padding()
             self._token_counter = backend
@@ -95,6 +153,8 @@ class SentenceTransformerEmbedder(Embeddings):
     def encode(self, texts: list[str], *, show_progress: bool = False) -> np.ndarray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if self._backend == "openvino-int8":  # callers show progress per batch of theirs
+            return self.model.encode(texts, self.batch_size)  # type: ignore[no-any-return]
         vectors = self.model.encode(
             texts,
             batch_size=self.batch_size,

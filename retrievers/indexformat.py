@@ -47,6 +47,8 @@ from typing import Any
 import bm25s
 import numpy as np
 
+from ragchains.retrievers.embeddings import UNRECORDED_BACKEND
+
 FORMAT_NAME = "ragchains-index"
 FORMAT_VERSION = 1
 CURRENT_FILE = "CURRENT"
@@ -197,10 +199,14 @@ def read_manifest(index_dir: str | Path, gen: Path) -> dict[str, Any]:
 
 
 def embedder_mismatch(
-    where: str, recorded: dict[str, Any], name: str | None, dimension: int | None
+    where: str,
+    recorded: dict[str, Any],
+    name: str | None,
+    dimension: int | None,
+    backend: str | None = None,
 ) -> str | None:
     """Why the embedder ``recorded`` by an index or store (``where``) does not fit this run's
-    ``name`` and ``dimension`` (None: not checked), or None when it fits."""
+    ``name``, ``dimension`` and ``backend`` (None: not checked), or None when it fits."""
     if name is not None and recorded.get("name") != name:
         return (
             f"{where} was built with embedder {recorded.get('name')!r} "
@@ -212,7 +218,27 @@ def embedder_mismatch(
             f"{where} holds {recorded.get('dimension')}-dimensional vectors, but the embedder "
             f"gives {dimension}. Rebuild with `ragchains ingest --rebuild`."
         )
+    held = recorded.get("backend") or UNRECORDED_BACKEND
+    if backend is not None and held != backend:
+        # Each backend's vectors are within noise of the other's, not equal: a query embedded
+        # by one against chunks embedded by the other ranks slightly off, so never mixed.
+        return (
+            f"{where} was embedded with the {held} backend, but this run uses {backend} "
+            f"(RAGCHAINS_EMBEDDING_BACKEND). Set it to {held} or auto, or rebuild with "
+            "`ragchains ingest --rebuild`."
+        )
     return None
+
+
+def recorded_embedder(index_dir: str | Path) -> dict[str, Any] | None:
+    """The embedder the current generation records (None: no readable index; loading it
+    says why)."""
+    try:
+        manifest = read_manifest(index_dir, current_generation(index_dir))
+    except (IndexLoadError, OSError, ValueError):
+        return None
+    recorded = manifest.get("embedder")
+    return recorded if isinstance(recorded, dict) else None
 
 
 def is_file_id(text: str) -> bool:

@@ -48,11 +48,13 @@ class LiveIndex:
         *,
         embedder_name: str | None = None,
         embedder_dimension: int | None = None,
+        embedder_backend: str | None = None,
         poll: float = POLL_SECONDS,
     ) -> None:
         self._folder = Path(folder)
         self._embedder_name = embedder_name
         self._dimension = embedder_dimension
+        self._backend = embedder_backend
         self.poll = poll
         self._current = self._load()
         self._seen: tuple[str | None, tuple[int, int] | None] = (
@@ -74,6 +76,7 @@ class LiveIndex:
             self._folder,
             embedder_name=self._embedder_name,
             embedder_dimension=self._dimension,
+            embedder_backend=self._backend,
             generation=generation,
         )
         # The filter columns and access labels now, not in the first request after the swap.

@@ -168,6 +168,7 @@ def load_index(
     *,
     embedder_name: str | None = None,
     embedder_dimension: int | None = None,
+    embedder_backend: str | None = None,
     generation: Path | None = None,
 ) -> SearchIndex:
     """Load the current generation (or ``generation``, a folder of the index), checking
@@ -175,7 +176,11 @@ def load_index(
     gen = generation or current_generation(index_dir)  # once: a writer may switch CURRENT
     manifest = read_manifest(index_dir, gen)
     problem = embedder_mismatch(
-        f"index {index_dir}", manifest.get("embedder") or {}, embedder_name, embedder_dimension
+        f"index {index_dir}",
+        manifest.get("embedder") or {},
+        embedder_name,
+        embedder_dimension,
+        embedder_backend,
     )
     if problem:
         raise EmbedderMismatchError(problem)

@@ -49,7 +49,9 @@ def main(folder: Path) -> None:
     configure_runtime(settings)
     embedder = build_embedder(settings)
     splits = {split: load_beir(folder, split) for split in ("train", "test")}
-    index = load_index(default_index_dir(splits["test"]), embedder_name=embedder.name)
+    index = load_index(
+        default_index_dir(splits["test"], embedder.backend), embedder_name=embedder.name
+    )
     ids = index.store.ids()
     queries = [(split, qid, text) for split, d in splits.items() for qid, text in d.queries.items()]
     vectors = [embedder.encode_query(text) for _, _, text in queries]
