@@ -113,8 +113,9 @@ class HybridRetriever(IndexRetriever, FusionFields):
 
     The fusion fields left unset (None) take their value from the index folder's
     ``fusion.json`` (written by ``ragchains eval tune --apply``) if it has one, else from
-    ``DEFAULT_FUSION``: a convex combination of theoretically min-max normalised scores.
-    ``fusion_config`` is the result.
+    ``DEFAULT_FUSION``: a convex combination of each list's scores as z-scores of its own top
+    50 for this query (``retrievers.fusion``). ``fusion_config`` is the result, and
+    ``fusion_config.describe()`` names it.
 
     Each document's metadata carries the fused score (``convex_score`` or ``rrf_score``, after
     the method) and the rank and score it had in each retriever (None where that retriever

@@ -24,8 +24,12 @@ from ragchains.retrievers.filters import (
     validate_filters,
 )
 from ragchains.retrievers.fusion import (
+    DEFAULT_ALPHAS,
+    DEFAULT_FUSION,
+    ZSCORE_DEPTH,
     Candidates,
     FusionConfig,
+    FusionFields,
     fuse,
     fused_order,
     normalize,
@@ -194,6 +198,56 @@ def test_normalisations_and_their_bounds() -> None:
     assert normalize(np.array([-1.0]), "tmm", -1.0).tolist() == [0.0]
     # Float noise below a theoretical bound does not go negative.
     assert normalize(np.array([0.5, -1.0000001]), "tmm", -1.0).min() == 0.0
+    # zscore: in standard deviations of the list (here 3.0), from its lowest score.
+    zscores = normalize(np.array([8.0, 2.0, nan, 2.0, 0.0]), "zscore", 0.0)
+    assert zscores.tolist() == pytest.approx([8 / 3, 2 / 3, 0.0, 2 / 3, 0.0])
+    # Only the top `depth` scores count: the rest clip to 0, as if absent.
+    window = normalize(np.array([10.0, 4.0, 1.0, 0.5]), "zscore", 0.0, depth=2)
+    assert window.tolist() == [2.0, 0.0, 0.0, 0.0]
+    # One score, or equal ones: no spread to measure, but each was found.
+    assert normalize(np.array([3.0, nan]), "zscore", 0.0).tolist() == [1.0, 0.0]
+    assert normalize(np.array([nan, nan]), "zscore", 0.0).tolist() == [0.0, 0.0]
+
+
+def test_zscore_ranks_alike_however_a_retriever_scales_its_scores() -> None:
+    """What makes zscore the default: a list's weight comes from its spread for this query,
+    not from its retriever's raw range. Stretching or shifting one side's scores (another
+    collection, another embedder, longer queries) leaves the fused order as it is; with tmm
+    it changes."""
+    rng = np.random.default_rng(3)
+    bm25_rows, dense_rows = rng.permutation(80)[:50], rng.permutation(80)[:50]
+    bm25 = np.sort(rng.gamma(2.0, 3.0, 50))[::-1]
+    dense = np.sort(rng.uniform(0.2, 0.7, 50))[::-1]
+
+    def order(normalization: str, b: np.ndarray, d: np.ndarray) -> list[int]:
+        c = Candidates.from_lists(bm25_rows, b, dense_rows, d)
+        config = FusionConfig(normalization=normalization)  # type: ignore[arg-type]
+        return c.rows[fused_order(c, config, 20)[0]].tolist()
+
+    for normalization, invariant in (("zscore", True), ("tmm", False)):
+        base = order(normalization, bm25, dense)
+        moved = order(normalization, bm25 * 3.0, dense * 0.5 + 0.45)
+        assert (moved == base) is invariant, normalization
+
+
+def test_zscore_ranks_its_top_alike_however_deep_each_side_fetched() -> None:
+    """Evaluation fetches 100 per side where the chat fetches 50: the fused top is the same."""
+    rng = np.random.default_rng(5)
+    rows_b, rows_d = rng.permutation(300)[:100], rng.permutation(300)[:100]
+    b = np.sort(rng.gamma(2.0, 3.0, 100))[::-1]
+    d = np.sort(rng.uniform(0.2, 0.7, 100))[::-1]
+    deep = Candidates.from_lists(rows_b, b, rows_d, d)
+    n = ZSCORE_DEPTH
+    shallow = Candidates.from_lists(rows_b[:n], b[:n], rows_d[:n], d[:n])
+    top = [c.rows[fused_order(c, DEFAULT_FUSION, 30)[0]].tolist() for c in (deep, shallow)]
+    assert top[0] == top[1]
+
+
+def test_an_empty_side_leaves_the_other_sides_order() -> None:
+    # A query of stop words only: BM25 returns nothing, the default keeps dense's order.
+    c = Candidates.from_lists([], [], [5, 3, 8, 1], [0.7, 0.5, 0.45, 0.1])
+    order, _ = fused_order(c, DEFAULT_FUSION, 4)
+    assert c.rows[order].tolist() == [5, 3, 8, 1]
 
 
 def _candidates() -> Candidates:
@@ -230,7 +284,10 @@ def test_array_rrf_matches_the_list_rrf() -> None:
     ("config", "expected"),
     [
         (FusionConfig(fusion="convex", alpha=0.0), [0, 1, 2]),  # BM25's order, dense-only last
-        (FusionConfig(fusion="convex", alpha=1.0), [1, 2, 0]),  # dense's order
+        (FusionConfig(fusion="convex", normalization="tmm", alpha=0.0), [0, 1, 2]),
+        (FusionConfig(fusion="convex", normalization="tmm", alpha=1.0), [1, 2, 0]),  # dense's
+        # zscore counts each list's lowest score as absent: c (dense's last) ties with a.
+        (FusionConfig(fusion="convex", alpha=1.0), [1, 0, 2]),
         (FusionConfig(fusion="convex", normalization="minmax", alpha=1.0), [1, 0, 2]),
         (FusionConfig(fusion="rrf", dense_weight=0.0), [0, 1, 2]),
         (FusionConfig(fusion="rrf", bm25_weight=0.0), [1, 2, 0]),
@@ -248,6 +305,7 @@ def test_ties_keep_the_candidates_order() -> None:
     for config in (
         FusionConfig(fusion="rrf"),
         FusionConfig(fusion="convex", normalization="minmax", alpha=0.5),
+        FusionConfig(fusion="convex", normalization="zscore", alpha=0.5),
     ):
         order, scores = fused_order(c, config, 2)
         assert scores[0] == scores[1] and c.rows[order].tolist() == [4, 9]
@@ -273,7 +331,8 @@ def test_convex_keeps_a_confident_side_where_rrf_loses_to_it() -> None:
     better_half = max(dense_alone, bm25_alone)
     assert dense_alone == 1.0 and bm25_alone < 1.0
     assert ndcg(FusionConfig(fusion="rrf")) < better_half
-    assert ndcg(FusionConfig()) == better_half  # the default: convex, tmm
+    assert ndcg(FusionConfig(normalization="tmm")) == better_half
+    assert ndcg(FusionConfig()) == better_half  # the default: convex, zscore
 
 
 def test_fusion_settings_are_checked() -> None:
@@ -283,8 +342,31 @@ def test_fusion_settings_are_checked() -> None:
         FusionConfig(alpha=1.5)
     with pytest.raises(ValueError, match="Input should be 'rrf' or 'convex'"):
         FusionConfig(fusion="borda")  # type: ignore[arg-type]
-    assert FusionConfig().describe() == "convex tmm alpha=0.8"
+    assert FusionConfig().describe() == "convex zscore alpha=0.55"
     assert FusionConfig(fusion="rrf").describe() == "rrf k=60 bm25:dense=1:1"
+    # Alpha goes with its normalisation unless given.
+    assert FusionConfig(normalization="tmm").alpha == DEFAULT_ALPHAS["tmm"] == 0.8
+    assert FusionConfig(normalization="minmax", alpha=0.3).alpha == 0.3
+    with pytest.raises(ValueError, match="Input should be 'zscore', 'tmm' or 'minmax'"):
+        FusionConfig(normalization="l2")  # type: ignore[arg-type]
+
+
+class _Fields(FusionFields):
+    base: FusionConfig | None = None
+
+    def base_fusion(self) -> FusionConfig | None:
+        return self.base
+
+
+def test_fusion_fields_override_the_base_and_alpha_follows_the_normalisation() -> None:
+    tuned = FusionConfig(normalization="tmm", alpha=0.75)  # a fusion.json, say
+    assert _Fields().fusion_config == DEFAULT_FUSION
+    assert _Fields(base=tuned).fusion_config == tuned
+    assert _Fields(base=tuned, alpha=0.6).fusion_config.describe() == "convex tmm alpha=0.6"
+    # The same normalisation set again keeps the base's alpha; another one brings its own.
+    assert _Fields(base=tuned, normalization="tmm").fusion_config.alpha == 0.75
+    assert _Fields(base=tuned, normalization="zscore").fusion_config == DEFAULT_FUSION
+    assert _Fields(normalization="tmm").fusion_config.describe() == "convex tmm alpha=0.8"
 
 
 # ----------------------------------------------------------------------------- filters
@@ -475,7 +557,7 @@ def test_fusion_json_is_the_index_default_and_settings_override_it(
     monkeypatch.setenv("RAGCHAINS_FUSION", "convex")
     monkeypatch.setenv("RAGCHAINS_FUSION_ALPHA", "0.6")
     overridden = build_retriever(Settings(_env_file=None), tuned, embedder)  # type: ignore[call-arg]
-    assert overridden.fusion_config.describe() == "convex tmm alpha=0.6"
+    assert overridden.fusion_config.describe() == "convex zscore alpha=0.6"
     assert overridden.fusion_config.rrf_k == 10  # unset in settings: still the file's
     assert "convex_score" in overridden.invoke(query)[0].metadata
 
@@ -522,5 +604,5 @@ def test_a_bad_fusion_setting_fails_building_the_retriever(
         HybridRetriever(
             index=samples, embedder=embedder, fusion="rrf", bm25_weight=0, dense_weight=0
         )
-    with pytest.raises(ValueError, match="Input should be 'tmm' or 'minmax'"):
-        HybridRetriever(index=samples, embedder=embedder, normalization="zscore")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Input should be 'zscore', 'tmm' or 'minmax'"):
+        HybridRetriever(index=samples, embedder=embedder, normalization="l2")  # type: ignore[arg-type]
