@@ -9,6 +9,7 @@ import textwrap
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ragchains.ingest.errors import IngestError
@@ -273,8 +274,6 @@ def test_row_count_mismatch_is_damage(built: Path) -> None:
 def test_bm25_build_matches_bm25s_own_index() -> None:
     """build_bm25 makes bm25s's score matrix with array operations: the same scores, bit for
     bit, as bm25s's per-document builder, and the same words."""
-    import numpy as np
-
     from ragchains.retrievers.bm25 import BM25_PARAMS, bm25_search, build_bm25, tokenize
     from ragchains.retrievers.indexformat import StoredBM25
 
@@ -324,3 +323,62 @@ def test_bm25_build_matches_bm25s_own_index() -> None:
         assert scores.tolist() == expected_scores.tolist()
     empty = build_bm25([])  # bm25s's own builder fails on no rows
     assert bm25_search(empty, "soup", 5)[0].size == 0
+
+
+def _unit_vectors(rows: int, dim: int = 16, seed: int = 0) -> np.ndarray:
+    vectors = np.random.default_rng(seed).standard_normal((rows, dim)).astype(np.float32)
+    return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_hnsw_parameters_are_recorded_and_kept_by_the_saved_index() -> None:
+    import faiss
+
+    from ragchains.retrievers import dense
+
+    vectors = _unit_vectors(2_000)
+    index, info = dense.build_faiss(vectors, hnsw_min_chunks=1_000)
+    assert info == {
+        "kind": "hnsw",
+        "metric": "inner_product",
+        "m": dense.HNSW_M,
+        "ef_construction": dense.HNSW_EF_CONSTRUCTION,
+        "ef_search": dense.HNSW_EF_SEARCH,
+    }
+    # The file keeps the beam a search uses, and the exact vectors (an ingest carries them
+    # over to the next generation instead of embedding again).
+    loaded = faiss.deserialize_index(faiss.serialize_index(index))
+    assert isinstance(loaded, faiss.IndexHNSWFlat)
+    assert loaded.hnsw.efSearch == dense.HNSW_EF_SEARCH
+    assert np.array_equal(loaded.reconstruct_n(0, len(vectors)), vectors)
+    rows, scores = dense.dense_search(loaded, vectors[7], 5)
+    assert rows[0] == 7 and scores[0] == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("allowed", ["few", "many"])
+def test_filtered_hnsw_search_scores_few_allowed_rows_exactly_and_walks_for_many(
+    allowed: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Few allowed rows (under twice the widened beam): scored exactly, the brute-force top k.
+    Many: a graph walk that returns only allowed rows and most of the exact top k."""
+    from ragchains.retrievers import dense
+
+    monkeypatch.setattr(dense, "EXACT_SUBSET_MAX", 100)  # the beam rule alone decides
+    vectors = _unit_vectors(6_000, seed=3)
+    index, _ = dense.build_faiss(vectors, hnsw_min_chunks=1_000)
+    if allowed == "few":
+        mask = np.zeros(len(vectors), dtype=bool)
+        mask[::5] = True  # 1,200 rows; the beam widens to 5 x 512
+    else:
+        mask = np.ones(len(vectors), dtype=bool)
+        mask[3::7] = False  # 5,143 rows; the beam widens to about 600
+    ef = int(dense.HNSW_EF_SEARCH * len(vectors) / mask.sum()) + 10
+    assert (mask.sum() <= 2 * ef) == (allowed == "few")
+    for query in vectors[[0, 11, 2_500]]:
+        brute = np.flatnonzero(mask)[np.argsort(-(vectors[mask] @ query), kind="stable")[:10]]
+        rows, scores = dense.dense_search(index, query, 10, mask)
+        assert mask[rows].all() and len(rows) == 10
+        assert np.all(np.diff(scores) <= 1e-6)
+        if allowed == "few":
+            assert rows.tolist() == brute.tolist()
+        else:
+            assert len(set(rows.tolist()) & set(brute.tolist())) >= 8
