@@ -292,6 +292,7 @@ def test_health_and_readiness(url: str) -> None:
     ready = httpx.get(f"{url}/readyz").json()
     assert ready["ready"] and ready["llm"]["provider"] == "embedded"
     assert ready["index"]["chunks"] > 0 and ready["embedder"]["dimension"] == 384
+    assert ready["embedder"]["backend"] == "openvino-int8"
     # No cross-encoder weights exist offline: the similarity fallback is in use and said so.
     assert ready["compressor"]["fallback"] and ready["degraded"]
 

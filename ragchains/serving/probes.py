@@ -85,7 +85,11 @@ def readiness(service: Service, health: Health, limits: Limits) -> dict[str, Any
             else None,
             "last_failure": health.llm_failure,
         },
-        "embedder": {"model": service.embedder.name, "dimension": service.embedder.dimension},
+        "embedder": {
+            "model": service.embedder.name,
+            "dimension": service.embedder.dimension,
+            "backend": service.embedder.backend,
+        },
         "index": index_info,
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
