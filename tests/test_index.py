@@ -340,18 +340,22 @@ def test_hnsw_parameters_are_recorded_and_kept_by_the_saved_index() -> None:
     assert info == {
         "kind": "hnsw",
         "metric": "inner_product",
+        "storage": "fp16",
         "m": dense.HNSW_M,
         "ef_construction": dense.HNSW_EF_CONSTRUCTION,
         "ef_search": dense.HNSW_EF_SEARCH,
     }
-    # The file keeps the beam a search uses, and the exact vectors (an ingest carries them
-    # over to the next generation instead of embedding again).
+    # The file keeps the beam a search uses, and the vectors as float16 (an ingest carries
+    # them over to the next generation instead of embedding again: rounded once, then kept).
     loaded = faiss.deserialize_index(faiss.serialize_index(index))
-    assert isinstance(loaded, faiss.IndexHNSWFlat)
+    assert isinstance(loaded, faiss.IndexHNSWSQ)
     assert loaded.hnsw.efSearch == dense.HNSW_EF_SEARCH
-    assert np.array_equal(loaded.reconstruct_n(0, len(vectors)), vectors)
+    stored = loaded.reconstruct_n(0, len(vectors))
+    assert np.array_equal(stored, vectors.astype(np.float16).astype(np.float32))
+    again, _ = dense.build_faiss(stored, hnsw_min_chunks=1_000)
+    assert np.array_equal(again.reconstruct_n(0, len(vectors)), stored)
     rows, scores = dense.dense_search(loaded, vectors[7], 5)
-    assert rows[0] == 7 and scores[0] == pytest.approx(1.0, abs=1e-5)
+    assert rows[0] == 7 and scores[0] == pytest.approx(1.0, abs=1e-3)
 
 
 @pytest.mark.parametrize("allowed", ["few", "many"])
@@ -373,8 +377,9 @@ def test_filtered_hnsw_search_scores_few_allowed_rows_exactly_and_walks_for_many
         mask[3::7] = False  # 5,143 rows; the beam widens to about 600
     ef = int(dense.HNSW_EF_SEARCH * len(vectors) / mask.sum()) + 10
     assert (mask.sum() <= 2 * ef) == (allowed == "few")
+    held = index.reconstruct_n(0, len(vectors))  # as the index stores them (float16)
     for query in vectors[[0, 11, 2_500]]:
-        brute = np.flatnonzero(mask)[np.argsort(-(vectors[mask] @ query), kind="stable")[:10]]
+        brute = np.flatnonzero(mask)[np.argsort(-(held[mask] @ query), kind="stable")[:10]]
         rows, scores = dense.dense_search(index, query, 10, mask)
         assert mask[rows].all() and len(rows) == 10
         assert np.all(np.diff(scores) <= 1e-6)
