@@ -58,7 +58,7 @@ RRF_WEIGHTS = (
 
 
 def default_grid(base: FusionConfig = DEFAULT_FUSION) -> list[FusionConfig]:
-    """The settings swept: convex (tmm and minmax) over alpha 0-1 by 0.05, and RRF over
+    """The settings swept: convex (zscore, tmm and minmax) over alpha 0-1 by 0.05, and RRF over
     ``RRF_KS`` x ``RRF_WEIGHTS``. ``base`` (the setting in use) comes first, so it wins ties."""
     grid = [base]
     for normalization in NORMALIZATIONS:

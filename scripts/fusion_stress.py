@@ -1,32 +1,38 @@
-"""How fixed fusion settings fare when one side is much weaker than the other: a stress
-test of the default on a BEIR folder (SciFact by default), with synthetic weaker sides.
+"""How fusion settings fare against the better of their two halves, on BEIR folders and
+with one side made weaker on purpose: the evidence behind the default (README, *Where the
+default comes from*).
 
 A weaker dense side: each query vector is mixed with a random unit vector (``noise``),
 which keeps the embedder's own cosine scale. A weaker BM25 side: each query keeps a random
 share of its words (``keep``). Nothing is tuned here: every setting is fixed in advance,
-and each row reports nDCG@10 minus the better of BM25 and dense alone (negative = the
-hybrid loses to its better half). Uses the `eval retrieval` index (build it first).
+and each cell is nDCG@10 minus the better of BM25 and dense alone on that row (negative =
+the hybrid loses to its better half), on the folder's train and test queries. Candidates
+are fetched as ``ragchains eval retrieval`` fetches them (100 per side) from its index
+(built first if missing, as that command builds it).
 
-    python scripts/fusion_stress.py [../shared/data/scifact]
+    python scripts/fusion_stress.py [FOLDER ...] [--as-is-only]
+
+The first folder defaults to ../shared/data/scifact; the judged sets of
+``ragchains.evaluation.judgedsets`` are folders too.
 """
 
 from __future__ import annotations
 
+import argparse
 import random
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from ragchains.evaluation.beirindex import default_index_dir
-from ragchains.evaluation.datasets import load_beir
+from ragchains.evaluation.beirindex import open_corpus
+from ragchains.evaluation.datasets import BeirDataset, DatasetError, load_beir
 from ragchains.evaluation.retrieval import DEPTH, score_ranking
 from ragchains.factory import build_embedder, configure_runtime
 from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
-from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
-from ragchains.retrievers.searchindex import load_index
+from ragchains.retrievers.fusion import DEFAULT_FUSION, Candidates, FusionConfig, fused_order
+from ragchains.retrievers.searchindex import SearchIndex
 from ragchains.settings import Settings
 
 SCENARIOS: dict[str, dict[str, float]] = {
@@ -38,20 +44,34 @@ SCENARIOS: dict[str, dict[str, float]] = {
     "both weaker (noise 1.0, half the words)": {"noise": 1.0, "keep": 0.5},
 }
 SETTINGS = {
-    "RRF k=60 1:1": FusionConfig(fusion="rrf"),
-    "convex tmm 0.8 (default)": FusionConfig(fusion="convex", normalization="tmm", alpha=0.8),
-    "convex minmax 0.5": FusionConfig(fusion="convex", normalization="minmax", alpha=0.5),
+    f"{DEFAULT_FUSION.describe()} (default)": DEFAULT_FUSION,
+    "convex tmm alpha=0.8 (the default before)": FusionConfig(normalization="tmm", alpha=0.8),
+    "convex minmax alpha=0.5": FusionConfig(normalization="minmax", alpha=0.5),
+    "rrf k=60 1:1": FusionConfig(fusion="rrf"),
 }
+SPLITS = ("train", "test")
 
 
-def main(folder: Path) -> None:
-    settings = Settings(_env_file=None)  # type: ignore[call-arg]
-    configure_runtime(settings)
+def load_splits(folder: Path) -> dict[str, BeirDataset]:
+    """The folder's train and test queries (those it has)."""
+    splits = {}
+    for split in SPLITS:
+        try:
+            splits[split] = load_beir(folder, split)
+        except DatasetError:
+            continue
+    if not splits:
+        raise SystemExit(f"{folder}: no qrels/train.tsv or qrels/test.tsv")
+    return splits
+
+
+def stress(folder: Path, settings: Settings, scenarios: dict[str, dict[str, float]]) -> list[str]:
+    """The folder's table, as Markdown lines."""
     embedder = build_embedder(settings)
-    splits = {split: load_beir(folder, split) for split in ("train", "test")}
-    index = load_index(
-        default_index_dir(splits["test"], embedder.backend), embedder_name=embedder.name
-    )
+    splits = load_splits(folder)
+    first = next(iter(splits.values()))
+    index, _ = open_corpus(first, None, embedder, hnsw_min_chunks=settings.hnsw_min_chunks)
+    assert isinstance(index, SearchIndex)
     ids = index.store.ids()
     queries = [(split, qid, text) for split, d in splits.items() for qid, text in d.queries.items()]
     vectors = [embedder.encode_query(text) for _, _, text in queries]
@@ -75,10 +95,18 @@ def main(folder: Path) -> None:
         present = ranks > 0
         return [ids[r] for r in c.rows[present][ranks[present].argsort(kind="stable")].tolist()]
 
-    print(f"nDCG@10 minus the better half on {folder.name} (train / test)\n")
-    print("| scenario | BM25 | dense | " + " | ".join(SETTINGS) + " |")
-    print("|---" * (3 + len(SETTINGS)) + "|")
-    for name, change in SCENARIOS.items():
+    def pair(values: dict[str, float], signed: bool = False) -> str:
+        return " / ".join(f"{values[s]:+.3f}" if signed else f"{values[s]:.3f}" for s in splits)
+
+    counts = ", ".join(f"{len(d.queries)} {s}" for s, d in splits.items())
+    lines = [
+        f"{folder.name} ({len(ids)} documents; queries: {counts}): nDCG@10 of each half, and of "
+        f"each setting minus the better half ({' / '.join(splits)})",
+        "",
+        "| scenario | BM25 | dense | " + " | ".join(SETTINGS) + " |",
+        "|---" * (3 + len(SETTINGS)) + "|",
+    ]
+    for name, change in scenarios.items():
         words = random.Random(0)
         found = {}
         for n, (split, qid, text) in enumerate(queries):
@@ -96,10 +124,7 @@ def main(folder: Path) -> None:
         bm25 = ndcg(found, lambda c: side(c, c.bm25_rank))
         dense = ndcg(found, lambda c: side(c, c.dense_rank))
         best = {s: max(bm25[s], dense[s]) for s in splits}
-        cells = [
-            f"{bm25['train']:.3f} / {bm25['test']:.3f}",
-            f"{dense['train']:.3f} / {dense['test']:.3f}",
-        ]
+        cells = [pair(bm25), pair(dense)]
         for config in SETTINGS.values():
             fused = ndcg(
                 found,
@@ -107,9 +132,25 @@ def main(folder: Path) -> None:
                     ids[r] for r in c.rows[fused_order(c, config, DEPTH)[0]].tolist()
                 ],
             )
-            cells.append(" / ".join(f"{fused[s] - best[s]:+.3f}" for s in splits))
-        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+            cells.append(pair({s: fused[s] - best[s] for s in splits}, signed=True))
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+        print(lines[-1], flush=True)
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="*", type=Path, default=[Path("../shared/data/scifact")])
+    parser.add_argument("--as-is-only", action="store_true", help="no weakened scenarios")
+    args = parser.parse_args()
+    settings = Settings(_env_file=None)  # type: ignore[call-arg]
+    configure_runtime(settings)
+    scenarios = {"as is": {}} if args.as_is_only else SCENARIOS
+    tables = [stress(folder, settings, scenarios) for folder in args.folders]
+    print()
+    for table in tables:
+        print("\n".join(table) + "\n")
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1] if len(sys.argv) > 1 else "../shared/data/scifact"))
+    main()
