@@ -49,6 +49,16 @@ def median_of(runs: Sequence[float]) -> float:
 
 
 def peak_rss_mb() -> float:
+    """This process's peak resident memory, in MB."""
+    # VmHWM belongs to the process image: ru_maxrss survives exec, so a benchmark's worker
+    # process would report its parent's peak if that was higher.
+    try:
+        status = Path("/proc/self/status").read_text(encoding="utf-8")
+        found = re.search(r"^VmHWM:\s+(\d+) kB", status, re.MULTILINE)
+        if found:
+            return int(found.group(1)) / 1024.0
+    except OSError:
+        pass
     # ru_maxrss is in kilobytes on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
@@ -112,18 +122,26 @@ repeats, compared with a baseline measured in the same process on the same data;
 """
 
 
-def synthetic_run(description: str | None) -> tuple[argparse.Namespace, Any, Any]:
-    """The options of a benchmark over the synthetic corpus (--sizes, --queries, --repeats),
-    the default settings (no .env, no RAGCHAINS_* variables) and the embedder they name."""
+def synthetic_run(
+    description: str | None,
+    *,
+    sizes: str = "10000,100000",
+    extra: Sequence[tuple[str, dict[str, Any]]] = (),
+) -> tuple[argparse.Namespace, Any, Any]:
+    """The options of a benchmark over the synthetic corpus (--sizes, --queries, --repeats,
+    and ``extra``: (flag, add_argument keywords)), the default settings (no .env, no
+    RAGCHAINS_* variables) and the embedder they name."""
     from ragchains.factory import build_embedder, configure_runtime
     from ragchains.settings import Settings
 
     parser = argparse.ArgumentParser(
         description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--sizes", default="10000,100000")
+    parser.add_argument("--sizes", default=sizes)
     parser.add_argument("--queries", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
+    for flag, options in extra:
+        parser.add_argument(flag, **options)
     args = parser.parse_args()
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
     configure_runtime(settings)

@@ -1,18 +1,29 @@
-"""Hybrid retrieval latency and recall@10: ragchains against the stock LangChain pipeline.
+"""Hybrid retrieval at 10,000 to 1,000,000 chunks: latency, recall@10, build time and peak
+memory, ragchains against the stock LangChain pipeline.
 
 Stock = the documented way: BM25Retriever (langchain_community, over rank_bm25),
-FAISS.from_embeddings, EnsembleRetriever (langchain_classic) with RRF c=60. Both pipelines get
-the same synthetic corpus, the same precomputed document and query embeddings, the same
-number of candidates per retriever, and return Documents for the top 10. Query encoding is
-excluded from both (a lookup) and reported apart. Also: dense-only flat vs HNSW, which sets
-the default `hnsw_min_chunks`.
+FAISS.from_embeddings, EnsembleRetriever (langchain_classic). Both pipelines get the same
+synthetic corpus, the same precomputed document and query embeddings, the same number of
+candidates per retriever, and return Documents for the top 10; each fuses as its code says
+(the results name both fusions from the objects that ran). Query encoding is excluded from
+both (a lookup) and reported apart.
+
+Each pipeline builds and searches in a process of its own, so each peak RSS is that
+pipeline's alone; stock gets ``--stock-timeout`` seconds per size (30 minutes), after which the
+table says it did not finish. Also: dense only, exact vs HNSW on slices of the largest corpus,
+which sets the HNSW parameters and the default ``hnsw_min_chunks``.
 """
 
 from __future__ import annotations
 
+import argparse
 import gc
+import json
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +32,7 @@ from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 
 from bench.common import (
+    REPO,
     machine_line,
     median_of,
     peak_rss_mb,
@@ -29,8 +41,8 @@ from bench.common import (
     time_calls,
     write_section,
 )
-from bench.synthetic import Corpus, cached_embeddings, make_corpus
-from ragchains.retrievers.bm25 import BM25_PARAMS, build_bm25
+from bench.synthetic import Corpus, cached_embeddings, embeddings_path, make_corpus
+from ragchains.retrievers.bm25 import BM25_PARAMS, bm25_search, build_bm25
 from ragchains.retrievers.dense import (
     HNSW_EF_CONSTRUCTION,
     HNSW_EF_SEARCH,
@@ -39,7 +51,8 @@ from ragchains.retrievers.dense import (
     dense_search,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.hybrid import HybridRetriever
+from ragchains.retrievers.fusion import Candidates
+from ragchains.retrievers.hybrid import HybridRetriever, fused_hits
 from ragchains.retrievers.indexformat import Chunk
 from ragchains.retrievers.indexwriter import IndexContents, write_index
 from ragchains.retrievers.searchindex import SearchIndex, load_index
@@ -47,13 +60,19 @@ from ragchains.retrievers.searchindex import SearchIndex, load_index
 CANDIDATES = 50
 K = 10
 DENSE_SIZES = (10_000, 25_000, 50_000, 100_000)
+DEFAULT_SIZES = "10000,100000,1000000"
+STOCK_TIMEOUT_S = 30 * 60
+WARM_UP = 10
+# The HNSW parameters before issue 28, built once beside the current ones at the largest dense
+# size: the build-time ratio is measured in the same run, not quoted.
+BEFORE = {"m": 64, "ef_construction": 100, "ef_search": 128}
 
 
 class PrecomputedQueries(SentenceTransformerEmbedder):
     """Our embedder with query vectors looked up, so timing excludes encoding."""
 
     def __init__(self, base: SentenceTransformerEmbedder, table: dict[str, np.ndarray]) -> None:
-        super().__init__(base.name)
+        super().__init__(base.name, backend=base.backend)
         self.table = table
 
     def encode_query(self, text: str) -> np.ndarray:
@@ -97,6 +116,55 @@ def synthetic_chunks(texts: list[str], groups: int | None = None) -> list[Chunk]
     ]
 
 
+def build_parts(
+    corpus: Corpus,
+    vectors: np.ndarray,
+    name: str,
+    folder: Path,
+    hnsw_min: int,
+    *,
+    groups: int | None = None,
+    chunks: list[Chunk] | None = None,
+    backend: str | None = None,
+) -> dict[str, Any]:
+    """Write the synthetic index (its chunks: ``chunks`` if made already) as an ingest does,
+    from its embeddings (by embedder ``name``, and ``backend`` if given): seconds per part,
+    the dense part's CPU seconds and what it built."""
+    times: dict[str, Any] = {}
+    chunks = chunks if chunks is not None else synthetic_chunks(corpus.texts, groups)
+    start = time.perf_counter()  # an ingest has its chunks before it builds
+    bm25 = build_bm25(corpus.texts)
+    times["bm25_s"] = time.perf_counter() - start
+    mark, cpu = time.perf_counter(), time.process_time()
+    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min)
+    times["dense_s"] = time.perf_counter() - mark
+    times["dense_cpu_s"] = time.process_time() - cpu
+    mark = time.perf_counter()
+    write_index(
+        folder,
+        IndexContents(
+            chunks=chunks,
+            vectors=vectors,
+            files=[],
+            fields=synthetic_fields(groups),
+            embedder={
+                "name": name,
+                "dimension": int(vectors.shape[1]),
+                **({"backend": backend} if backend else {}),
+            },
+            chunking={},
+        ),
+        bm25=bm25,
+        dense=dense,
+        dense_info=dense_info,
+        bm25_info=BM25_PARAMS,
+    )
+    times["write_s"] = time.perf_counter() - mark
+    times["build_s"] = time.perf_counter() - start
+    times["dense_info"] = dense_info
+    return times
+
+
 def build_ours(
     corpus: Corpus,
     vectors: np.ndarray,
@@ -106,31 +174,19 @@ def build_ours(
     *,
     groups: int | None = None,
     chunks: list[Chunk] | None = None,
+    backend: str | None = None,
 ) -> tuple[SearchIndex, float]:
     """The synthetic index (its chunks: ``chunks`` if made already) and its build seconds."""
-    start = time.perf_counter()
-    chunks = chunks if chunks is not None else synthetic_chunks(corpus.texts, groups)
-    bm25 = build_bm25(corpus.texts)
-    dense, dense_info = build_faiss(vectors, hnsw_min_chunks=hnsw_min)
-    write_index(
-        folder,
-        IndexContents(
-            chunks=chunks,
-            vectors=vectors,
-            files=[],
-            fields=synthetic_fields(groups),
-            embedder={"name": name, "dimension": int(vectors.shape[1])},
-            chunking={},
-        ),
-        bm25=bm25,
-        dense=dense,
-        dense_info=dense_info,
-        bm25_info=BM25_PARAMS,
+    built = build_parts(
+        corpus, vectors, name, folder, hnsw_min, groups=groups, chunks=chunks, backend=backend
     )
-    built = time.perf_counter() - start
+    return _open(folder), built["build_s"]
+
+
+def _open(folder: Path) -> SearchIndex:
     index = load_index(folder)
     _ = index.columns  # built at load in the product (factory.open_index), so not timed here
-    return index, built
+    return index
 
 
 def build_stock(
@@ -143,14 +199,22 @@ def build_stock(
     start = time.perf_counter()
     docs = [Document(page_content=t, metadata={"id": f"d{i}"}) for i, t in enumerate(corpus.texts)]
     bm25 = BM25Retriever.from_documents(docs, k=CANDIDATES)
+    # Rows of the matrix, not lists of Python floats (FAISS.from_embeddings stacks whatever it
+    # gets with np.array): a million .tolist() rows would hold 384 million float objects.
     store = FAISS.from_embeddings(
-        list(zip(corpus.texts, vectors.tolist(), strict=True)),
+        list(zip(corpus.texts, vectors, strict=True)),  # type: ignore[arg-type]
         embedding=LookupEmbeddings(table),
         metadatas=[d.metadata for d in docs],
     )
     dense = store.as_retriever(search_kwargs={"k": CANDIDATES})
     ensemble = EnsembleRetriever(retrievers=[bm25, dense], weights=[0.5, 0.5], c=60, id_key="id")
     return ensemble, time.perf_counter() - start
+
+
+def stock_fusion(ensemble: Any) -> str:
+    """How the stock EnsembleRetriever fuses, from its own fields."""
+    weights = ":".join(f"{w:g}" for w in ensemble.weights)
+    return f"weighted RRF c={ensemble.c} bm25:dense={weights}"
 
 
 def recall_at_10(results: list[list[Document]], corpus: Corpus, key: Any) -> float:
@@ -175,89 +239,321 @@ def measure(run_query: Any, queries: list[str], repeats: int) -> tuple[float, fl
     return median_of(p50s), median_of(p95s), results
 
 
+# ----------------------------------------------------------------------------- workers
+def _load_data(
+    data: Path, *, texts: bool = True
+) -> tuple[Corpus, np.ndarray, dict[str, np.ndarray]]:
+    """The corpus (without its texts unless ``texts``), its embeddings (mapped from the
+    cache file, read as used) and the query vectors by query."""
+    spec = json.loads((data / "spec.json").read_text(encoding="utf-8"))
+    rows = (data / "texts.txt").read_text(encoding="utf-8").split("\n") if texts else []
+    corpus = Corpus(texts=rows, queries=spec["queries"], relevant=spec["relevant"])
+    vectors = np.load(spec["vectors"], mmap_mode="r", allow_pickle=False)
+    q_vectors = np.load(data / "queries.npy", allow_pickle=False)
+    return corpus, vectors, dict(zip(corpus.queries, q_vectors, strict=True))
+
+
+def _report(**fields: Any) -> None:
+    """One JSON line on stdout for the parent (it keeps the last; progress lines too)."""
+    print(json.dumps(fields), flush=True)
+
+
+def run_build(data: Path, name: str, backend: str, hnsw_min: int) -> None:
+    """Write the index into ``data``/index, as an ingest's last step does."""
+    corpus, vectors, _ = _load_data(data)
+    built = build_parts(corpus, vectors, name, data / "index", hnsw_min, backend=backend)
+    _report(done=True, build_rss_mb=peak_rss_mb(), **built)
+
+
+def run_search(data: Path, repeats: int, name: str, backend: str) -> None:
+    """Open the index ``run_build`` wrote, as ``ragchains serve`` does, and search it."""
+    corpus, _, table = _load_data(data, texts=False)
+    index = _open(data / "index")
+    retriever = HybridRetriever(
+        index=index,
+        embedder=PrecomputedQueries(
+            SentenceTransformerEmbedder(name, backend=backend),  # type: ignore[arg-type]
+            table,
+        ),
+        k=K,
+        candidates=CANDIDATES,
+    )
+    _warm_up(retriever.invoke, corpus.queries)
+    p50, p95, results = measure(retriever.invoke, corpus.queries, repeats)
+    stages = _stages(index, corpus.queries, table, retriever)
+    index.close()
+    _report(
+        done=True,
+        p50=p50,
+        p95=p95,
+        recall=recall_at_10(results, corpus, lambda d: d.id),
+        fusion=retriever.fusion_config.describe(),
+        stages=stages,
+        search_rss_mb=peak_rss_mb(),
+        repeats=repeats,
+    )
+
+
+def _stages(
+    index: SearchIndex,
+    queries: list[str],
+    table: dict[str, np.ndarray],
+    retriever: HybridRetriever,
+) -> dict[str, float]:
+    """Median milliseconds of each part of a hybrid search, one query at a time, through
+    the functions the retriever calls."""
+    fusion = retriever.fusion_config
+    parts: dict[str, list[float]] = {"bm25": [], "dense": [], "fusion": [], "documents": []}
+    for query in queries:
+        marks = [time.perf_counter()]
+        b_rows, b_scores = bm25_search(index.bm25, query, CANDIDATES)
+        marks.append(time.perf_counter())
+        d_rows, d_scores = dense_search(index.dense, table[query], CANDIDATES)
+        marks.append(time.perf_counter())
+        hits = fused_hits(Candidates.from_lists(b_rows, b_scores, d_rows, d_scores), fusion, K)
+        marks.append(time.perf_counter())
+        index.store.documents([h.row for h in hits])
+        marks.append(time.perf_counter())
+        for name, start, end in zip(parts, marks, marks[1:], strict=False):
+            parts[name].append(end - start)
+    return {name: percentile_ms(samples, 50) for name, samples in parts.items()}
+
+
+def run_stock(data: Path, repeats: int, deadline: float) -> None:
+    """Stock's build, then repeats while another one fits before ``deadline`` (monotonic)."""
+    corpus, vectors, table = _load_data(data)
+    stock, build = build_stock(corpus, vectors, table)
+    del vectors
+    gc.collect()
+    fusion = stock_fusion(stock)
+    _report(built=True, build_s=build, fusion=fusion, rss_mb=peak_rss_mb())
+    p50s, p95s, results = [], [], []
+    _warm_up(stock.invoke, corpus.queries)
+    for _ in range(repeats):
+        start = time.monotonic()
+        p50, p95, results = measure(lambda q: stock.invoke(q)[:K], corpus.queries, 1)
+        p50s.append(p50)
+        p95s.append(p95)
+        if time.monotonic() + (time.monotonic() - start) > deadline:
+            break
+    _report(
+        done=True,
+        build_s=build,
+        p50=median_of(p50s),
+        p95=median_of(p95s),
+        recall=recall_at_10(results, corpus, lambda d: d.metadata["id"]),
+        fusion=fusion,
+        rss_mb=peak_rss_mb(),
+        repeats=len(p50s),
+    )
+
+
+def _warm_up(run_query: Callable[[str], object], queries: list[str]) -> None:
+    """A few queries first, as a serving process has had (first-call costs out of p95)."""
+    for query in queries[:WARM_UP]:
+        run_query(query)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    if args.worker == "build":
+        run_build(args.data, args.embedder, args.backend, args.hnsw_min_chunks)
+    elif args.worker == "search":
+        run_search(args.data, args.repeats, args.embedder, args.backend)
+    else:
+        run_stock(args.data, args.repeats, time.monotonic() + args.timeout)
+
+
+def spawn(
+    kind: str, data: Path, repeats: int, *, timeout: float | None, extra: list[str]
+) -> dict[str, Any]:
+    """Run a worker; its last JSON line, with ``timed_out`` and (if it did not finish) the
+    last progress it reported."""
+    command = [
+        sys.executable,
+        "-m",
+        "bench.retrieval_latency",
+        "--worker",
+        kind,
+        "--data",
+        str(data),
+        "--repeats",
+        str(repeats),
+        *extra,
+    ]
+    if timeout is not None:
+        command += ["--timeout", str(timeout)]
+    try:
+        done = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        out, timed_out = done.stdout, False
+        if done.returncode != 0:
+            raise RuntimeError(f"{kind} worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    except subprocess.TimeoutExpired as exc:
+        raw = exc.stdout or b""
+        out, timed_out = raw.decode() if isinstance(raw, bytes) else raw, True
+    lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    result: dict[str, Any] = lines[-1] if lines else {}
+    result["timed_out"] = timed_out
+    return result
+
+
+# ----------------------------------------------------------------------------- dense table
+def dense_table(vectors: np.ndarray, q_vectors: list[np.ndarray], repeats: int) -> list[str]:
+    """Exact vs HNSW on the first N vectors, with build time (wall and CPU) and recall of the
+    exact top 10 and top 50; at the largest size, the parameters before issue 28 as well."""
+    rows = []
+    sizes = [s for s in DENSE_SIZES if s <= len(vectors)]
+    for size in sizes:
+        sub = np.ascontiguousarray(vectors[:size])
+        flat, _ = build_faiss(sub, hnsw_min_chunks=10**12)
+        f50, _, f_res = measure(
+            lambda v, index=flat: dense_search(index, v, CANDIDATES), q_vectors, repeats
+        )
+        variants: list[tuple[str, Callable[[], Any]]] = [
+            (
+                f"M={HNSW_M}, efC={HNSW_EF_CONSTRUCTION}, ef={HNSW_EF_SEARCH}",
+                lambda sub=sub: build_faiss(sub, hnsw_min_chunks=1)[0],
+            )
+        ]
+        if size == sizes[-1]:
+            variants.append(
+                (
+                    f"M={BEFORE['m']}, efC={BEFORE['ef_construction']}, "
+                    f"ef={BEFORE['ef_search']} (before)",
+                    lambda sub=sub: _hnsw_before(sub),
+                )
+            )
+        for label, build in variants:
+            start, cpu = time.perf_counter(), time.process_time()
+            hnsw = build()
+            wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+            h50, _, h_res = measure(
+                lambda v, index=hnsw: dense_search(index, v, CANDIDATES), q_vectors, repeats
+            )
+            top10 = _overlap(f_res, h_res, K)
+            top50 = _overlap(f_res, h_res, CANDIDATES)
+            rows.append(
+                f"| {size:,} | {label} | {f50:.2f} | {h50:.2f} | {f50 / h50:.1f}× | "
+                f"{top10:.3f} | {top50:.3f} | {wall:.1f} s | {cpu:.1f} s |"
+            )
+            print(rows[-1], flush=True)
+            del hnsw
+            gc.collect()
+        del flat, sub
+        gc.collect()
+    return rows
+
+
+def _hnsw_before(vectors: np.ndarray) -> Any:
+    import faiss
+
+    index = faiss.IndexHNSWFlat(vectors.shape[1], BEFORE["m"], faiss.METRIC_INNER_PRODUCT)
+    index.hnsw.efConstruction = BEFORE["ef_construction"]
+    index.hnsw.efSearch = BEFORE["ef_search"]
+    index.add(vectors)
+    return index
+
+
+def _overlap(exact: list[Any], approximate: list[Any], k: int) -> float:
+    return float(
+        np.mean(
+            [
+                len(set(a[0][:k].tolist()) & set(b[0][:k].tolist())) / k
+                for a, b in zip(exact, approximate, strict=True)
+            ]
+        )
+    )
+
+
+# ----------------------------------------------------------------------------- main
+def _options() -> argparse.Namespace | None:
+    """A worker's options, or None in the parent (whose options synthetic_run reads)."""
+    if "--worker" not in sys.argv:
+        return None
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--worker", choices=("build", "search", "stock"), required=True)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--repeats", type=int, required=True)
+    parser.add_argument("--embedder", default="")
+    parser.add_argument("--backend", default="")
+    parser.add_argument("--hnsw-min-chunks", type=int, default=0)
+    parser.add_argument("--timeout", type=float, default=float(STOCK_TIMEOUT_S))
+    return parser.parse_args()
+
+
+def _seconds(value: float) -> str:
+    return f"{value / 60:.1f} min" if value >= 600 else f"{value:.1f} s"
+
+
 def main() -> None:
-    args, settings, embedder = synthetic_run(__doc__)
-    rows, dense_rows, notes = [], [], []
-    for n in [int(s) for s in args.sizes.split(",")]:
+    worker = _options()
+    if worker is not None:
+        _worker(worker)
+        return
+    args, settings, embedder = synthetic_run(
+        __doc__,
+        sizes=DEFAULT_SIZES,
+        extra=[
+            (
+                "--stock-timeout",
+                {
+                    "type": float,
+                    "default": STOCK_TIMEOUT_S,
+                    "help": "seconds stock LangChain gets per size (build and searches)",
+                },
+            )
+        ],
+    )
+    rows, notes = [], []
+    fusions: dict[str, set[str]] = {"ragchains": set(), "stock LangChain": set()}
+    sizes = sorted(int(s) for s in args.sizes.split(","))
+    # The dense table slices the largest corpus of at most its largest size (else the
+    # smallest): the one the HNSW parameters were chosen on.
+    sliced = max([n for n in sizes if n <= max(DENSE_SIZES)], default=sizes[0])
+    slices: tuple[np.ndarray, list[np.ndarray]] | None = None
+    for n in sizes:
         corpus = make_corpus(n, args.queries, model=embedder.name)
-        vectors = cached_embeddings(embedder, corpus.texts, "synthetic-docs")
+        vectors_file = embeddings_path(embedder, corpus.texts, "synthetic-docs")
         q_vectors = cached_embeddings(embedder, corpus.queries, "synthetic-queries")
-        table = dict(zip(corpus.queries, q_vectors, strict=True))
         encode_samples = time_calls(
             lambda i, queries=corpus.queries: embedder.encode_query(queries[i]), len(corpus.queries)
         )
-
         with tempfile.TemporaryDirectory() as tmp:
-            ours_index, ours_build = build_ours(
-                corpus, vectors, embedder.name, Path(tmp) / "idx", settings.hnsw_min_chunks
+            data = Path(tmp)
+            (data / "texts.txt").write_text("\n".join(corpus.texts), encoding="utf-8")
+            np.save(data / "queries.npy", q_vectors, allow_pickle=False)
+            spec = {
+                "queries": corpus.queries,
+                "relevant": corpus.relevant,
+                "vectors": str(vectors_file),
+            }
+            (data / "spec.json").write_text(json.dumps(spec), encoding="utf-8")
+            named = ["--embedder", embedder.name, "--backend", embedder.backend]
+            ours = spawn(
+                "build",
+                data,
+                args.repeats,
+                timeout=None,
+                extra=[*named, "--hnsw-min-chunks", str(settings.hnsw_min_chunks)],
             )
-            ours = HybridRetriever(
-                index=ours_index,
-                embedder=PrecomputedQueries(embedder, table),
-                k=K,
-                candidates=CANDIDATES,
-            )
-            o50, o95, o_res = measure(ours.invoke, corpus.queries, args.repeats)
-            o_recall = recall_at_10(o_res, corpus, lambda d: d.id)
-
-            ours_index.close()
-
-        stock, stock_build = build_stock(corpus, vectors, table)
-        s50, s95, s_res = measure(
-            lambda q, stock=stock: stock.invoke(q)[:K], corpus.queries, args.repeats
-        )
-        s_recall = recall_at_10(s_res, corpus, lambda d: d.metadata["id"])
-        del stock
+            ours |= spawn("search", data, args.repeats, timeout=None, extra=named)
+            stock = spawn("stock", data, args.repeats, timeout=args.stock_timeout, extra=[])
+        fusions["ragchains"].add(ours["fusion"])
+        if "fusion" in stock:
+            fusions["stock LangChain"].add(stock["fusion"])
+        rows += [_stock_row(n, stock, args.stock_timeout), _ours_row(n, ours)]
+        notes.append(_note(n, ours, stock, percentile_ms(encode_samples, 50)))
+        print(rows[-2], rows[-1], notes[-1], sep="\n", flush=True)
+        if n == sliced:
+            head = np.load(vectors_file, mmap_mode="r")[: max(DENSE_SIZES)]
+            slices = (np.array(head), list(q_vectors))
+        del corpus
         gc.collect()
 
-        rows.append(
-            f"| {n:,} | stock LangChain | {s50:.2f} | {s95:.2f} | {s_recall:.3f} | {stock_build:.1f} s |"
-        )
-        rows.append(
-            f"| {n:,} | ragchains | {o50:.2f} | {o95:.2f} | {o_recall:.3f} | {ours_build:.1f} s |"
-        )
-        notes.append(
-            f"- {n:,} chunks: ragchains p50 = **1/{s50 / o50:.0f}** of stock; recall@10 "
-            f"{o_recall:.3f} vs {s_recall:.3f}. Query encoding (excluded above): "
-            f"p50 {percentile_ms(encode_samples, 50):.1f} ms."
-        )
-        print(rows[-2], rows[-1], sep="\n", flush=True)
-
-    # Dense only, exact vs HNSW, on growing slices of the largest corpus: sets hnsw_min_chunks.
-    for size in DENSE_SIZES:
-        if size > len(vectors):
-            continue
-        sub = vectors[:size]
-        flat, _ = build_faiss(sub, hnsw_min_chunks=10**12)
-        hnsw_start = time.perf_counter()
-        hnsw, _ = build_faiss(sub, hnsw_min_chunks=1)
-        hnsw_build = time.perf_counter() - hnsw_start
-        qv = [table[q] for q in corpus.queries]
-        f50, _, f_res = measure(
-            lambda v, index=flat: dense_search(index, v, CANDIDATES), qv, args.repeats
-        )
-        h50, _, h_res = measure(
-            lambda v, index=hnsw: dense_search(index, v, CANDIDATES), qv, args.repeats
-        )
-        overlap = np.mean(
-            [
-                len(set(a[0][:K].tolist()) & set(b[0][:K].tolist())) / K
-                for a, b in zip(f_res, h_res, strict=True)
-            ]
-        )
-        overlap50 = np.mean(
-            [
-                len(set(a[0].tolist()) & set(b[0].tolist())) / CANDIDATES
-                for a, b in zip(f_res, h_res, strict=True)
-            ]
-        )
-        dense_rows.append(
-            f"| {size:,} | {f50:.2f} | {h50:.2f} | {f50 / h50:.1f}× | {overlap:.3f} | {overlap50:.3f} | {hnsw_build:.1f} s |"
-        )
-        print(dense_rows[-1], flush=True)
-        del flat, hnsw
-        gc.collect()
-
+    assert slices is not None
+    dense_rows = dense_table(slices[0], slices[1], args.repeats)
+    flat_100k = _flat_p50(dense_rows)
     body = "\n".join(
         [
             "## Hybrid retrieval latency (`python -m bench.retrieval_latency`)",
@@ -266,33 +562,110 @@ def main() -> None:
             "",
             f"Synthetic corpus (one relevant document per query), {args.queries} queries, "
             f"median of {args.repeats} repeats; both pipelines fetch {CANDIDATES} candidates per "
-            f"retriever, fuse by RRF (k=60) and return the top {K} as Documents. Same precomputed "
-            "embeddings; query encoding excluded. Build = index construction from embeddings.",
+            f"retriever and return the top {K} as Documents. Fusion (as each pipeline's objects "
+            f"report it): ragchains {_names(fusions['ragchains'])} "
+            "(`HybridRetriever.fusion_config`, the default: no fusion setting, no `fusion.json`); "
+            f"stock LangChain {_names(fusions['stock LangChain'])} (`EnsembleRetriever`). Same "
+            "precomputed embeddings; query encoding excluded. Build = index construction from "
+            "embeddings (ragchains: BM25, FAISS and the index folder written). Each pipeline "
+            "runs in processes of its own, so a peak RSS is that pipeline's alone, corpus and "
+            "embeddings (mapped from the cache file) included: stock builds and searches in "
+            "one; ragchains builds in one, as an ingest writes its index, and searches in "
+            "another that opens the index as `ragchains serve` does (peak RSS = that one's; "
+            "the build's beside it). Stock gets "
+            f"{_seconds(args.stock_timeout)} per size.",
             "",
-            "| chunks | pipeline | p50 ms | p95 ms | recall@10 | build |",
-            "|---:|---|---:|---:|---:|---:|",
+            "| chunks | pipeline | p50 ms | p95 ms | recall@10 | build | peak RSS |",
+            "|---:|---|---:|---:|---:|---:|---:|",
             *rows,
             "",
             *notes,
             "",
-            f"### Dense only: exact (flat) vs HNSW (M={HNSW_M}, efConstruction={HNSW_EF_CONSTRUCTION}, efSearch={HNSW_EF_SEARCH})",
+            f"### Dense only: exact (flat) vs HNSW (M={HNSW_M}, efConstruction="
+            f"{HNSW_EF_CONSTRUCTION}, efSearch={HNSW_EF_SEARCH})",
             "",
-            f"First N vectors of the largest corpus, top {CANDIDATES} per query (the fusion candidates). "
-            f"Indexes with at least `hnsw_min_chunks` = {settings.hnsw_min_chunks:,} chunks use HNSW.",
+            f"First N vectors of the {sliced:,}-chunk corpus, top {CANDIDATES} per query (the fusion "
+            f"candidates); builds use the machine's {_threads()} OpenMP threads (CPU = user + "
+            "system time of the process). Indexes with at least `hnsw_min_chunks` = "
+            f"{settings.hnsw_min_chunks:,} chunks use HNSW.",
             "",
-            f"| chunks | flat p50 ms | HNSW p50 ms | speed-up | HNSW recall of exact top-{K} | of exact top-{CANDIDATES} | HNSW build |",
-            "|---:|---:|---:|---:|---:|---:|---:|",
+            f"| chunks | HNSW | flat p50 ms | HNSW p50 ms | speed-up | recall of exact top-{K} "
+            f"| of exact top-{CANDIDATES} | HNSW build | build CPU |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
             *dense_rows,
             "",
-            "Why `hnsw_min_chunks` = 50,000: below it exact search costs a few milliseconds at most "
-            "and loses nothing; beyond it exact search grows linearly (about 11 ms at 100k) while "
-            "HNSW stays near 1 ms, and fusion with BM25 makes up for the candidates HNSW misses "
-            "(hybrid recall@10 above is at or above stock's exact search).",
-            "",
-            f"Peak RSS of the benchmark process: {peak_rss_mb():,.0f} MB.",
+            f"Why `hnsw_min_chunks` = {settings.hnsw_min_chunks:,}: below it exact search costs "
+            "a few milliseconds at most and loses nothing; beyond it exact search grows "
+            f"linearly ({flat_100k} at 100k) while HNSW stays near a millisecond or two, and "
+            "fusion with BM25 makes up for most candidates HNSW misses.",
         ]
     )
     write_section("retrieval_latency", body)
+
+
+def _names(found: set[str]) -> str:
+    return " / ".join(f"**{f}**" for f in sorted(found)) or "(not measured)"
+
+
+def _threads() -> int:
+    import faiss
+
+    return int(faiss.omp_get_max_threads())
+
+
+def _flat_p50(dense_rows: list[str]) -> str:
+    for row in dense_rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[0] == "100,000":
+            return f"{cells[2]} ms"
+    return "more"
+
+
+def _ours_row(n: int, r: dict[str, Any]) -> str:
+    return (
+        f"| {n:,} | ragchains | {r['p50']:.2f} | {r['p95']:.2f} | {r['recall']:.3f} | "
+        f"{_seconds(r['build_s'])} | {r['search_rss_mb']:,.0f} MB (build: "
+        f"{r['build_rss_mb']:,.0f} MB) |"
+    )
+
+
+def _stock_row(n: int, r: dict[str, Any], timeout: float) -> str:
+    if r.get("done"):
+        return (
+            f"| {n:,} | stock LangChain | {r['p50']:.2f} | {r['p95']:.2f} | {r['recall']:.3f} | "
+            f"{_seconds(r['build_s'])} | {r['rss_mb']:,.0f} MB |"
+        )
+    # Killed at the timeout: what it reported before (its build, if that finished).
+    built = _seconds(r["build_s"]) if r.get("built") else "unfinished"
+    rss = f"{r['rss_mb']:,.0f} MB after the build" if r.get("built") else ""
+    return (
+        f"| {n:,} | stock LangChain | did not finish within {_seconds(timeout)} | | | "
+        f"{built} | {rss} |"
+    )
+
+
+def _note(n: int, ours: dict[str, Any], stock: dict[str, Any], encode_p50: float) -> str:
+    s = ours["stages"]
+    info = ours["dense_info"]
+    kind = info["kind"] if info["kind"] == "flat" else f"{info['kind']} M={info['m']}"
+    parts = [
+        f"- {n:,} chunks: ragchains build = BM25 {ours['bm25_s']:.1f} s + FAISS ({kind}) "
+        f"{ours['dense_s']:.1f} s ({ours['dense_cpu_s']:.1f} s CPU) + writing "
+        f"{ours['write_s']:.1f} s; a search's median parts: BM25 {s['bm25']:.2f} ms, dense "
+        f"{s['dense']:.2f} ms, fusion {s['fusion']:.2f} ms, documents {s['documents']:.2f} ms."
+    ]
+    if stock.get("done"):
+        parts.append(
+            f"p50 = **1/{stock['p50'] / ours['p50']:.0f}** of stock; recall@10 "
+            f"{ours['recall']:.3f} vs {stock['recall']:.3f}"
+            + (
+                f" (stock: {stock['repeats']} repeat)."
+                if stock["repeats"] < ours["repeats"]
+                else "."
+            )
+        )
+    parts.append(f"Query encoding (excluded above): p50 {encode_p50:.1f} ms.")
+    return " ".join(parts)
 
 
 if __name__ == "__main__":

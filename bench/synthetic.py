@@ -16,7 +16,11 @@ import numpy as np
 from tqdm import tqdm
 
 from bench.common import cache_dir
-from ragchains.retrievers.embeddings import SentenceTransformerEmbedder, resolve_model_path
+from ragchains.retrievers.embeddings import (
+    UNRECORDED_BACKEND,
+    SentenceTransformerEmbedder,
+    resolve_model_path,
+)
 
 N_TOPICS_PER_10K = 200
 TOPIC_WORDS = 40
@@ -76,18 +80,61 @@ def cached_embeddings(
     embedder: SentenceTransformerEmbedder, texts: list[str], label: str
 ) -> np.ndarray:
     """Embeddings of ``texts``, computed once and kept in the bench cache (not the repo)."""
-    digest = hashlib.sha256(
-        (embedder.name + "\x00" + "\x00".join(texts)).encode("utf-8")
-    ).hexdigest()[:16]
+    return np.load(embeddings_path(embedder, texts, label), allow_pickle=False)
+
+
+# Rows embedded, then saved, at a time: a run stopped part way (a million texts take hours
+# on 2 cores) resumes from its last saved part.
+PART_ROWS = 50_000
+
+
+def embeddings_path(embedder: SentenceTransformerEmbedder, texts: list[str], label: str) -> Path:
+    """The cached ``.npy`` of ``texts``' embeddings (made first if missing); large ones are
+    best opened with ``np.load(path, mmap_mode="r")``."""
+    # The backend that embeds is part of the key: their vectors differ. Files made before
+    # embedders had backends are torch's (UNRECORDED_BACKEND): their key is kept.
+    backend = embedder.backend
+    name = embedder.name if backend == UNRECORDED_BACKEND else f"{embedder.name}\x00{backend}"
+    digest = hashlib.sha256((name + "\x00" + "\x00".join(texts)).encode("utf-8")).hexdigest()[:16]
     path = cache_dir("embeddings") / f"{label}-{len(texts)}-{digest}.npy"
     if path.exists():
-        return np.load(path, allow_pickle=False)
-    parts = []
+        return path
+    if not texts:
+        raise ValueError("no texts to embed")
+    parts_dir = path.with_suffix(".parts")
+    parts_dir.mkdir(exist_ok=True)
+    starts = range(0, len(texts), PART_ROWS)
     batch = 512
-    for start in tqdm(range(0, len(texts), batch), desc=f"Embedding {label}", unit="batch"):
-        parts.append(embedder.encode(texts[start : start + batch]))
-    vectors = np.concatenate(parts)
+    with tqdm(total=len(texts), desc=f"Embedding {label}", unit="text") as bar:
+        for start in starts:
+            part = parts_dir / f"{start:09d}.npy"
+            rows = texts[start : start + PART_ROWS]
+            if part.exists():
+                bar.update(len(rows))
+                continue
+            vectors = []
+            for i in range(0, len(rows), batch):
+                vectors.append(embedder.encode(rows[i : i + batch]))
+                bar.update(len(vectors[-1]))
+            _save_atomically(part, np.concatenate(vectors))
+    # Copied part by part into the final file: never the whole matrix twice in memory.
+    first = np.load(parts_dir / f"{0:09d}.npy", mmap_mode="r")
     tmp = path.with_suffix(".tmp.npy")
-    np.save(tmp, vectors, allow_pickle=False)
+    out = np.lib.format.open_memmap(
+        tmp, mode="w+", dtype=first.dtype, shape=(len(texts), first.shape[1])
+    )
+    for start in starts:
+        out[start : start + PART_ROWS] = np.load(parts_dir / f"{start:09d}.npy")
+    out.flush()
+    del out
     tmp.rename(path)
-    return vectors
+    for part in parts_dir.iterdir():
+        part.unlink()
+    parts_dir.rmdir()
+    return path
+
+
+def _save_atomically(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_suffix(".tmp.npy")
+    np.save(tmp, array, allow_pickle=False)
+    tmp.rename(path)
