@@ -10,16 +10,20 @@ the hybrid loses to its better half), on the folder's train and test queries. Ca
 are fetched as ``ragchains eval retrieval`` fetches them (100 per side) from its index
 (built first if missing, as that command builds it).
 
-    python scripts/fusion_stress.py [FOLDER ...] [--as-is-only]
+    python scripts/fusion_stress.py [FOLDER ...] [--as-is-only] [--synthetic N]
 
-The first folder defaults to ../shared/data/scifact; the judged sets of
-``ragchains.evaluation.judgedsets`` are folders too.
+With no folder (and no --synthetic), ../shared/data/scifact; the judged sets of
+``ragchains.evaluation.judgedsets`` are folders too. ``--synthetic N`` adds recall@10 on the
+latency benchmark's synthetic corpus of N chunks (``bench.synthetic``: each query is 4 words
+of one chunk; its embeddings cached as the benchmark caches them), with 50 candidates per
+side as the benchmark fetches, and exact dense search.
 """
 
 from __future__ import annotations
 
 import argparse
 import random
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -138,15 +142,64 @@ def stress(folder: Path, settings: Settings, scenarios: dict[str, dict[str, floa
     return lines
 
 
+def synthetic(n_docs: int, settings: Settings, queries: int = 200) -> list[str]:
+    """Recall@10 on the benchmark's synthetic corpus, as Markdown lines."""
+    import faiss
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/ is not installed
+    from bench.synthetic import embeddings_path, make_corpus
+    from ragchains.retrievers.bm25 import build_bm25
+
+    fetch, k = 50, 10  # as bench.retrieval_latency
+    embedder = build_embedder(settings)
+    corpus = make_corpus(n_docs, queries, model=embedder.name)
+    vectors = np.load(embeddings_path(embedder, corpus.texts, "synthetic-docs"), mmap_mode="r")
+    dense = faiss.IndexFlatIP(vectors.shape[1])
+    dense.add(np.ascontiguousarray(vectors, dtype=np.float32))
+    bm25 = build_bm25(corpus.texts)
+    found = []
+    for query, relevant in zip(corpus.queries, corpus.relevant, strict=True):
+        b = bm25_search(bm25, query, fetch)
+        d = dense_search(dense, embedder.encode_query(query), fetch)
+        found.append((Candidates.from_lists(b[0], b[1], d[0], d[1]), relevant))
+
+    def recall(rank: Callable[[Candidates], list[int]]) -> float:
+        return float(np.mean([relevant in rank(c)[:k] for c, relevant in found]))
+
+    def side(c: Candidates, ranks: np.ndarray) -> list[int]:
+        present = ranks > 0
+        return c.rows[present][ranks[present].argsort(kind="stable")].tolist()
+
+    cells = [
+        f"{recall(lambda c: side(c, c.bm25_rank)):.3f}",
+        f"{recall(lambda c: side(c, c.dense_rank)):.3f}",
+    ]
+    for config in SETTINGS.values():
+        cells.append(
+            f"{recall(lambda c, config=config: c.rows[fused_order(c, config, k)[0]].tolist()):.3f}"
+        )
+    return [
+        f"synthetic ({n_docs:,} chunks, {queries} queries, {fetch} candidates per side): recall@10",
+        "",
+        "| corpus | BM25 | dense | " + " | ".join(SETTINGS) + " |",
+        "|---" * (3 + len(SETTINGS)) + "|",
+        f"| synthetic {n_docs:,} | " + " | ".join(cells) + " |",
+    ]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("folders", nargs="*", type=Path, default=[Path("../shared/data/scifact")])
+    parser.add_argument("folders", nargs="*", type=Path)
     parser.add_argument("--as-is-only", action="store_true", help="no weakened scenarios")
+    parser.add_argument("--synthetic", type=int, metavar="N", help="the benchmark's corpus too")
     args = parser.parse_args()
     settings = Settings(_env_file=None)  # type: ignore[call-arg]
     configure_runtime(settings)
     scenarios = {"as is": {}} if args.as_is_only else SCENARIOS
-    tables = [stress(folder, settings, scenarios) for folder in args.folders]
+    folders = args.folders or ([] if args.synthetic else [Path("../shared/data/scifact")])
+    tables = [stress(folder, settings, scenarios) for folder in folders]
+    if args.synthetic:
+        tables.append(synthetic(args.synthetic, settings))
     print()
     for table in tables:
         print("\n".join(table) + "\n")
