@@ -357,3 +357,55 @@ def test_an_interrupted_run_leaves_no_finished_looking_folder(tmp_path: Path) ->
     assert not target.exists()
     partial = tmp_path / ".run.partial"
     assert (partial / "items.jsonl").read_text().strip() == '{"id": "1"}'
+
+
+# ----------------------------------------------------------------------------- judged sets
+MAN_PAGE = r""".\" a comment
+.TH CP 1 "2022" "GNU coreutils 9.1" "User Commands"
+.SH NAME
+cp \- copy files and directories
+.SH SYNOPSIS
+.B cp
+[\fI\,OPTION\/\fR]... \fI\,SOURCE DEST\/\fR
+.SH DESCRIPTION
+Copy SOURCE to DEST\(em or many.
+.TP
+\fB\-a\fR, \fB\-\-archive\fR
+same as \fB\-dR\fR
+"""
+
+
+def test_a_man_page_gives_its_description_and_its_text_without_it(tmp_path: Path) -> None:
+    import gzip
+
+    from ragchains.evaluation.judgedsets import read_man_page
+
+    page = tmp_path / "cp.1.gz"
+    page.write_bytes(gzip.compress(MAN_PAGE.encode()))
+    # The NAME line is the query; the document is what follows it, markup read as text.
+    assert read_man_page(page) == (
+        "copy files and directories",
+        "cp [OPTION]... SOURCE DEST Copy SOURCE to DEST— or many. -a, --archive same as -dR",
+    )
+    pointer = tmp_path / "cp2.1.gz"
+    pointer.write_bytes(gzip.compress(b".so man1/cp.1\n"))
+    assert read_man_page(pointer) is None
+
+
+def test_a_judged_set_is_a_beir_folder_split_by_query_id(tmp_path: Path) -> None:
+    from ragchains.evaluation.judgedsets import JudgedSet, Pair, _one_per_query, split_of
+
+    pairs = [Pair(f"q{i}", f"query number {i}", f"d{i}") for i in range(40)]
+    # A description two documents share judges neither: it is left out.
+    pairs += [Pair("qa", "same words", "d0"), Pair("qb", "Same words", "d1")]
+    judged = JudgedSet(
+        "toy", {f"d{i}": (f"title {i}", f"text {i}") for i in range(40)}, _one_per_query(pairs)
+    )
+    folder = judged.write(tmp_path / "toy")
+    splits = {split: load_beir(folder, split) for split in ("train", "test")}
+    assert {q for d in splits.values() for q in d.queries} == {f"q{i}" for i in range(40)}
+    assert all(split_of(q) == name for name, d in splits.items() for q in d.queries)
+    assert 10 < len(splits["test"].queries) < 30  # about half each
+    some = next(iter(splits["test"].queries))
+    assert splits["test"].qrels[some] == {f"d{some[1:]}": 1.0}
+    assert splits["train"].document_text(3) == "title 3\ntext 3"
