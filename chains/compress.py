@@ -1,6 +1,8 @@
-"""The compress stage's work, over LangChain's ``BaseDocumentCompressor`` contract: rerank and
-cut the retrieved chunks for a query, and say how (the best score of all candidates, kept or
-not, which the re-query compares; the threshold the turn applied; the scorer in use).
+"""The compress stage's work, over LangChain's ``BaseDocumentCompressor`` contract: cut (and,
+with a reranker, reorder) the retrieved chunks for a query, and say how (the best score of all
+candidates, kept or not, which the re-query compares and the turn abstains under; the
+threshold the turn applied; the scorer in use). Ours reorders only with a cross-encoder: its
+similarity fallback keeps the retrieved order, whichever fusion made it.
 
 A compressor that also ``rerank``s with a threshold (``retrievers.compressors.
 ScoringCompressor``, as ours does) reports the best score of all candidates; for any other
@@ -35,7 +37,7 @@ def compressor_score(doc: Document) -> float | None:
 # ----------------------------------------------------------------------------- compress
 @dataclass(frozen=True)
 class Compressed:
-    documents: list[Document]  # kept, best first
+    documents: list[Document]  # kept: a reranker's best first, else in the retrieved order
     best_score: float | None  # best of all candidates (kept or not) where known
     threshold: float | None
     seconds: float = 0.0
@@ -49,7 +51,7 @@ def compress(
     threshold: float | None = None,
     config: RunnableConfig | None = None,
 ) -> Compressed:
-    """Rerank and cut ``documents`` for ``query``; without a compressor, keep them all."""
+    """Cut (and rerank) ``documents`` for ``query``; without a compressor, keep them all."""
     since = time.perf_counter()
     if compressor is None:
         return _kept_all(documents, since)

@@ -3,7 +3,8 @@
 No cross-encoder weights exist on these machines. ../shared holds the real config and
 tokenizer of ms-marco-MiniLM-L-6-v2; a randomly initialised model of that exact shape runs the
 real sentence-transformers code path. Its scores are meaningless, so these tests assert
-plumbing (shapes, order, cut-off, metadata), never quality.
+plumbing (shapes, order, cut-off, metadata), never quality. The similarity fallback runs on
+the real embedder: it cuts and keeps the retrieved order, and its scores are asserted.
 """
 
 from __future__ import annotations
@@ -15,12 +16,15 @@ from typing import Any
 import pytest
 from langchain_core.documents import Document
 
+from ragchains.chains.retrieve import create_retrieve_chain
 from ragchains.factory import build_compressor, build_retriever, open_index
 from ragchains.retrievers.compressors import (
+    SIMILARITY_THRESHOLD,
     EmbeddingSimilarityScorer,
     RerankCompressor,
     SentenceTransformerCrossEncoder,
     compressing_retriever,
+    passage_windows,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
@@ -94,7 +98,23 @@ def test_compressor_keeps_top_n_above_threshold(random_cross_encoder: Path) -> N
         "fallback_reason": None,
         "top_n": 3,
         "threshold": -1.0,
+        "reorders": True,
     }
+
+
+def test_a_cross_encoder_reorders_whatever_order_the_chunks_came_in(
+    random_cross_encoder: Path,
+) -> None:
+    scorer = SentenceTransformerCrossEncoder(str(random_cross_encoder))
+    query = "how much are hotels reimbursed per night"
+    compressor = RerankCompressor(primary=scorer, top_n=5, threshold=-1.0)
+    forward = compressor.rerank(DOCS, query)
+    backward = compressor.rerank(DOCS[::-1], query)
+    assert [d.id for d in forward.documents] == [d.id for d in backward.documents]
+    scores = [d.metadata["rerank_score"] for d in forward.documents]
+    assert scores == sorted(scores, reverse=True) and forward.best_score == scores[0]
+    # The random model's order is its own: not the one the chunks came in.
+    assert [d.id for d in forward.documents] != [d.id for d in DOCS]
 
 
 def test_missing_weights_fall_back_visibly(
@@ -112,9 +132,84 @@ def test_missing_weights_fall_back_visibly(
     assert status["fallback"] is True
     assert status["kind"] == "embedding-similarity"
     assert "model.safetensors" in status["fallback_reason"]
-    assert status["threshold"] == 0.46  # the similarity scorer's own default
-    assert kept[0].id == "c0"  # real embeddings: the plan-cost sentence wins
+    assert status["threshold"] == SIMILARITY_THRESHOLD  # the similarity scorer's own default
+    assert status["reorders"] is False and "passages" in status["scoring"]
+    assert kept[0].id == "c0"  # real embeddings: only the plan-cost sentence is close enough
     assert all(d.metadata["reranker_fallback"] is True for d in kept)
+
+
+def test_the_similarity_fallback_cuts_but_keeps_the_order_given(
+    embedder: SentenceTransformerEmbedder,
+) -> None:
+    compressor = RerankCompressor(
+        primary=SentenceTransformerCrossEncoder(str(CONFIG_ONLY_CROSS_ENCODER)),
+        fallback=EmbeddingSimilarityScorer(embedder),
+        top_n=5,
+    )
+    query = "how much are hotels reimbursed per night"
+    everything = compressor.rerank(DOCS, query, threshold=-1.0)
+    assert [d.id for d in everything.documents] == [d.id for d in DOCS]
+    scores = {d.id: d.metadata["rerank_score"] for d in everything.documents}
+    assert max(scores, key=scores.__getitem__) == "c2"  # the hotel sentence scores best
+    assert everything.best_score == scores["c2"]
+    backward = compressor.rerank(DOCS[::-1], query, threshold=-1.0)
+    assert [d.id for d in backward.documents] == [d.id for d in DOCS[::-1]]
+
+    # The cut drops chunks wherever they stand; the rest keep their places, up to top_n.
+    cut = sorted(scores.values())[2]
+    kept = compressor.rerank(DOCS, query, threshold=cut).documents
+    assert [d.id for d in kept] == [d.id for d in DOCS if scores[d.id] >= cut]
+    first_two = compressor.rerank(DOCS, query, threshold=-1.0, top_n=2).documents
+    assert [d.id for d in first_two] == ["c0", "c1"]
+    # Nothing passes: the best score says why.
+    none = compressor.rerank(DOCS, query, threshold=scores["c2"] + 0.01)
+    assert none.documents == [] and none.best_score == scores["c2"]
+
+
+def test_passage_windows_cover_the_text() -> None:
+    assert passage_windows("one two three", 4, 2) == ["one two three"]
+    words = [f"w{i}" for i in range(10)]
+    windows = passage_windows(" ".join(words), 4, 3)
+    assert windows == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w6 w7 w8 w9"]
+    uneven = passage_windows(" ".join(words[:9]), 4, 3)
+    assert uneven == ["w0 w1 w2 w3", "w3 w4 w5 w6", "w5 w6 w7 w8"]  # the last ends at the end
+    with pytest.raises(ValueError, match="window_stride"):
+        EmbeddingSimilarityScorer(None, window_words=4, window_stride=5)  # type: ignore[arg-type]
+
+
+def test_a_chunk_scores_as_its_closest_passage(embedder: SentenceTransformerEmbedder) -> None:
+    """A long chunk that answers in one sentence is diluted as a whole: its score is the best
+    of the whole and its passages. Passages are embedded once and remembered."""
+    filler = (
+        "Book all flights, trains and rental cars through the travel desk at least 14 days "
+        "ahead. Economy class is the default for trips under six hours. Rental cars must "
+        "be compact unless four or more colleagues travel together. Keep every receipt. "
+    )
+    answer = "Hotel costs are reimbursed up to EUR 180 per night in Europe."
+    page = Document(id="p1", page_content=filler * 3 + answer + " " + filler)
+    query = "How much is the hotel allowance per night in Europe?"
+    encoded: list[int] = []
+
+    class Counting(SentenceTransformerEmbedder):
+        def encode(self, texts: list[str], **kwargs: Any) -> Any:
+            encoded.append(len(texts))
+            return embedder.encode(texts, **kwargs)
+
+    counting = Counting(embedder.name)
+    scorer = EmbeddingSimilarityScorer(counting)
+    whole = float(embedder.encode_query(query) @ embedder.encode([page.page_content])[0])
+    (score,) = scorer.score_documents(query, [page])
+    assert score > whole + 0.15
+    assert scorer.score([(query, page.page_content)]) == pytest.approx([score], abs=1e-5)
+    windows = len(passage_windows(page.page_content, scorer.window_words, scorer.window_stride))
+    assert windows > 1 and windows in encoded
+    encoded.clear()
+    scorer.score_documents("another question about hotels", [page])
+    assert windows not in encoded  # the page's passages were remembered
+
+    # Past passage_candidates, a chunk is scored whole: a deep list costs a bounded amount.
+    shallow = EmbeddingSimilarityScorer(embedder, passage_candidates=0)
+    assert shallow.score_documents(query, [page]) == pytest.approx([whole], abs=1e-5)
 
 
 def test_hub_id_not_in_cache_falls_back(embedder: SentenceTransformerEmbedder) -> None:
@@ -146,9 +241,28 @@ def test_compression_retriever_passes_filters_through(
     assert docs and len(docs) <= settings.rerank_top_n
     assert docs[0].metadata["citation"] == "employee-handbook.md#benefit-plans"
     assert all(d.metadata["format"] == "markdown" for d in docs)
-    scores = [d.metadata["rerank_score"] for d in docs]
-    assert scores == sorted(scores, reverse=True) and min(scores) >= 0.46
+    assert min(d.metadata["rerank_score"] for d in docs) >= SIMILARITY_THRESHOLD
     assert compressor.status()["fallback"] is True
+
+
+def test_the_hotel_allowance_in_europe_is_kept_from_the_travel_policy(
+    sample_index: Path, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    """BM25's top hit says "EUR 180 per night in Europe" on a page about much else: the
+    fused order keeps it first and its passage passes the default cut."""
+    index = open_index(sample_index, embedder)
+    retriever = build_retriever(settings, index, embedder)
+    query = "How much is the hotel allowance per night in Europe?"
+    found = retriever.invoke(query)
+    kept = create_retrieve_chain(
+        retriever=retriever, compressor=build_compressor(settings, embedder, index)
+    ).invoke(query)
+    assert kept[0].metadata["citation"] == "travel-policy.pdf#page=1"
+    assert kept[0].metadata["rerank_score"] >= SIMILARITY_THRESHOLD
+    assert "EUR 180 per night in Europe" in " ".join(kept[0].page_content.split())
+    # Kept in the order retrieved (the fused order), not by similarity.
+    order = [d.id for d in found]
+    assert [order.index(d.id) for d in kept] == sorted(order.index(d.id) for d in kept)
 
 
 def test_similarity_fallback_scores_from_the_index_vectors(
@@ -157,7 +271,10 @@ def test_similarity_fallback_scores_from_the_index_vectors(
     index = open_index(sample_index, embedder)
     docs = build_retriever(settings, index, embedder).invoke("what does the standard plan cost")
     query = "what does the standard plan cost"
-    from_text = EmbeddingSimilarityScorer(embedder).score_documents(query, docs)
+    # Whole chunks only (no passages): the vectors the index holds.
+    from_text = EmbeddingSimilarityScorer(embedder, passage_candidates=0).score_documents(
+        query, docs
+    )
 
     encoded: list[int] = []
 
@@ -167,7 +284,9 @@ def test_similarity_fallback_scores_from_the_index_vectors(
             return embedder.encode(texts, **kwargs)
 
     counting = Counting(embedder.name)
-    from_index = EmbeddingSimilarityScorer(counting, stored=index.stored_vectors)
+    from_index = EmbeddingSimilarityScorer(
+        counting, stored=index.stored_vectors, passage_candidates=0
+    )
     assert from_index.score_documents(query, docs) == pytest.approx(from_text, abs=1e-5)
     assert encoded == [1]  # the query only: every chunk's vector came from the index
     unknown = Document(id="not-in-index", page_content="The standard plan costs $45.00.")

@@ -30,13 +30,14 @@ from ragchains.chains.graph import (
 from ragchains.chains.llm import LLM
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.retrieve import citation_label
-from ragchains.factory import open_index
+from ragchains.factory import build_compressor, open_index
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, PromptSelectionError
 from ragchains.retrievers.compressors import RerankCompressor
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.searchindex import SearchIndex
+from ragchains.settings import Settings
 from tests.fakes import NoCallModel, RecordingModel
 
 PROMPTS = PromptRegistry(required=CHAIN_PROMPTS)
@@ -262,6 +263,36 @@ def test_best_score_is_the_best_before_the_cut_and_none_without_chunks(
     assert "sources" in head and head["best_score"] == pytest.approx(0.7)  # said up front
     nothing = {"question": "x", "filters": [{"field": "source", "op": "=", "value": "nowhere.md"}]}
     assert graphs.ask.invoke(nothing)["best_score"] is None  # nothing retrieved
+
+
+def test_the_similarity_fallback_keeps_the_fused_order_and_says_its_cut(
+    index: SearchIndex, settings: Settings, embedder: SentenceTransformerEmbedder
+) -> None:
+    """The real compressor without cross-encoder weights: the hotel allowance in Europe is on
+    the travel policy's first page, BM25's top hit; the turn keeps the retrieved order and
+    answers from it, and its output says the best score and the cut it passed."""
+    retriever = SpyRetriever(index=index, embedder=embedder, k=10)
+    compressor = build_compressor(settings, embedder, index)
+    graphs = create_chains(
+        llm=LLM.of(
+            RecordingModel(responses=["EUR 180 [travel-policy.pdf#page=1]."]), count_tokens=len
+        ),
+        retriever=retriever,
+        compressor=compressor,
+        prompts=PROMPTS,
+    )
+    question = "How much is the hotel allowance per night in Europe?"
+    out = graphs.ask.invoke({"question": question})
+    assert out["abstained"] is False
+    assert out["sources"][0]["label"] == "travel-policy.pdf#page=1"
+    assert out["citations"][0]["label"] == "travel-policy.pdf#page=1"
+    retrieved = [d.id for d in retriever.invoke(question)]
+    positions = [retrieved.index(s["id"]) for s in out["sources"]]
+    assert positions == sorted(positions)  # the fused order, not the similarity order
+    status = out["compressor"]
+    assert status["kind"] == "embedding-similarity" and status["reorders"] is False
+    assert out["best_score"] >= status["threshold"] == compressor.effective_threshold
+    assert out["best_score"] >= max(s["score"] for s in out["sources"])  # of all, kept or not
 
 
 def test_chat_abstains_without_an_answer_call(
