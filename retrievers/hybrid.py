@@ -117,9 +117,9 @@ class HybridRetriever(IndexRetriever, FusionFields):
     50 for this query (``retrievers.fusion``). ``fusion_config`` is the result, and
     ``fusion_config.describe()`` names it.
 
-    Each document's metadata carries the fused score (``convex_score`` or ``rrf_score``, after
-    the method) and the rank and score it had in each retriever (None where that retriever
-    did not return it).
+    Each document's metadata carries the fusion's label (``fusion``, as ``describe()`` gives
+    it), the fused score (``convex_score`` or ``rrf_score``, after the method) and the rank and
+    score it had in each retriever (None where that retriever did not return it).
     """
 
     embedder: SentenceTransformerEmbedder
@@ -142,9 +142,13 @@ class HybridRetriever(IndexRetriever, FusionFields):
             mask=index.columns.mask(filters),
         )
         docs = index.store.documents([h.row for h in hits])
+        label = fusion.describe()
         for doc, hit in zip(docs, hits, strict=True):
             doc.metadata.update(
                 {
+                    # The fused score's scale is the fusion's (z-scores for the default):
+                    # the label says which made it.
+                    "fusion": label,
                     f"{fusion.fusion}_score": hit.score,
                     "bm25_rank": hit.bm25_rank,
                     "bm25_score": hit.bm25_score,

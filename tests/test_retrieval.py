@@ -538,7 +538,8 @@ def test_fusion_json_is_the_index_default_and_settings_override_it(
 
     plain = build_retriever(settings, open_index(index_dir, embedder), embedder)
     assert plain.fusion_config == FusionConfig()  # no fusion.json: the built-in default
-    assert "convex_score" in plain.invoke(query)[0].metadata
+    first = plain.invoke(query)[0].metadata
+    assert "convex_score" in first and first["fusion"] == "convex zscore alpha=0.55"
 
     written = write_fusion(index_dir, FusionConfig(fusion="rrf", rrf_k=10), {"by": "a test"})
     assert written == index_dir / FUSION_FILE
