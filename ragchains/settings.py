@@ -57,12 +57,15 @@ class Settings(BaseSettings):
         50, ge=1, description="how many each of BM25 and dense fetch before fusion"
     )
     # Fusion of the BM25 and dense lists. Unset = the index's fusion.json (written by
-    # `ragchains eval tune --apply`), else the built-in default (convex, tmm, alpha 0.8).
+    # `ragchains eval tune --apply`), else the built-in default (convex over per-query
+    # z-scores, alpha 0.55: retrievers.fusion).
     fusion: Literal["rrf", "convex"] | None = Field(
         None, description="rrf (reciprocal rank fusion) or convex (normalised scores)"
     )
-    fusion_normalization: Literal["tmm", "minmax"] | None = Field(
-        None, description="convex: tmm (theoretical min-max) or minmax"
+    fusion_normalization: Literal["zscore", "tmm", "minmax"] | None = Field(
+        None,
+        description="convex: zscore (each list in standard deviations of its own top "
+        "candidates; the default), tmm (theoretical min-max) or minmax",
     )
     fusion_alpha: float | None = Field(
         None, ge=0, le=1, description="convex: the dense side's weight (BM25 gets 1 - alpha)"

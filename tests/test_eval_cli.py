@@ -54,7 +54,7 @@ def test_retrieval_writes_a_run_per_retriever_and_reuses_the_index(work: Path) -
     assert [bm25[q]["ndcg@10"] for q in ("q2", "q3", "q4")] == [1.0, 1.0, 1.0]
     assert bm25["q1"]["top10"][:2] == ["d1", "d2"] and bm25["q1"]["ndcg@10"] == pytest.approx(1.0)
     config = load_run(out / "hybrid-compress").config
-    assert config["fusion_label"] == "convex tmm alpha=0.8"
+    assert config["fusion_label"] == "convex zscore alpha=0.55"
     assert config["fusion_from"] == {"settings": [], "index_fusion_json": False}
     assert config["compressor"]["kind"] in ("cross-encoder", "embedding-similarity")
 
@@ -257,7 +257,7 @@ def test_tune_sweeps_on_train_reports_on_test_and_writes_fusion_json(work: Path)
     # The sweep fuses in memory exactly as the retriever does: its figures on test are the
     # ones `eval retrieval` gives the same settings.
     for env, name in (
-        ({}, "convex tmm alpha=0.8"),
+        ({}, "convex zscore alpha=0.55"),
         ({"RAGCHAINS_FUSION": "rrf"}, "rrf k=60 bm25:dense=1:1"),
     ):
         check = work / f"tune-check-{name.split()[0]}"

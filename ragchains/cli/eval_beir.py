@@ -105,7 +105,8 @@ def tune_command(
     """Sweep the hybrid retriever's fusion on one split; report the best on another.
 
     \b
-    Swept: convex combination of normalised scores (tmm and minmax, alpha 0 to 1 by 0.05)
+    Swept: convex combination of normalised scores (zscore, tmm and minmax, alpha 0 to 1
+    by 0.05)
     and reciprocal rank fusion (k 5 to 100, BM25:dense weights from 1:0 to 0:1).
     Each query's BM25 and dense lists are fetched once and fused in memory, exactly as the
     retriever fuses them. The best nDCG@10 on --tune-split is recommended, and its figures
