@@ -1,4 +1,4 @@
-"""Hybrid search in PostgreSQL: a BM25 half scored from the store's postings and a pgvector
+"""Hybrid search in PostgreSQL: a BM25 half from the postings the store keeps and a pgvector
 half, each filtered inside the half, fused in Python by the index folder's own functions
 (``retrievers.hybrid.fused_hits``), so both stores rank with the very same fusion.
 
@@ -6,25 +6,28 @@ Filters and the caller's groups are compiled to a WHERE clause of bound paramete
 (``retrievers.pgfilters``), shared by both halves.
 
 The lexical half is BM25 as the index folder computes it (``retrievers.bm25``: Lucene's
-formula, k1 1.2, b 0.75, the same tokenizer), from the postings an ingest writes
-(``retrievers.pgwriter``): the query's terms are looked up in one index that holds every
-column a score needs, each term's document frequency is counted in the same pass, and the
-collection's size and average length come from per-label totals. A caller with groups gets
-the statistics of the chunks it may read only, as from an index folder: neither a score nor
-the order tells that a hidden file holds a word.
+formula, k1 1.2, b 0.75, the same tokenizer). The store keeps the statistics (each chunk's
+postings: term, frequency, the chunk's length and groups; chunk counts and total lengths
+by group label, ``retrievers.pgwriter``); a search reads the query terms' postings from one
+index that holds every column it needs, with each term's document frequency and the
+collection's size counted among the chunks the caller may read, and scores them here, with
+numpy (PostgreSQL's per-row arithmetic cost more than the rest of the search). A caller with
+groups so gets the statistics of what it may read, as from an index folder: neither a score
+nor the order tells that a hidden file holds a word.
 
-A hybrid search is two statements: both halves' candidates (keys and scores, no text), then
-the text and metadata of the fused top ``k``. Chunk keys are never reused, so a key from the
-first names the same chunk in the second; one an ingest deleted in between makes the search
-run again.
+Round trips: the two halves' statements go together (psycopg's pipeline mode), then one
+fetches the text and metadata of the fused top ``k``. Chunk keys are never reused, so a key
+read by the first names the same chunk in the second; one an ingest deleted in between makes
+the search run again.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 from langchain_core.callbacks import (
@@ -44,8 +47,8 @@ from ragchains.retrievers.filters import (
     MetadataFilter,
     validate_filters,
 )
-from ragchains.retrievers.fusion import Candidates, FusionFields
-from ragchains.retrievers.hybrid import HybridHit, fused_hits
+from ragchains.retrievers.fusion import Candidates, FusionConfig, FusionFields
+from ragchains.retrievers.hybrid import fused_hits
 from ragchains.retrievers.pgfilters import Params, filter_sql, readable_sql
 from ragchains.retrievers.pgstore import PostgresStore, visible_fields
 
@@ -63,37 +66,40 @@ ATTEMPTS = 3
 
 
 # ----------------------------------------------------------------------------- statements
+class Statement(NamedTuple):
+    query: sql.Composed
+    params: dict[str, Any]
+
+
 @dataclass
 class Plan:
-    """One search's first statement and what reading its rows needs."""
+    """One search's statements: each half's (None for a half the mode leaves out) and how
+    many rows to keep. ``dense`` returns (key, distance) rows, or for the ``dense`` mode
+    the documents' (id, text, metadata, cosine) rows; ``lexical`` the query terms' postings
+    (``lexical_sql``)."""
 
-    statement: sql.Composed
-    params: dict[str, Any]
     mode: SearchMode
     k: int
+    fetch: int
     chunks: sql.Identifier
+    terms: Counter[str]
+    lexical: Statement | None
+    dense: Statement | None
 
 
 def lexical_sql(
     store: PostgresStore,
-    query: str,
+    terms: Sequence[str],
     *,
     where: sql.Composable | None,
     groups: frozenset[str] | None,
     params: Params,
-    fetch: int,
-) -> sql.Composable:
-    """A query of (key, score): the top ``fetch`` chunks by BM25 among those the caller may
-    read (and ``where`` keeps, when given: filters), best first, ties by key.
-
-    The statistics (chunk count, average length, each term's document frequency) are those
-    of the chunks the caller may read, filters aside, as ``retrievers.bm25.bm25_search``
-    computes them; a term repeated in the query counts as often as it occurs, as there."""
-    terms = Counter(tokenize(query))
-    if not terms or fetch <= 0:
-        return sql.SQL("SELECT NULL::bigint AS key, NULL::float8 AS score WHERE false")
-    words = params.add(list(terms))
-    weights = params.add(list(terms.values()))
+) -> sql.Composed:
+    """The postings of ``terms`` among the chunks the caller may read: one row per term found,
+    (term, document frequency, keys, term frequencies, lengths of the chunks ``where`` keeps
+    (all when None: no filters), chunk count, total length). Frequency, count and length
+    are over every chunk the caller may read, filters aside, as ``bm25.bm25_search`` counts
+    them."""
     readable_postings: sql.Composable = sql.SQL("TRUE")
     readable_labels: sql.Composable = sql.SQL("TRUE")
     if groups is not None:
@@ -102,39 +108,54 @@ def lexical_sql(
         readable_labels = sql.SQL("(cardinality(s.access) = 0 OR s.access && {}::text[])").format(
             mine
         )
-    k1, b = params.add(float(BM25_PARAMS["k1"])), params.add(float(BM25_PARAMS["b"]))
-    scored = sql.SQL(
-        "WITH p AS MATERIALIZED (SELECT p.term, p.chunk, p.tf, p.length FROM {postings} p "
-        "WHERE p.term = ANY({words}::text[]) AND {readable_postings}), "
-        "st AS (SELECT sum(s.chunks)::float8 AS n, "
-        "sum(s.length)::float8 / greatest(sum(s.chunks), 1) AS avgdl "
-        "FROM {stats} s WHERE {readable_labels}), "
-        # Lucene's IDF (bm25s's "lucene"), times the term's count in the query.
-        "w AS (SELECT q.term, q.weight * ln(1 + (st.n - d.df + 0.5) / (d.df + 0.5)) AS idf "
-        "FROM (SELECT term, count(*) AS df FROM p GROUP BY term) d "
-        "JOIN unnest({words}::text[], {weights}::int[]) AS q(term, weight) USING (term) "
-        "CROSS JOIN st) "
-        "SELECT p.chunk AS key, "
-        "sum(w.idf * p.tf / (p.tf + {k1}::float8 * (1 - {b}::float8 + {b}::float8 * p.length "
-        "/ st.avgdl))) AS score "
-        "FROM p JOIN w USING (term) CROSS JOIN st GROUP BY p.chunk"
-    ).format(
-        postings=store.table("postings"),
-        stats=store.table("bm25_stats"),
-        words=words,
-        weights=weights,
-        readable_postings=readable_postings,
-        readable_labels=readable_labels,
-        k1=k1,
-        b=b,
-    )
-    limit = params.add(fetch)
-    if where is None:
-        return sql.SQL("{} ORDER BY score DESC, key LIMIT {}").format(scored, limit)
+    kept: sql.Composable = sql.SQL("")
+    joined: sql.Composable = sql.SQL("")
+    if where is not None:
+        # A filter keeps the postings of the chunks it keeps; the counts keep them all.
+        kept = sql.SQL(" FILTER (WHERE c.key IS NOT NULL)")
+        joined = sql.SQL(" LEFT JOIN {} c ON c.key = p.chunk AND {}").format(
+            store.table("chunks"), where
+        )
     return sql.SQL(
-        "SELECT l.key, l.score FROM ({scored}) l JOIN {chunks} c ON c.key = l.key "
-        "WHERE {where} ORDER BY l.score DESC, l.key LIMIT {limit}"
-    ).format(scored=scored, chunks=store.table("chunks"), where=where, limit=limit)
+        "WITH st AS (SELECT coalesce(sum(s.chunks), 0)::float8 AS n, "
+        "coalesce(sum(s.length), 0)::float8 AS total FROM {stats} s WHERE {readable_labels}) "
+        "SELECT p.term, count(*), array_agg(p.chunk){kept}, array_agg(p.tf){kept}, "
+        "array_agg(p.length){kept}, st.n, st.total "
+        "FROM {postings} p CROSS JOIN st{joined} "
+        "WHERE p.term = ANY({terms}::text[]) AND {readable_postings} "
+        "GROUP BY p.term, st.n, st.total"
+    ).format(
+        stats=store.table("bm25_stats"),
+        readable_labels=readable_labels,
+        kept=kept,
+        postings=store.table("postings"),
+        joined=joined,
+        terms=params.add(list(terms)),
+        readable_postings=readable_postings,
+    )
+
+
+def bm25_top(
+    rows: Sequence[tuple[Any, ...]], terms: Mapping[str, int], k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """The top ``k`` (keys, scores) of ``lexical_sql``'s rows, best first, ties by key:
+    Lucene's BM25 as bm25s computes it, each term counted as often as the query holds it."""
+    k1, b = float(BM25_PARAMS["k1"]), float(BM25_PARAMS["b"])
+    keys, parts = [], []
+    for term, df, chunks, tfs, lengths, n, total in rows:
+        if not chunks:
+            continue
+        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+        tf = np.asarray(tfs, dtype=np.float64)
+        length = np.asarray(lengths, dtype=np.float64)
+        parts.append(terms[term] * idf * tf / (tf + k1 * (1 - b + b * length * n / total)))
+        keys.append(np.asarray(chunks, dtype=np.int64))
+    if not keys:
+        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
+    held, at = np.unique(np.concatenate(keys), return_inverse=True)
+    scores = np.bincount(at, weights=np.concatenate(parts))
+    order = np.lexsort((held, -scores))[:k]
+    return held[order], scores[order]
 
 
 def dense_sql(
@@ -190,115 +211,128 @@ def search_sql(
     k: int,
     labelled: bool,
 ) -> Plan:
-    """The first statement of a search: for ``fulltext`` and ``dense``, the top ``k`` rows
-    (id, text, metadata, score); for ``hybrid``, each half's top ``fetch`` candidates (half:
-    0 BM25, 1 dense; key; score). ``filters`` are compiled for the ``fields`` they were
-    checked against. ``labelled``: some file has groups (as of the meta last read), so a
-    caller's view may be narrow; the view is applied either way."""
-    params = Params()
+    """The statements of one search (see ``Plan``); ``fetch`` rows per half for ``hybrid``,
+    ``k`` for a half alone. ``filters`` are compiled for the ``fields`` they were checked
+    against. ``labelled``: some file has groups (as of the meta last read), so a caller's
+    view may be narrow; the view is applied either way."""
     groups = current_groups()
-    readable = readable_sql(groups, params)
-    where = sql.SQL("{} AND {}").format(filter_sql(filters, dict(fields), params), readable)
+    terms = Counter(tokenize(query))
+    fetch = k if mode != "hybrid" else fetch
     chunks = store.table("chunks")
-    lexical: sql.Composable = sql.SQL("")
-    sem: sql.Composable = sql.SQL("")
-    kept: sql.Composable = sql.SQL("")
-    if mode != "dense":
-        lexical = lexical_sql(
+    lexical = dense = None
+
+    def where(params: Params) -> sql.Composable:
+        return sql.SQL("{} AND {}").format(
+            filter_sql(filters, dict(fields), params), readable_sql(groups, params)
+        )
+
+    if mode != "dense" and terms and fetch > 0:
+        params = Params()
+        # The caller's view applies to the postings themselves; filters need the chunks.
+        statement = lexical_sql(
             store,
-            query,
-            # The caller's view is applied to the postings themselves.
-            where=where if filters else None,
+            list(terms),
+            where=where(params) if filters else None,
             groups=groups,
             params=params,
-            fetch=k if mode == "fulltext" else fetch,
         )
+        lexical = Statement(statement, params.values)
     if mode != "fulltext":
         assert vector is not None
-        kept, sem = dense_sql(
+        params = Params()
+        kept, nearest = dense_sql(
             store,
             vector,
-            where=where,
+            where=where(params),
             exact_when_few=bool(filters) or (groups is not None and labelled),
             params=params,
-            fetch=k if mode == "dense" else fetch,
+            fetch=fetch,
         )
-    columns = sql.SQL("c.id, c.text, c.metadata")
-    if mode == "fulltext":
-        statement = sql.SQL(
-            "WITH lex AS ({lexical}) SELECT {columns}, l.score FROM lex l "
-            "JOIN {chunks} c ON c.key = l.key ORDER BY l.score DESC, l.key"
-        ).format(lexical=lexical, columns=columns, chunks=chunks)
-    elif mode == "dense":
-        statement = sql.SQL(
-            "WITH {kept}sem AS ({sem}) SELECT {columns}, 1 - s.distance FROM sem s "
-            "JOIN {chunks} c ON c.key = s.key ORDER BY s.distance, s.key"
-        ).format(kept=kept, sem=sem, columns=columns, chunks=chunks)
-    else:
-        statement = sql.SQL(
-            "WITH {kept}lex AS ({lexical}), sem AS ({sem}) "
-            "SELECT 0, key, score FROM lex UNION ALL SELECT 1, key, 1 - distance FROM sem"
-        ).format(kept=kept, lexical=lexical, sem=sem)
-    return Plan(statement, params.values, mode, k, chunks)
+        if mode == "dense":
+            statement = sql.SQL(
+                "WITH {kept}sem AS ({nearest}) SELECT c.id, c.text, c.metadata, "
+                "1 - s.distance FROM sem s JOIN {chunks} c ON c.key = s.key "
+                "ORDER BY s.distance, s.key"
+            ).format(kept=kept, nearest=nearest, chunks=chunks)
+        else:
+            statement = sql.SQL(
+                "WITH {kept}sem AS ({nearest}) SELECT key, distance FROM sem"
+            ).format(kept=kept, nearest=nearest)
+        dense = Statement(statement, params.values)
+    return Plan(mode, k, fetch, chunks, terms, lexical, dense)
 
 
-def candidates(rows: Sequence[tuple[int, int, float]]) -> Candidates:
-    """Both halves' lists from a hybrid plan's rows, each best first (ties by key, as the
-    statement orders them)."""
-    halves: tuple[list[tuple[float, int]], list[tuple[float, int]]] = ([], [])
-    for half, key, score in rows:
-        halves[half].append((-float(score), int(key)))
-    lex, sem = (sorted(h) for h in halves)
-    return Candidates.from_lists(
-        [key for _, key in lex],
-        [-score for score, _ in lex],
-        [key for _, key in sem],
-        [-score for score, _ in sem],
+def fetch_sql(chunks: sql.Identifier, keys: Sequence[int]) -> Statement:
+    """These chunks' key, id, text and metadata."""
+    statement = sql.SQL("SELECT key, id, text, metadata FROM {} WHERE key = ANY(%(keys)s)")
+    return Statement(statement.format(chunks), {"keys": list(keys)})
+
+
+@dataclass
+class Hit:
+    """A chunk found, by key, with the metadata the search adds to it."""
+
+    key: int
+    metadata: dict[str, Any]
+
+
+def ranked_hits(
+    plan: Plan,
+    lexical_rows: Sequence[tuple[Any, ...]],
+    dense_rows: Sequence[tuple[Any, ...]],
+    fusion: FusionConfig,
+) -> list[Hit]:
+    """The search's top ``k`` from its halves' rows (``fulltext`` and ``hybrid`` modes), with
+    the same metadata as on disk: each half's rank and score, the fused score."""
+    keys, scores = bm25_top(lexical_rows, plan.terms, plan.fetch)
+    if plan.mode == "fulltext":
+        return [
+            Hit(key, {"bm25_score": score, "bm25_rank": rank})
+            for rank, (key, score) in enumerate(zip(keys.tolist(), scores.tolist(), strict=True), 1)
+        ]
+    nearest = sorted((float(distance), int(key)) for key, distance in dense_rows)
+    candidates = Candidates.from_lists(
+        keys, scores, [key for _, key in nearest], [1 - distance for distance, _ in nearest]
     )
+    return [
+        Hit(
+            hit.row,
+            {
+                f"{fusion.fusion}_score": hit.score,
+                "bm25_rank": hit.bm25_rank,
+                "bm25_score": hit.bm25_score,
+                "dense_rank": hit.dense_rank,
+                "dense_score": hit.dense_score,
+            },
+        )
+        for hit in fused_hits(candidates, fusion, plan.k)
+    ]
 
 
-def fetch_sql(chunks: sql.Identifier, keys: Sequence[int]) -> tuple[sql.Composed, list[Any]]:
-    """The second statement of a hybrid search: these chunks' key, id, text and metadata."""
-    return (
-        sql.SQL("SELECT key, id, text, metadata FROM {} WHERE key = ANY(%s)").format(chunks),
-        [list(keys)],
-    )
-
-
-def single_documents(rows: Sequence[tuple[Any, ...]], mode: SearchMode) -> list[Document]:
-    """Documents from a ``fulltext`` or ``dense`` plan's rows, with the same metadata keys as
-    on disk."""
-    name = "bm25" if mode == "fulltext" else "dense"
+def hit_documents(
+    hits: Sequence[Hit], rows: Sequence[tuple[Any, ...]], *, last: bool
+) -> list[Document] | None:
+    """The hits as documents, from ``fetch_sql``'s rows; None when a hit's chunk is gone (an
+    ingest committed meanwhile) and this is not the ``last`` attempt (which returns those
+    that are left)."""
+    found = {int(row[0]): row[1:] for row in rows}
     out = []
-    for rank, (cid, text, metadata, score) in enumerate(rows, start=1):
-        meta = {**metadata, "chunk_id": cid, f"{name}_score": float(score), f"{name}_rank": rank}
+    for hit in hits:
+        if hit.key not in found:
+            if last:
+                continue
+            return None
+        cid, text, metadata = found[hit.key]
+        meta = {**metadata, "chunk_id": cid, **hit.metadata}
         out.append(Document(id=cid, page_content=text, metadata=meta))
     return out
 
 
-def fused_documents(
-    hits: Sequence[HybridHit], rows: Sequence[tuple[Any, ...]], method: str, *, last: bool
-) -> list[Document] | None:
-    """The fused hits as documents (metadata as ``HybridRetriever``'s), or None when a hit's
-    chunk is gone (an ingest committed between the two statements) and this is not the
-    ``last`` attempt (which returns those that are left)."""
-    found = {int(key): (cid, text, metadata) for key, cid, text, metadata in rows}
+def dense_documents(rows: Sequence[tuple[Any, ...]]) -> list[Document]:
+    """Documents from the ``dense`` mode's rows, with the same metadata keys as on disk."""
     out = []
-    for hit in hits:
-        if hit.row not in found:
-            if last:
-                continue
-            return None
-        cid, text, metadata = found[hit.row]
-        meta = {
-            **metadata,
-            "chunk_id": cid,
-            f"{method}_score": hit.score,
-            "bm25_rank": hit.bm25_rank,
-            "bm25_score": hit.bm25_score,
-            "dense_rank": hit.dense_rank,
-            "dense_score": hit.dense_score,
-        }
+    for rank, (cid, text, metadata, score) in enumerate(rows, start=1):
+        meta = {**metadata, "chunk_id": cid, "dense_score": float(score), "dense_rank": rank}
         out.append(Document(id=cid, page_content=text, metadata=meta))
     return out
 
@@ -369,14 +403,27 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         plan = self._plan(query, vector, k, checked, fields, meta)
         fusion = self.fusion_config
         with self.store.connection() as conn:
+            if plan.mode == "dense" and plan.dense:
+                return dense_documents(conn.execute(plan.dense.query, plan.dense.params).fetchall())
             for attempt in range(ATTEMPTS):
-                rows = conn.execute(plan.statement, plan.params).fetchall()
-                if plan.mode != "hybrid":
-                    return single_documents(rows, plan.mode)
-                hits = fused_hits(candidates(rows), fusion, plan.k)
-                statement, params = fetch_sql(plan.chunks, [h.row for h in hits])
-                found = conn.execute(statement, params).fetchall()
-                docs = fused_documents(hits, found, fusion.fusion, last=attempt + 1 == ATTEMPTS)
+                lexical_rows: list[tuple[Any, ...]] = []
+                dense_rows: list[tuple[Any, ...]] = []
+                with conn.pipeline():  # both halves in one round trip
+                    lexical = dense = None
+                    if plan.lexical:
+                        lexical = conn.execute(*plan.lexical, binary=True)
+                    if plan.dense:
+                        dense = conn.execute(*plan.dense)
+                    if lexical:
+                        lexical_rows = lexical.fetchall()
+                    if dense:
+                        dense_rows = dense.fetchall()
+                hits = ranked_hits(plan, lexical_rows, dense_rows, fusion)
+                if not hits:
+                    return []
+                texts = fetch_sql(plan.chunks, [h.key for h in hits])
+                found = conn.execute(*texts).fetchall()
+                docs = hit_documents(hits, found, last=attempt + 1 == ATTEMPTS)
                 if docs is not None:
                     return docs
         raise AssertionError("unreachable: the last attempt returns")
@@ -400,16 +447,27 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         plan = self._plan(query, vector, k, checked, fields, meta)
         fusion = self.fusion_config
         async with self.store.aconnection() as conn:
+            if plan.mode == "dense" and plan.dense:
+                cursor = await conn.execute(*plan.dense)
+                return dense_documents(await cursor.fetchall())
             for attempt in range(ATTEMPTS):
-                cursor = await conn.execute(plan.statement, plan.params)
-                rows = await cursor.fetchall()
-                if plan.mode != "hybrid":
-                    return single_documents(rows, plan.mode)
-                hits = fused_hits(candidates(rows), fusion, plan.k)
-                statement, params = fetch_sql(plan.chunks, [h.row for h in hits])
-                cursor = await conn.execute(statement, params)
-                found = await cursor.fetchall()
-                docs = fused_documents(hits, found, fusion.fusion, last=attempt + 1 == ATTEMPTS)
+                lexical_rows: list[tuple[Any, ...]] = []
+                dense_rows: list[tuple[Any, ...]] = []
+                async with conn.pipeline():
+                    lexical = dense = None
+                    if plan.lexical:
+                        lexical = await conn.execute(*plan.lexical, binary=True)
+                    if plan.dense:
+                        dense = await conn.execute(*plan.dense)
+                    if lexical:
+                        lexical_rows = await lexical.fetchall()
+                    if dense:
+                        dense_rows = await dense.fetchall()
+                hits = ranked_hits(plan, lexical_rows, dense_rows, fusion)
+                if not hits:
+                    return []
+                cursor = await conn.execute(*fetch_sql(plan.chunks, [h.key for h in hits]))
+                docs = hit_documents(hits, await cursor.fetchall(), last=attempt + 1 == ATTEMPTS)
                 if docs is not None:
                     return docs
         raise AssertionError("unreachable: the last attempt returns")

@@ -18,7 +18,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -41,8 +41,12 @@ def free_port() -> int:
 class LocalPostgres:
     """One PostgreSQL server in a temporary folder; ``url`` connects as the superuser."""
 
-    def __init__(self, primary: LocalPostgres | None = None) -> None:
+    def __init__(
+        self, primary: LocalPostgres | None = None, settings: Mapping[str, str] | None = None
+    ) -> None:
         self.primary = primary
+        # Server settings beyond the defaults (``-c name=value``), e.g. a benchmark's memory.
+        self.settings = dict(settings or {})
         self.as_root = os.geteuid() == 0
         if primary is None:
             self.root = Path(tempfile.mkdtemp(prefix="ragchains-pg-"))
@@ -163,6 +167,11 @@ class LocalPostgres:
                 "fsync=off",  # tests and benchmarks: durability is PostgreSQL's, not ours
                 "-c",
                 "max_connections=200",
+                *(
+                    arg
+                    for name, value in self.settings.items()
+                    for arg in ("-c", f"{name}={value}")
+                ),
             ),
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -227,8 +236,9 @@ class LocalPostgres:
 
 
 @contextmanager
-def local_postgres() -> Iterator[LocalPostgres]:
-    server = LocalPostgres().start()
+def local_postgres(**settings: str) -> Iterator[LocalPostgres]:
+    """A started server (``settings``: server settings, as ``shared_buffers="1GB"``)."""
+    server = LocalPostgres(settings=settings).start()
     try:
         yield server
     finally:
