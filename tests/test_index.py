@@ -387,3 +387,16 @@ def test_filtered_hnsw_search_scores_few_allowed_rows_exactly_and_walks_for_many
             assert rows.tolist() == brute.tolist()
         else:
             assert len(set(rows.tolist()) & set(brute.tolist())) >= 8
+
+
+def test_a_search_runs_on_its_own_thread_and_leaves_the_thread_count() -> None:
+    import faiss
+
+    from ragchains.retrievers import dense
+
+    vectors = _unit_vectors(500)
+    index, _ = dense.build_faiss(vectors, hnsw_min_chunks=10**9)  # exact: OpenMP by default
+    before = faiss.omp_get_max_threads()
+    rows, _ = dense.dense_search(index, vectors[3], 5)
+    assert rows[0] == 3
+    assert faiss.omp_get_max_threads() == before
