@@ -15,10 +15,10 @@ numpy (PostgreSQL's per-row arithmetic cost more than the rest of the search). A
 groups so gets the statistics of what it may read, as from an index folder: neither a score
 nor the order tells that a hidden file holds a word.
 
-Round trips: the two halves' statements go together (psycopg's pipeline mode), then one
-fetches the text and metadata of the fused top ``k``. Chunk keys are never reused, so a key
-read by the first names the same chunk in the second; one an ingest deleted in between makes
-the search run again.
+Two round trips: one statement returns both halves' candidates (keys and scores, no text:
+one snapshot), a second the text and metadata of the fused top ``k``. Chunk keys are never
+reused, so a key read by the first names the same chunk in the second; one an ingest deleted
+in between makes the search run again.
 """
 
 from __future__ import annotations
@@ -73,18 +73,18 @@ class Statement(NamedTuple):
 
 @dataclass
 class Plan:
-    """One search's statements: each half's (None for a half the mode leaves out) and how
-    many rows to keep. ``dense`` returns (key, distance) rows, or for the ``dense`` mode
-    the documents' (id, text, metadata, cosine) rows; ``lexical`` the query terms' postings
-    (``lexical_sql``)."""
+    """One search's first statement (None: nothing to search, a query of no known word in
+    the ``fulltext`` mode) and how to read its rows: for the ``dense`` mode the documents'
+    (id, text, metadata, cosine), best first; else the candidates: a row per query term
+    found (``lexical_sql``'s columns and a NULL), and for ``hybrid`` one more of the dense
+    half's (NULL term, ..., its keys and their distances, nearest first)."""
 
     mode: SearchMode
     k: int
     fetch: int
     chunks: sql.Identifier
     terms: Counter[str]
-    lexical: Statement | None
-    dense: Statement | None
+    statement: Statement | None
 
 
 def lexical_sql(
@@ -211,7 +211,7 @@ def search_sql(
     k: int,
     labelled: bool,
 ) -> Plan:
-    """The statements of one search (see ``Plan``); ``fetch`` rows per half for ``hybrid``,
+    """The first statement of one search (see ``Plan``); ``fetch`` rows per half for ``hybrid``,
     ``k`` for a half alone. ``filters`` are compiled for the ``fields`` they were checked
     against. ``labelled``: some file has groups (as of the meta last read), so a caller's
     view may be narrow; the view is applied either way."""
@@ -219,47 +219,50 @@ def search_sql(
     terms = Counter(tokenize(query))
     fetch = k if mode != "hybrid" else fetch
     chunks = store.table("chunks")
-    lexical = dense = None
-
-    def where(params: Params) -> sql.Composable:
-        return sql.SQL("{} AND {}").format(
-            filter_sql(filters, dict(fields), params), readable_sql(groups, params)
-        )
-
+    params = Params()
+    parts: list[sql.Composable] = []
+    where = sql.SQL("{} AND {}").format(
+        filter_sql(filters, dict(fields), params), readable_sql(groups, params)
+    )
     if mode != "dense" and terms and fetch > 0:
-        params = Params()
         # The caller's view applies to the postings themselves; filters need the chunks.
-        statement = lexical_sql(
-            store,
-            list(terms),
-            where=where(params) if filters else None,
-            groups=groups,
-            params=params,
+        lexical = lexical_sql(
+            store, list(terms), where=where if filters else None, groups=groups, params=params
         )
-        lexical = Statement(statement, params.values)
-    if mode != "fulltext":
-        assert vector is not None
-        params = Params()
-        kept, nearest = dense_sql(
-            store,
-            vector,
-            where=where(params),
-            exact_when_few=bool(filters) or (groups is not None and labelled),
-            params=params,
-            fetch=fetch,
+        parts.append(sql.SQL("SELECT *, NULL::float8[] FROM ({}) lex").format(lexical))
+    if mode == "fulltext":
+        statement = sql.SQL("").join(parts)
+        return Plan(
+            mode, k, fetch, chunks, terms, Statement(statement, params.values) if parts else None
         )
-        if mode == "dense":
-            statement = sql.SQL(
-                "WITH {kept}sem AS ({nearest}) SELECT c.id, c.text, c.metadata, "
-                "1 - s.distance FROM sem s JOIN {chunks} c ON c.key = s.key "
-                "ORDER BY s.distance, s.key"
-            ).format(kept=kept, nearest=nearest, chunks=chunks)
-        else:
-            statement = sql.SQL(
-                "WITH {kept}sem AS ({nearest}) SELECT key, distance FROM sem"
-            ).format(kept=kept, nearest=nearest)
-        dense = Statement(statement, params.values)
-    return Plan(mode, k, fetch, chunks, terms, lexical, dense)
+    assert vector is not None
+    kept, nearest = dense_sql(
+        store,
+        vector,
+        where=where,
+        exact_when_few=bool(filters) or (groups is not None and labelled),
+        params=params,
+        fetch=fetch,
+    )
+    if mode == "dense":
+        statement = sql.SQL(
+            "WITH {kept}sem AS ({nearest}) SELECT c.id, c.text, c.metadata, "
+            "1 - s.distance FROM sem s JOIN {chunks} c ON c.key = s.key "
+            "ORDER BY s.distance, s.key"
+        ).format(kept=kept, nearest=nearest, chunks=chunks)
+        return Plan(mode, k, fetch, chunks, terms, Statement(statement, params.values))
+    # Both halves in one statement: one round trip, one snapshot.
+    parts.append(
+        sql.SQL(
+            "SELECT NULL::text, NULL::bigint, array_agg(key ORDER BY distance, key), "
+            "NULL::int[], NULL::int[], NULL::float8, NULL::float8, "
+            "array_agg(distance ORDER BY distance, key) FROM sem"
+        )
+    )
+    statement = sql.SQL("WITH {}sem AS ({}) {}").format(
+        kept, nearest, sql.SQL(" UNION ALL ").join(parts)
+    )
+    return Plan(mode, k, fetch, chunks, terms, Statement(statement, params.values))
 
 
 def fetch_sql(chunks: sql.Identifier, keys: Sequence[int]) -> Statement:
@@ -276,23 +279,20 @@ class Hit:
     metadata: dict[str, Any]
 
 
-def ranked_hits(
-    plan: Plan,
-    lexical_rows: Sequence[tuple[Any, ...]],
-    dense_rows: Sequence[tuple[Any, ...]],
-    fusion: FusionConfig,
-) -> list[Hit]:
-    """The search's top ``k`` from its halves' rows (``fulltext`` and ``hybrid`` modes), with
-    the same metadata as on disk: each half's rank and score, the fused score."""
-    keys, scores = bm25_top(lexical_rows, plan.terms, plan.fetch)
+def ranked_hits(plan: Plan, rows: Sequence[tuple[Any, ...]], fusion: FusionConfig) -> list[Hit]:
+    """The search's top ``k`` from its candidates' rows (``fulltext`` and ``hybrid`` modes),
+    with the same metadata as on disk: each half's rank and score, the fused score."""
+    lexical = [row[:7] for row in rows if row[0] is not None]
+    nearest = [row for row in rows if row[0] is None]
+    keys, scores = bm25_top(lexical, plan.terms, plan.fetch)
     if plan.mode == "fulltext":
         return [
             Hit(key, {"bm25_score": score, "bm25_rank": rank})
             for rank, (key, score) in enumerate(zip(keys.tolist(), scores.tolist(), strict=True), 1)
         ]
-    nearest = sorted((float(distance), int(key)) for key, distance in dense_rows)
+    dense_keys, distances = (nearest[0][2] or [], nearest[0][7] or []) if nearest else ([], [])
     candidates = Candidates.from_lists(
-        keys, scores, [key for _, key in nearest], [1 - distance for distance, _ in nearest]
+        keys, scores, dense_keys, [1 - distance for distance in distances]
     )
     return [
         Hit(
@@ -402,27 +402,17 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         vector = None if self.search == "fulltext" else self.embedder.encode_query(query)
         plan = self._plan(query, vector, k, checked, fields, meta)
         fusion = self.fusion_config
+        if plan.statement is None:
+            return []
         with self.store.connection() as conn:
-            if plan.mode == "dense" and plan.dense:
-                return dense_documents(conn.execute(plan.dense.query, plan.dense.params).fetchall())
             for attempt in range(ATTEMPTS):
-                lexical_rows: list[tuple[Any, ...]] = []
-                dense_rows: list[tuple[Any, ...]] = []
-                with conn.pipeline():  # both halves in one round trip
-                    lexical = dense = None
-                    if plan.lexical:
-                        lexical = conn.execute(*plan.lexical, binary=True)
-                    if plan.dense:
-                        dense = conn.execute(*plan.dense)
-                    if lexical:
-                        lexical_rows = lexical.fetchall()
-                    if dense:
-                        dense_rows = dense.fetchall()
-                hits = ranked_hits(plan, lexical_rows, dense_rows, fusion)
+                rows = conn.execute(*plan.statement, binary=True).fetchall()
+                if plan.mode == "dense":
+                    return dense_documents(rows)
+                hits = ranked_hits(plan, rows, fusion)
                 if not hits:
                     return []
-                texts = fetch_sql(plan.chunks, [h.key for h in hits])
-                found = conn.execute(*texts).fetchall()
+                found = conn.execute(*fetch_sql(plan.chunks, [h.key for h in hits])).fetchall()
                 docs = hit_documents(hits, found, last=attempt + 1 == ATTEMPTS)
                 if docs is not None:
                     return docs
@@ -446,24 +436,15 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         )
         plan = self._plan(query, vector, k, checked, fields, meta)
         fusion = self.fusion_config
+        if plan.statement is None:
+            return []
         async with self.store.aconnection() as conn:
-            if plan.mode == "dense" and plan.dense:
-                cursor = await conn.execute(*plan.dense)
-                return dense_documents(await cursor.fetchall())
             for attempt in range(ATTEMPTS):
-                lexical_rows: list[tuple[Any, ...]] = []
-                dense_rows: list[tuple[Any, ...]] = []
-                async with conn.pipeline():
-                    lexical = dense = None
-                    if plan.lexical:
-                        lexical = await conn.execute(*plan.lexical, binary=True)
-                    if plan.dense:
-                        dense = await conn.execute(*plan.dense)
-                    if lexical:
-                        lexical_rows = await lexical.fetchall()
-                    if dense:
-                        dense_rows = await dense.fetchall()
-                hits = ranked_hits(plan, lexical_rows, dense_rows, fusion)
+                cursor = await conn.execute(*plan.statement, binary=True)
+                rows = await cursor.fetchall()
+                if plan.mode == "dense":
+                    return dense_documents(rows)
+                hits = ranked_hits(plan, rows, fusion)
                 if not hits:
                     return []
                 cursor = await conn.execute(*fetch_sql(plan.chunks, [h.key for h in hits]))

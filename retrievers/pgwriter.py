@@ -34,6 +34,7 @@ nothing back.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections import Counter
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -52,6 +53,7 @@ from ragchains.retrievers.bm25 import tokenize
 from ragchains.retrievers.indexformat import Chunk, FileRecord
 from ragchains.retrievers.pgerrors import StoreError
 
+log = logging.getLogger(__name__)
 SCHEMA_VERSION = 3
 # version -> the steps that bring a store of version - 1 to it: statements ({chunks},
 # {files} and {meta} stand for the store's tables), or functions of the writer and its
@@ -150,11 +152,16 @@ class StoreWriter:
         self.schema = store.schema
         self.redacted = store.redacted
         self.table = store.table
+        self._bulk = False  # this run writes the postings anew (see ``_settle``)
 
     def write(self, delta: StoreDelta) -> list[str]:
         """Apply ``delta`` in one transaction; return notes for the run's report."""
+        self._bulk = False
         try:
-            return self._write(delta)
+            notes = self._write(delta)
+            if self._bulk:
+                self._settle()
+            return notes
         except psycopg.errors.ReadOnlySqlTransaction as exc:
             raise self.store.read_only() from exc
         except psycopg.Error as exc:  # whatever PostgreSQL refused: one line, no traceback
@@ -178,6 +185,7 @@ class StoreWriter:
         conn = self.conn
         with conn.transaction():
             created = self._ensure_schema(conn, dimension, rebuild=delta.rebuild)
+            self._bulk |= created or delta.rebuild
             register_vector(conn)
             meta = self.store.read_meta(conn)
             held = (meta.get("embedder") or {}).get("dimension")
@@ -357,7 +365,19 @@ class StoreWriter:
             ).format(postings)
         )
         conn.execute(sql.SQL("CREATE INDEX postings_chunk ON {} (chunk)").format(postings))
-        conn.execute(sql.SQL("ANALYZE {}").format(postings))
+
+    def _settle(self) -> None:
+        """After a run that wrote the postings anew (a first ingest, a rebuild, a migration):
+        their pages marked all-visible, so searches read the term index alone from the
+        first query (else each posting is looked up in the table until autovacuum comes),
+        and both tables' statistics for the planner. After the commit: VACUUM runs in no
+        transaction. The chunks are only analysed: vacuuming a rebuilt HNSW index is slow,
+        autovacuum's job. The run is committed whatever happens here."""
+        try:
+            self.conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(self.table("postings")))
+            self.conn.execute(sql.SQL("ANALYZE {}").format(self.table("chunks")))
+        except psycopg.Error as exc:
+            log.warning("%s: not vacuumed after the write: %s", self.redacted, exc)
 
     def _reserve_keys(self, conn: psycopg.Connection[Any], n: int) -> list[int]:
         """``n`` chunk keys from the table's own sequence: never one a deleted chunk had, so
@@ -412,6 +432,7 @@ class StoreWriter:
         their texts tokenised as an ingest tokenises new ones."""
         chunks = self.table("chunks")
         self._create_postings(conn)
+        self._bulk = True
         with conn.cursor(name="held_chunks") as cur:
             cur.execute(sql.SQL("SELECT key, text, access FROM {}").format(chunks))
             while batch := cur.fetchmany(2000):

@@ -35,7 +35,7 @@ from ragchains.retrievers.fusion import Candidates, FusionConfig, fused_order
 from ragchains.retrievers.hybrid import HybridRetriever
 from ragchains.retrievers.pgerrors import StoreError
 from ragchains.retrievers.pgfilters import glob_regex
-from ragchains.retrievers.pgsearch import PostgresRetriever
+from ragchains.retrievers.pgsearch import Hit, PostgresRetriever, hit_documents
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.pgwriter import SCHEMA_VERSION, StoreDelta
 from ragchains.retrievers.searchindex import load_index
@@ -537,6 +537,18 @@ def test_a_callers_keyword_scores_use_only_what_it_may_read(
     finally:
         fulltext.store.close()
         alone.close()
+
+
+def test_a_hit_whose_chunk_an_ingest_deleted_runs_the_search_again() -> None:
+    """Between a search's two statements an ingest may delete a fused chunk: the search runs
+    again (the keys of its next candidates name live chunks), and the last attempt keeps
+    what is left."""
+    hits = [Hit(7, {"bm25_rank": 1}), Hit(9, {"bm25_rank": 2})]
+    rows = [(9, "c9", "text nine", {"source": "a.md"})]
+    assert hit_documents(hits, rows, last=False) is None
+    kept = hit_documents(hits, rows, last=True)
+    assert kept is not None and [d.id for d in kept] == ["c9"]
+    assert kept[0].metadata == {"source": "a.md", "chunk_id": "c9", "bm25_rank": 2}
 
 
 def test_async_search_is_the_same_search(
