@@ -41,8 +41,12 @@ def build_faiss(vectors: np.ndarray, *, hnsw_min_chunks: int) -> tuple[faiss.Ind
     n, dim = vectors.shape
     index: faiss.Index
     if n >= hnsw_min_chunks:
+        # faiss's bundled stubs lag its SWIG API (QT_fp16 is an int there), hence the ignore.
         index = faiss.IndexHNSWSQ(
-            dim, faiss.ScalarQuantizer.QT_fp16, HNSW_M, faiss.METRIC_INNER_PRODUCT
+            dim,
+            faiss.ScalarQuantizer.QT_fp16,  # type: ignore[arg-type]
+            HNSW_M,
+            faiss.METRIC_INNER_PRODUCT,
         )
         index.hnsw.efConstruction = HNSW_EF_CONSTRUCTION
         index.hnsw.efSearch = HNSW_EF_SEARCH
@@ -102,10 +106,10 @@ def _search(
         allowed = np.flatnonzero(mask)
         if allowed.size == 0:
             return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
-        hnsw = isinstance(index, faiss.IndexHNSW)
+        hnsw = index if isinstance(index, faiss.IndexHNSW) else None
         # A filter skips nodes; an HNSW walk widens its beam in proportion so that k allowed
         # ones are found (the index's own beam: one built with other parameters keeps its own).
-        ef = int(index.hnsw.efSearch * n / allowed.size) + k if hnsw else 0
+        ef = int(hnsw.hnsw.efSearch * n / allowed.size) + k if hnsw is not None else 0
         # Scoring the allowed rows exactly never loses recall, and is the cheaper search while
         # they are few: a walk computes distances to several nodes per beam slot, in random
         # order (at 100k chunks, 10% allowed, the two cost about the same).
@@ -115,7 +119,7 @@ def _search(
             return allowed[top].astype(np.int64), sub[top].astype(np.float32)
         bits = np.packbits(mask.astype(np.uint8), bitorder="little")
         selector = faiss.IDSelectorBitmap(n, faiss.swig_ptr(bits))
-        if hnsw:
+        if hnsw is not None:
             # faiss's bundled stubs lag its SWIG API, hence the ignores.
             params: Any = faiss.SearchParametersHNSW(sel=selector, efSearch=ef)  # type: ignore[attr-defined]
         else:
