@@ -16,15 +16,16 @@ from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.searchindex import SearchIndex
 
 # Chosen with bench/retrieval_latency.py (see bench/RESULTS.md): on 100k chunks, M=32 with
-# efConstruction=40 builds with under a third of the CPU time of M=64, efConstruction=100, and a
-# wider search beam (efSearch=512 instead of 128) gives back the recall the sparser graph loses
-# (of the exact top 50: 0.948 against 0.932), at about a millisecond more per search. A build
-# happens at every ingest; the beam costs per query, where a millisecond is a small part of a
-# turn. IVF lists (IndexIVFFlat) build in seconds but found half the exact top 50 at nprobe 32 of
-# 1,024 on the synthetic corpus, whose embeddings form no clusters; 8-bit codes built no faster.
+# efConstruction=40 builds with about a quarter of the CPU time of M=64, efConstruction=100
+# (37 s against 140 s), and a wider search beam (efSearch=384 instead of 128) gives back the
+# recall the sparser graph loses: 0.943 of the exact top 10 and 0.894 of the top 50 against
+# 0.945 and 0.894, at about 3 ms of CPU per search (512 finds 0.959 and 0.926 for 20% more).
+# A build happens at every ingest; the beam costs per query, a small part of a turn. IVF lists
+# (IndexIVFFlat) build in seconds but found half the exact top 50 at nprobe 32 of 1,024 on the
+# synthetic corpus, whose embeddings form no clusters; 8-bit codes built no faster.
 HNSW_M = 32
 HNSW_EF_CONSTRUCTION = 40
-HNSW_EF_SEARCH = 512
+HNSW_EF_SEARCH = 384
 # The HNSW index keeps its vectors as float16: half the memory and file (a million chunks:
 # 0.77 GB instead of 1.5 GB), the same build time, recall and latency at 100k. A vector read
 # back (an ingest carries unchanged chunks' vectors over) is within 2.5e-4 of the original per

@@ -371,10 +371,10 @@ def test_filtered_hnsw_search_scores_few_allowed_rows_exactly_and_walks_for_many
     index, _ = dense.build_faiss(vectors, hnsw_min_chunks=1_000)
     if allowed == "few":
         mask = np.zeros(len(vectors), dtype=bool)
-        mask[::5] = True  # 1,200 rows; the beam widens to 5 x 512
+        mask[::5] = True  # 1,200 rows; the beam widens fivefold
     else:
         mask = np.ones(len(vectors), dtype=bool)
-        mask[3::7] = False  # 5,143 rows; the beam widens to about 600
+        mask[3::7] = False  # 5,143 rows; the beam widens by 7/6
     ef = int(dense.HNSW_EF_SEARCH * len(vectors) / mask.sum()) + 10
     assert (mask.sum() <= 2 * ef) == (allowed == "few")
     held = index.reconstruct_n(0, len(vectors))  # as the index stores them (float16)
