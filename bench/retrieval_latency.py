@@ -19,11 +19,12 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,6 +134,7 @@ def build_parts(
     times: dict[str, Any] = {}
     chunks = chunks if chunks is not None else synthetic_chunks(corpus.texts, groups)
     start = time.perf_counter()  # an ingest has its chunks before it builds
+    started = time.process_time()
     bm25 = build_bm25(corpus.texts)
     times["bm25_s"] = time.perf_counter() - start
     mark, cpu = time.perf_counter(), time.process_time()
@@ -161,6 +163,7 @@ def build_parts(
     )
     times["write_s"] = time.perf_counter() - mark
     times["build_s"] = time.perf_counter() - start
+    times["build_cpu_s"] = time.process_time() - started
     times["dense_info"] = dense_info
     return times
 
@@ -239,6 +242,31 @@ def measure(run_query: Any, queries: list[str], repeats: int) -> tuple[float, fl
     return median_of(p50s), median_of(p95s), results
 
 
+def measure_cpu(
+    run_query: Callable[[Any], Any], queries: Sequence[Any], repeats: int
+) -> tuple[dict[str, float], list[Any]]:
+    """As ``measure``, with the process's CPU time per query beside the wall time (medians
+    over repeats of each percentile): on a shared machine a query waits for a core, and the
+    CPU time shows what it costs apart from that wait."""
+    runs: dict[str, list[float]] = {"p50": [], "p95": [], "cpu_p50": [], "cpu_p95": []}
+    results: list[Any] = []
+    for _ in range(repeats):
+        wall, cpu, results = [], [], []
+        for query in queries:
+            start, used = time.perf_counter(), time.process_time()
+            results.append(run_query(query))
+            cpu.append(time.process_time() - used)
+            wall.append(time.perf_counter() - start)
+        for name, samples in (("p", wall), ("cpu_p", cpu)):
+            runs[f"{name}50"].append(percentile_ms(samples, 50))
+            runs[f"{name}95"].append(percentile_ms(samples, 95))
+    return {name: median_of(values) for name, values in runs.items()}, results
+
+
+def _load_average() -> float:
+    return os.getloadavg()[0]
+
+
 # ----------------------------------------------------------------------------- workers
 def _load_data(
     data: Path, *, texts: bool = True
@@ -261,8 +289,10 @@ def _report(**fields: Any) -> None:
 def run_build(data: Path, name: str, backend: str, hnsw_min: int) -> None:
     """Write the index into ``data``/index, as an ingest's last step does."""
     corpus, vectors, _ = _load_data(data)
+    load = [_load_average()]
     built = build_parts(corpus, vectors, name, data / "index", hnsw_min, backend=backend)
-    _report(done=True, build_rss_mb=peak_rss_mb(), **built)
+    load.append(_load_average())
+    _report(done=True, build_rss_mb=peak_rss_mb(), build_load=load, **built)
 
 
 def run_search(data: Path, repeats: int, name: str, backend: str) -> None:
@@ -279,13 +309,15 @@ def run_search(data: Path, repeats: int, name: str, backend: str) -> None:
         candidates=CANDIDATES,
     )
     _warm_up(retriever.invoke, corpus.queries)
-    p50, p95, results = measure(retriever.invoke, corpus.queries, repeats)
+    load = [_load_average()]
+    timed, results = measure_cpu(retriever.invoke, corpus.queries, repeats)
+    load.append(_load_average())
     stages = _stages(index, corpus.queries, table, retriever)
     index.close()
     _report(
         done=True,
-        p50=p50,
-        p95=p95,
+        **timed,
+        load=load,
         recall=recall_at_10(results, corpus, lambda d: d.id),
         fusion=retriever.fusion_config.describe(),
         stages=stages,
@@ -327,24 +359,26 @@ def run_stock(data: Path, repeats: int, deadline: float) -> None:
     gc.collect()
     fusion = stock_fusion(stock)
     _report(built=True, build_s=build, fusion=fusion, rss_mb=peak_rss_mb())
-    p50s, p95s, results = [], [], []
+    runs: list[dict[str, float]] = []
+    results: list[Any] = []
     _warm_up(stock.invoke, corpus.queries)
+    load = [_load_average()]
     for _ in range(repeats):
         start = time.monotonic()
-        p50, p95, results = measure(lambda q: stock.invoke(q)[:K], corpus.queries, 1)
-        p50s.append(p50)
-        p95s.append(p95)
+        timed, results = measure_cpu(lambda q: stock.invoke(q)[:K], corpus.queries, 1)
+        runs.append(timed)
         if time.monotonic() + (time.monotonic() - start) > deadline:
             break
+    load.append(_load_average())
     _report(
         done=True,
         build_s=build,
-        p50=median_of(p50s),
-        p95=median_of(p95s),
+        **{name: median_of([r[name] for r in runs]) for name in runs[0]},
+        load=load,
         recall=recall_at_10(results, corpus, lambda d: d.metadata["id"]),
         fusion=fusion,
         rss_mb=peak_rss_mb(),
-        repeats=len(p50s),
+        repeats=len(runs),
     )
 
 
@@ -399,15 +433,18 @@ def spawn(
 
 
 # ----------------------------------------------------------------------------- dense table
-def dense_table(vectors: np.ndarray, q_vectors: list[np.ndarray], repeats: int) -> list[str]:
-    """Exact vs HNSW on the first N vectors, with build time (wall and CPU) and recall of the
-    exact top 10 and top 50; at the largest size, the parameters before issue 28 as well."""
+def dense_table(
+    vectors: np.ndarray, q_vectors: list[np.ndarray], repeats: int
+) -> list[dict[str, Any]]:
+    """Exact vs HNSW on the first N vectors: search time (wall and CPU), recall of the exact
+    top 10 and top 50, build time (wall and CPU); at the largest size, the parameters before
+    issue 28 as well."""
     rows = []
     sizes = [s for s in DENSE_SIZES if s <= len(vectors)]
     for size in sizes:
         sub = np.ascontiguousarray(vectors[:size])
         flat, _ = build_faiss(sub, hnsw_min_chunks=10**12)
-        f50, _, f_res = measure(
+        exact, f_res = measure_cpu(
             lambda v, index=flat: dense_search(index, v, CANDIDATES), q_vectors, repeats
         )
         variants: list[tuple[str, Callable[[], Any]]] = [
@@ -428,21 +465,36 @@ def dense_table(vectors: np.ndarray, q_vectors: list[np.ndarray], repeats: int) 
             start, cpu = time.perf_counter(), time.process_time()
             hnsw = build()
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
-            h50, _, h_res = measure(
+            approximate, h_res = measure_cpu(
                 lambda v, index=hnsw: dense_search(index, v, CANDIDATES), q_vectors, repeats
             )
-            top10 = _overlap(f_res, h_res, K)
-            top50 = _overlap(f_res, h_res, CANDIDATES)
             rows.append(
-                f"| {size:,} | {label} | {f50:.2f} | {h50:.2f} | {f50 / h50:.1f}× | "
-                f"{top10:.3f} | {top50:.3f} | {wall:.1f} s | {cpu:.1f} s |"
+                {
+                    "size": size,
+                    "label": label,
+                    "flat": exact,
+                    "hnsw": approximate,
+                    "top10": _overlap(f_res, h_res, K),
+                    "top50": _overlap(f_res, h_res, CANDIDATES),
+                    "build_s": wall,
+                    "build_cpu_s": cpu,
+                }
             )
-            print(rows[-1], flush=True)
+            print(_dense_row(rows[-1]), flush=True)
             del hnsw
             gc.collect()
         del flat, sub
         gc.collect()
     return rows
+
+
+def _dense_row(r: dict[str, Any]) -> str:
+    flat, hnsw = r["flat"], r["hnsw"]
+    return (
+        f"| {r['size']:,} | {r['label']} | {flat['p50']:.2f} ({flat['cpu_p50']:.2f}) | "
+        f"{hnsw['p50']:.2f} ({hnsw['cpu_p50']:.2f}) | {flat['cpu_p50'] / hnsw['cpu_p50']:.1f}× | "
+        f"{r['top10']:.3f} | {r['top50']:.3f} | {r['build_s']:.1f} s | {r['build_cpu_s']:.1f} s |"
+    )
 
 
 def _hnsw_before(vectors: np.ndarray) -> Any:
@@ -506,6 +558,7 @@ def main() -> None:
         ],
     )
     rows, notes = [], []
+    loads: list[float] = []
     fusions: dict[str, set[str]] = {"ragchains": set(), "stock LangChain": set()}
     sizes = sorted(int(s) for s in args.sizes.split(","))
     # The dense table slices the largest corpus of at most its largest size (else the
@@ -539,6 +592,7 @@ def main() -> None:
             )
             ours |= spawn("search", data, args.repeats, timeout=None, extra=named)
             stock = spawn("stock", data, args.repeats, timeout=args.stock_timeout, extra=[])
+        loads += [*ours["build_load"], *ours["load"], *stock.get("load", [])]
         fusions["ragchains"].add(ours["fusion"])
         if "fusion" in stock:
             fusions["stock LangChain"].add(stock["fusion"])
@@ -552,8 +606,7 @@ def main() -> None:
         gc.collect()
 
     assert slices is not None
-    dense_rows = dense_table(slices[0], slices[1], args.repeats)
-    flat_100k = _flat_p50(dense_rows)
+    dense = dense_table(slices[0], slices[1], args.repeats)
     body = "\n".join(
         [
             "## Hybrid retrieval latency (`python -m bench.retrieval_latency`)",
@@ -575,11 +628,16 @@ def main() -> None:
             "the build's beside it). Stock gets "
             f"{_seconds(args.stock_timeout)} per size.",
             "",
-            "| chunks | pipeline | p50 ms | p95 ms | recall@10 | build | peak RSS |",
-            "|---:|---|---:|---:|---:|---:|---:|",
+            "| chunks | pipeline | p50 ms | p95 ms | CPU p50 ms | CPU p95 ms | recall@10 | build "
+            "| peak RSS |",
+            "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
             *rows,
             "",
             *notes,
+            f"- Load average (1 min) at the start and end of each build and search phase: "
+            f"{min(loads):.1f} to {max(loads):.1f} on {os.cpu_count()} cores (other jobs share "
+            "the machine). Wall times include waiting for a core; the CPU columns (the "
+            "process's CPU time per query, all its threads) do not.",
             "",
             f"### Dense only: exact (flat) vs HNSW (M={HNSW_M}, efConstruction="
             f"{HNSW_EF_CONSTRUCTION}, efSearch={HNSW_EF_SEARCH})",
@@ -589,15 +647,12 @@ def main() -> None:
             "system time of the process). Indexes with at least `hnsw_min_chunks` = "
             f"{settings.hnsw_min_chunks:,} chunks use HNSW.",
             "",
-            f"| chunks | HNSW | flat p50 ms | HNSW p50 ms | speed-up | recall of exact top-{K} "
-            f"| of exact top-{CANDIDATES} | HNSW build | build CPU |",
+            f"| chunks | HNSW | flat p50 ms (CPU) | HNSW p50 ms (CPU) | CPU speed-up | recall of "
+            f"exact top-{K} | of exact top-{CANDIDATES} | HNSW build | build CPU |",
             "|---:|---|---:|---:|---:|---:|---:|---:|---:|",
-            *dense_rows,
+            *[_dense_row(r) for r in dense],
             "",
-            f"Why `hnsw_min_chunks` = {settings.hnsw_min_chunks:,}: below it exact search costs "
-            "a few milliseconds at most and loses nothing; beyond it exact search grows "
-            f"linearly ({flat_100k} at 100k) while HNSW stays near a millisecond or two, and "
-            "fusion with BM25 makes up for most candidates HNSW misses.",
+            *_dense_notes(dense, settings.hnsw_min_chunks),
         ]
     )
     write_section("retrieval_latency", body)
@@ -613,18 +668,40 @@ def _threads() -> int:
     return int(faiss.omp_get_max_threads())
 
 
-def _flat_p50(dense_rows: list[str]) -> str:
-    for row in dense_rows:
-        cells = [c.strip() for c in row.strip("|").split("|")]
-        if cells[0] == "100,000":
-            return f"{cells[2]} ms"
-    return "more"
+def _dense_notes(dense: list[dict[str, Any]], hnsw_min: int) -> list[str]:
+    """What the dense table shows, from its numbers: the build against the parameters
+    before, and where exact search stops being cheap."""
+    if not dense:
+        return []
+    notes = []
+    now = [r for r in dense if "(before)" not in r["label"]]
+    before = [r for r in dense if "(before)" in r["label"]]
+    if before:
+        b, a = before[-1], next(r for r in now if r["size"] == before[-1]["size"])
+        notes.append(
+            f"- At {a['size']:,} chunks the HNSW build takes {a['build_cpu_s']:.1f} s of CPU "
+            f"({a['build_s']:.1f} s wall) against {b['build_cpu_s']:.1f} s ({b['build_s']:.1f} "
+            f"s) with the parameters before, **{b['build_cpu_s'] / a['build_cpu_s']:.1f}× "
+            f"less CPU**; it finds {a['top10']:.3f} of the exact top {K} and {a['top50']:.3f} of "
+            f"the exact top {CANDIDATES} against {b['top10']:.3f} and {b['top50']:.3f}, at "
+            f"{a['hnsw']['cpu_p50']:.2f} ms of CPU per search against {b['hnsw']['cpu_p50']:.2f}."
+        )
+    flat = ", ".join(f"{r['flat']['cpu_p50']:.2f} ms at {r['size']:,}" for r in now)
+    notes.append(
+        f"- Why `hnsw_min_chunks` = {hnsw_min:,}: exact search costs CPU in proportion to the "
+        f"chunks ({flat}) and loses nothing; HNSW costs "
+        + ", ".join(f"{r['hnsw']['cpu_p50']:.2f} ms" for r in now)
+        + " at the same sizes and a build, and fusion with BM25 makes up for most candidates "
+        "it misses."
+    )
+    return notes
 
 
 def _ours_row(n: int, r: dict[str, Any]) -> str:
     return (
-        f"| {n:,} | ragchains | {r['p50']:.2f} | {r['p95']:.2f} | {r['recall']:.3f} | "
-        f"{_seconds(r['build_s'])} | {r['search_rss_mb']:,.0f} MB (build: "
+        f"| {n:,} | ragchains | {r['p50']:.2f} | {r['p95']:.2f} | {r['cpu_p50']:.2f} | "
+        f"{r['cpu_p95']:.2f} | {r['recall']:.3f} | {_seconds(r['build_s'])} "
+        f"({_seconds(r['build_cpu_s'])} CPU) | {r['search_rss_mb']:,.0f} MB (build: "
         f"{r['build_rss_mb']:,.0f} MB) |"
     )
 
@@ -632,14 +709,15 @@ def _ours_row(n: int, r: dict[str, Any]) -> str:
 def _stock_row(n: int, r: dict[str, Any], timeout: float) -> str:
     if r.get("done"):
         return (
-            f"| {n:,} | stock LangChain | {r['p50']:.2f} | {r['p95']:.2f} | {r['recall']:.3f} | "
-            f"{_seconds(r['build_s'])} | {r['rss_mb']:,.0f} MB |"
+            f"| {n:,} | stock LangChain | {r['p50']:.2f} | {r['p95']:.2f} | {r['cpu_p50']:.2f} | "
+            f"{r['cpu_p95']:.2f} | {r['recall']:.3f} | {_seconds(r['build_s'])} | "
+            f"{r['rss_mb']:,.0f} MB |"
         )
     # Killed at the timeout: what it reported before (its build, if that finished).
     built = _seconds(r["build_s"]) if r.get("built") else "unfinished"
     rss = f"{r['rss_mb']:,.0f} MB after the build" if r.get("built") else ""
     return (
-        f"| {n:,} | stock LangChain | did not finish within {_seconds(timeout)} | | | "
+        f"| {n:,} | stock LangChain | did not finish within {_seconds(timeout)} | | | | | "
         f"{built} | {rss} |"
     )
 
