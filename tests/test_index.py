@@ -400,3 +400,31 @@ def test_a_search_runs_on_its_own_thread_and_leaves_the_thread_count() -> None:
     rows, _ = dense.dense_search(index, vectors[3], 5)
     assert rows[0] == 3
     assert faiss.omp_get_max_threads() == before
+
+
+def test_filtered_bm25_gathers_the_query_words_rows_and_ranks_as_a_full_scan(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from ragchains.retrievers import bm25
+
+    rng = np.random.default_rng(5)
+    words = [f"w{i}" for i in range(4_000)]
+    corpus = [" ".join(rng.choice(words, 12)) for _ in range(3_000)]
+    model = bm25.build_bm25(corpus)
+    ids = model.get_tokens_ids(["w1", "w2"])
+    assert bm25._posting_rows(model, ids) is not None  # a few postings each: gathered
+    mask = rng.random(len(corpus)) < 0.3
+    readers = rng.random(len(corpus)) < 0.8
+    queries = ["w1 w2", "w7", "w3 w3 w9 w11", "nothing"]
+    found = {}
+    for below in (bm25._GATHER_BELOW, 0.0):  # gathered (few postings), then scanned
+        monkeypatch.setattr(bm25, "_GATHER_BELOW", below)
+        found[below] = [
+            bm25.bm25_search(model, q, 20, m, r)
+            for q in queries
+            for m, r in ((mask, None), (None, readers), (mask, readers), (None, None))
+        ]
+    for (rows, scores), (scan_rows, scan_scores) in zip(*found.values(), strict=True):
+        assert rows.tolist() == scan_rows.tolist()
+        assert scores.tolist() == scan_scores.tolist()
+    assert any(rows.size for rows, _ in found[0.0])
