@@ -400,8 +400,9 @@ def _worker(args: argparse.Namespace) -> None:
 def spawn(
     kind: str, data: Path, repeats: int, *, timeout: float | None, extra: list[str]
 ) -> dict[str, Any]:
-    """Run a worker; its last JSON line, with ``timed_out`` and (if it did not finish) the
-    last progress it reported."""
+    """Run a worker (its stderr, progress and errors, goes to ours); its last JSON line,
+    with ``timed_out`` and (if it did not finish) the last progress it reported. A stock
+    worker that fails is reported as such (``failed``: its exit code); ours raises."""
     command = [
         sys.executable,
         "-m",
@@ -416,19 +417,25 @@ def spawn(
     ]
     if timeout is not None:
         command += ["--timeout", str(timeout)]
+    failed = None
     try:
         done = subprocess.run(
-            command, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+            command, cwd=REPO, stdout=subprocess.PIPE, text=True, timeout=timeout, check=False
         )
         out, timed_out = done.stdout, False
         if done.returncode != 0:
-            raise RuntimeError(f"{kind} worker failed ({done.returncode}):\n{done.stderr[-3000:]}")
+            if kind != "stock":
+                raise RuntimeError(f"{kind} worker failed (exit code {done.returncode})")
+            failed = done.returncode
     except subprocess.TimeoutExpired as exc:
         raw = exc.stdout or b""
         out, timed_out = raw.decode() if isinstance(raw, bytes) else raw, True
     lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     result: dict[str, Any] = lines[-1] if lines else {}
     result["timed_out"] = timed_out
+    if failed is not None:
+        result["failed"] = failed
+        result.pop("done", None)
     return result
 
 
@@ -713,13 +720,15 @@ def _stock_row(n: int, r: dict[str, Any], timeout: float) -> str:
             f"{r['cpu_p95']:.2f} | {r['recall']:.3f} | {_seconds(r['build_s'])} | "
             f"{r['rss_mb']:,.0f} MB |"
         )
-    # Killed at the timeout: what it reported before (its build, if that finished).
+    # Killed at the timeout, or failed: what it reported before (its build, if it finished).
     built = _seconds(r["build_s"]) if r.get("built") else "unfinished"
     rss = f"{r['rss_mb']:,.0f} MB after the build" if r.get("built") else ""
-    return (
-        f"| {n:,} | stock LangChain | did not finish within {_seconds(timeout)} | | | | | "
-        f"{built} | {rss} |"
+    what = (
+        f"failed (exit code {r['failed']})"
+        if "failed" in r
+        else f"did not finish within {_seconds(timeout)}"
     )
+    return f"| {n:,} | stock LangChain | {what} | | | | | {built} | {rss} |"
 
 
 def _note(n: int, ours: dict[str, Any], stock: dict[str, Any], encode_p50: float) -> str:
