@@ -65,6 +65,7 @@ RPS_CONCURRENCY = 16
 # server is given memory for its working set; the index folder's is mapped whole.
 SHARED_BUFFERS = "1GB"
 TICK = os.sysconf("SC_CLK_TCK")
+LOADS: list[float] = []  # the 1-minute load average before and after each timed run
 
 
 def build_store(url: str, chunks: list[Chunk], vectors: np.ndarray, name: str) -> float:
@@ -109,7 +110,9 @@ def timed(
     so only a total over many queries is exact enough), and the last repeat's results."""
     cpu_start = time.process_time()
     server_start = backend_cpu(backend) if backend else 0.0
+    LOADS.append(os.getloadavg()[0])
     p50, p95, found = measure(run_query, queries, repeats)
+    LOADS.append(os.getloadavg()[0])
     used = time.process_time() - cpu_start
     if backend:
         used += backend_cpu(backend) - server_start
@@ -338,6 +341,9 @@ def main() -> None:
         "the rows: every query is timed, recall@10 counts the queries whose answer it keeps. "
         "The store's build: chunks, postings, the HNSW and term indexes, VACUUM ANALYZE of "
         "the postings.",
+        "",
+        f"Load average (1 min) before and after the timed runs: {min(LOADS):.1f} to "
+        f"{max(LOADS):.1f} on {os.cpu_count()} cores (other jobs share the machine).",
         "",
         "| chunks | filter | store | p50 ms | p95 ms | CPU ms | recall@10 | build "
         "| p50 vs index folder | CPU vs index folder |",

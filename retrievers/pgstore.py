@@ -30,7 +30,13 @@ from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.filters import BASE_FIELDS, LiveFields
 from ragchains.retrievers.indexformat import FileRecord, embedder_mismatch, is_file_id
 from ragchains.retrievers.pgerrors import StoreBusyError, StoreError
-from ragchains.retrievers.pgwriter import HNSW_EF_SEARCH, SCHEMA_VERSION, StoreDelta, StoreWriter
+from ragchains.retrievers.pgwriter import (
+    HNSW_EF_SEARCH,
+    SCHEMA_VERSION,
+    StoreDelta,
+    StoreWriter,
+    vector_array,
+)
 from ragchains.retrievers.storeurl import is_store_url, redact
 
 DEFAULT_SCHEMA = "ragchains"
@@ -397,7 +403,7 @@ class PostgresStore:
                 ),
                 (list(ids),),
             ).fetchall()
-        return {cid: _array(vec) for cid, vec in rows}
+        return {cid: vector_array(vec) for cid, vec in rows}
 
     def describe(self) -> dict[str, Any]:
         """What /readyz reports: the server, pgvector and the contents; never the password."""
@@ -477,9 +483,3 @@ def visible_fields(meta: Mapping[str, Any]) -> dict[str, str]:
     for group in groups:
         names.update(readers["groups"].get(group, ()))
     return {name: kind for name, kind in fields.items() if name in names}
-
-
-def _array(vector: Any) -> np.ndarray:
-    """A stored vector as float32 (pgvector reads text as numpy, binary as ``Vector``)."""
-    values = vector.to_numpy() if hasattr(vector, "to_numpy") else vector
-    return np.asarray(values, dtype=np.float32)
