@@ -43,14 +43,10 @@ DEFAULT_SCHEMA = "ragchains"
 log = logging.getLogger(__name__)
 META_TTL = 1.0  # seconds a reader trusts its copy of meta (field types, generation)
 POOL_TIMEOUT = 10.0  # seconds a request waits for a connection before a 503
-# Each search connection's settings. force_custom_plan: psycopg prepares a statement run
-# five times, and PostgreSQL may then keep one generic plan for every filter value; a
-# filter's selectivity decides the plan (a 1% filter's search took twice the CPU under the
-# generic plan, bench.postgres_store's 10k corpus), and planning each search costs less.
+# Each search connection's settings.
 SESSION_SETTINGS = (
     "SELECT set_config('hnsw.ef_search', %s, false), "
-    "set_config('hnsw.iterative_scan', 'relaxed_order', false), "
-    "set_config('plan_cache_mode', 'force_custom_plan', false)"
+    "set_config('hnsw.iterative_scan', 'relaxed_order', false)"
 )
 
 

@@ -158,11 +158,12 @@ class StoreWriter:
         self.redacted = store.redacted
         self.table = store.table
         self._bulk = False  # this run writes the postings anew (see ``_settle``)
+        self._fresh = False  # and the chunks into a new table
         self._set_aside = False  # a migration set the chunks aside (see ``_carry_over``)
 
     def write(self, delta: StoreDelta) -> list[str]:
         """Apply ``delta`` in one transaction; return notes for the run's report."""
-        self._bulk = False
+        self._bulk = self._fresh = False
         try:
             notes = self._write(delta)
             if self._bulk:
@@ -192,6 +193,7 @@ class StoreWriter:
         with conn.transaction():
             created = self._ensure_schema(conn, dimension, rebuild=delta.rebuild)
             self._bulk |= created or delta.rebuild
+            self._fresh = created
             register_vector(conn)
             meta = self.store.read_meta(conn)
             held = (meta.get("embedder") or {}).get("dimension")
@@ -375,12 +377,15 @@ class StoreWriter:
         """After a run that wrote the postings anew (a first ingest, a rebuild, a migration):
         their pages marked all-visible, so searches read the term index alone from the
         first query (else each posting is looked up in the table until autovacuum comes),
-        and both tables' statistics for the planner. After the commit: VACUUM runs in no
-        transaction. The chunks are only analysed: vacuuming a rebuilt HNSW index is slow,
-        autovacuum's job. The run is committed whatever happens here."""
+        and both tables' statistics for the planner. A new chunks table is vacuumed too (its
+        rows' commit status recorded once, not by the first searches to read them); one a
+        rebuild emptied and filled only analysed, as vacuuming its HNSW index's dead entries
+        is slow, autovacuum's job. After the commit: VACUUM runs in no transaction. The run
+        is committed whatever happens here."""
+        chunks = sql.SQL("VACUUM (ANALYZE) {}" if self._fresh else "ANALYZE {}")
         try:
             self.conn.execute(sql.SQL("VACUUM (ANALYZE) {}").format(self.table("postings")))
-            self.conn.execute(sql.SQL("ANALYZE {}").format(self.table("chunks")))
+            self.conn.execute(chunks.format(self.table("chunks")))
         except psycopg.Error as exc:
             log.warning("%s: not vacuumed after the write: %s", self.redacted, exc)
 
