@@ -445,6 +445,15 @@ def test_the_stores_keyword_half_ranks_as_the_index_folders_bm25(
     index = load_index(sample_index)
     fulltext = pg_retriever(sample_store, embedder, search="fulltext", k=10)
     try:
+        # The hybrid's documents, too: the same chunks, scores and metadata as on disk.
+        on_disk = HybridRetriever(index=index, embedder=embedder).invoke(QUESTION)
+        in_store = pg_retriever(sample_store, embedder).invoke(QUESTION)
+        assert [d.id for d in in_store] == [d.id for d in on_disk]
+        for mine, theirs in zip(in_store, on_disk, strict=True):
+            assert mine.metadata.keys() == theirs.metadata.keys()
+            for key, value in theirs.metadata.items():
+                close = isinstance(value, float) and mine.metadata[key] == pytest.approx(value)
+                assert close or mine.metadata[key] == value, key
         for query in KEYWORD_QUERIES:
             expected = keyword_hits(BM25Retriever(index=index, k=10).invoke(query))
             found = keyword_hits(fulltext.invoke(query))
