@@ -340,7 +340,7 @@ def main() -> None:
         "query also waits for a core, which the CPU time leaves out. The filter keeps 1% of "
         "the rows: every query is timed, recall@10 counts the queries whose answer it keeps. "
         "The store's build: chunks, postings, the HNSW and term indexes, VACUUM ANALYZE of "
-        "the postings.",
+        "both tables.",
         "",
         f"Load average (1 min) before and after the timed runs: {min(LOADS):.1f} to "
         f"{max(LOADS):.1f} on {os.cpu_count()} cores (other jobs share the machine).",
