@@ -144,7 +144,11 @@ def test_manifest_records_what_was_built(
     ingest_into(docs_dir, tmp_path / "idx")
     manifest = load_index(tmp_path / "idx").manifest
     assert manifest["format_version"] == 1
-    assert manifest["embedder"] == {"name": "all-MiniLM-L6-v2", "dimension": 384}
+    assert manifest["embedder"] == {
+        "name": "all-MiniLM-L6-v2",
+        "dimension": 384,
+        "backend": "openvino-int8",
+    }
     assert manifest["chunk_count"] == 15 and manifest["file_count"] == 6
     assert manifest["fields"]["price"] == "number"
     assert manifest["fields"]["electric"] == "boolean"
