@@ -99,12 +99,17 @@ class ChatOutput(BaseModel):
     requeried: bool = Field(False, description="a re-query was asked (see requery)")
     requery: RequeryReport | None = None
     notes: list[str] = Field(default_factory=list)
-    compressor: dict[str, Any] = Field(default_factory=dict)
+    compressor: dict[str, Any] = Field(
+        default_factory=dict,
+        description="what compressed: its kind and model, the threshold this turn cut at, "
+        "top_n, reorders (false: the retrieved order was kept, only cut), scoring (what a "
+        "score measures), and the fallback in use with its reason",
+    )
     best_score: float | None = Field(
         None,
         description="the best compressor score of the retrieved chunks before the threshold "
-        "cut (compare compressor.threshold: why a turn abstained); null when nothing was "
-        "retrieved or the compressor gives no scores",
+        "cut (compare compressor.threshold: a turn abstains when it is lower); null when "
+        "nothing was retrieved or the compressor gives no scores",
     )
     answer_style: Literal["quote", "free"] = Field(
         description="quote: sentences copied from the sources; free: free generation"

@@ -33,9 +33,9 @@ from tests.servers import FakeOpenAI
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 VIEWPORTS = [(480, 800), (600, 1024), (768, 1024), (992, 1024), (1024, 768)]
-# Two chunks of the benefit-plans section pass the similarity default (0.46), so a turn has
+# Two chunks of the benefit-plans section pass the similarity default (0.50), so a turn has
 # a cited source and a retrieved, uncited one.
-ANSWERABLE = "What does the standard health plan cost?"
+ANSWERABLE = "What does the standard health plan cost the employee per month?"
 UNANSWERABLE = "What is the airspeed of an unladen swallow?"
 SENTENCE = "What is the per diem for meals while travelling?"
 FOLLOW_UP = "Do unused ones carry over?"
@@ -325,7 +325,11 @@ def test_switching_domain_changes_the_prompt_versions(
     chat.wait_done(second)
     thoughts = chat.thoughts(second)
     assert "answer: hr/quote@v1" in fact(thoughts, "Prompts")
-    assert "threshold" in fact(thoughts, "Compressor")
+    compressor = fact(thoughts, "Compressor")
+    # Offline: the similarity fallback, which keeps the retrieved order and says what it scores.
+    assert "threshold 0.5" in compressor and "in the order retrieved" in compressor
+    assert "Score: the best of the chunk and its 16-word passages." in compressor
+    assert re.fullmatch(r"0\.\d{3} ≥ threshold 0\.5", fact(thoughts, "Best score"))
 
 
 def test_an_unanswerable_question_shows_the_abstention(
@@ -335,6 +339,8 @@ def test_an_unanswerable_question_shows_the_abstention(
     chat.use(mode="Ask")
     answer = chat.wait_done(chat.ask(UNANSWERABLE))
     assert answer.get_by_text("Not in the documents").is_visible()
+    why = answer.locator(".abstention small").inner_text()
+    assert re.fullmatch(r"best match 0\.\d{3}, under the 0\.5 needed", why.strip()), why
     assert answer.get_by_role("alert").count() == 0  # an abstention is not an error
     assert "don't know" in answer.locator(".answer-text").inner_text()
 

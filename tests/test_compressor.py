@@ -134,7 +134,7 @@ def test_missing_weights_fall_back_visibly(
     assert "model.safetensors" in status["fallback_reason"]
     assert status["threshold"] == SIMILARITY_THRESHOLD  # the similarity scorer's own default
     assert status["reorders"] is False and "passages" in status["scoring"]
-    assert kept[0].id == "c0"  # real embeddings: only the plan-cost sentence is close enough
+    assert kept[0].id == "c0"  # real embeddings: the plan-cost sentence passes the cut
     assert all(d.metadata["reranker_fallback"] is True for d in kept)
 
 

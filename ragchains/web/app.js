@@ -528,8 +528,11 @@ function thoughtsNode(turn, open) {
           compressor.model ? ` (${compressor.model})` : "",
           compressor.threshold != null ? `, threshold ${compressor.threshold}` : "",
           compressor.top_n != null ? `, keeps up to ${compressor.top_n}` : "",
+          compressor.reorders === false ? " in the order retrieved" : "",
+          compressor.reorders === true ? ", best score first" : "",
         ].join(""),
       ),
+      compressor.scoring ? el("p", { class: "scoring" }, `Score: ${compressor.scoring}.`) : null,
       compressor.fallback
         ? el(
             "p",
