@@ -43,12 +43,12 @@ log = logging.getLogger(__name__)
 # SciFact train alone would cut at 0.59 (the most abstention with at most 10% of answerable
 # claims turned away), but everyday questions score lower against the passage that answers
 # them than SciFact's claims against their abstracts: at 0.59 "What does the standard plan
-# cost?" (0.58) and "How many vacation days do employees get?" (0.535) would abstain. 0.50 is the highest cut that every
-# one of those questions clears by 0.03 (the most a best score moved between the two embedder
-# backends was 0.024); on SciFact train it abstains on 4.7% of unanswerable claims and wrongly
-# on 1.9%. A quarter of answerable train claims score below 0.66, where a chat turn asks once
-# for a better query. The cross-encoder's are uncalibrated first guesses: no cross-encoder
-# weights could be measured here.
+# cost?" (0.58) and "How many vacation days do employees get?" (0.535) would abstain. 0.50
+# is the highest cut that every one of those questions clears by 0.03 (the most a best score
+# moved between the two embedder backends was 0.024); on SciFact train it abstains on 4.7%
+# of unanswerable claims and wrongly on 1.9%. A quarter of answerable train claims score
+# below 0.66, where a chat turn asks once for a better query. The cross-encoder's are
+# uncalibrated first guesses: no cross-encoder weights could be measured here.
 CROSS_ENCODER_THRESHOLD = 0.1
 SIMILARITY_THRESHOLD = 0.5
 # Below these best scores a chat turn asks the LLM once for a better query.
@@ -167,7 +167,8 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
         queries = sorted({q for q, _ in text_pairs})
         q_vecs = dict(zip(queries, self.embedder.encode(queries), strict=True))
         texts = [d for _, d in text_pairs]
-        return self._best([q_vecs[q] for q, _ in text_pairs], texts, self.embedder.encode(texts))
+        whole = list(self.embedder.encode(texts))
+        return self._best([q_vecs[q] for q, _ in text_pairs], texts, whole)
 
     def score_documents(self, query: str, documents: Sequence[Document]) -> list[float]:
         known = self.stored([str(d.id) for d in documents if d.id]) if self.stored else {}
@@ -368,7 +369,7 @@ class RerankCompressor(BaseDocumentCompressor):
         ranked = list(zip(documents, scores, strict=True))
         if self.reorders:
             ranked.sort(key=lambda p: p[1], reverse=True)  # stable: ties keep the given order
-        kept = []
+        kept: list[Document] = []
         for doc, score in ranked:
             if len(kept) == (top_n or self.top_n):
                 break
