@@ -409,7 +409,9 @@ class PostgresStore:
                 "SELECT current_setting('server_version'), pg_is_in_recovery(), "
                 "(SELECT extversion FROM pg_extension WHERE extname = 'vector')"
             ).fetchone()
-        meta = self.meta()
+            # Read now, not the copy searches validate against (up to META_TTL old): a probe
+            # reports the generation the tables hold.
+            meta = self.read_meta(conn)
         return {
             "kind": "postgresql",
             "url": self.redacted,

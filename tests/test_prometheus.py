@@ -99,7 +99,7 @@ def test_each_counter_moves_as_the_requests_say(keyed: str, upstream: FakeOpenAI
     answered = post(keyed, "/ask/invoke", {"input": {"question": QUESTION}})
     assert answered.status_code == 200, answered.text
     sources = len(answered.json()["output"]["sources"])
-    retrieved = post(keyed, "/retrieve/invoke", {"input": {"query": "standard plan cost"}})
+    retrieved = post(keyed, "/retrieve/invoke", {"input": {"query": QUESTION}})
     assert retrieved.status_code == 200, retrieved.text
     documents = len(retrieved.json()["output"])
     assert sources and documents
