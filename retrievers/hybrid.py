@@ -9,6 +9,7 @@ numbers before fetching text means each chunk is read from the store once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from langchain_core.documents import Document
@@ -47,6 +48,18 @@ class HybridHit:
     bm25_score: float | None
     dense_rank: int | None
     dense_score: float | None
+
+    def metadata(self, fusion: FusionConfig) -> dict[str, Any]:
+        """What a fused document carries: the fusion's label (the fused score's scale is its
+        fusion's: z-scores for the default), the fused score and each side's rank and score."""
+        return {
+            "fusion": fusion.describe(),
+            f"{fusion.fusion}_score": self.score,
+            "bm25_rank": self.bm25_rank,
+            "bm25_score": self.bm25_score,
+            "dense_rank": self.dense_rank,
+            "dense_score": self.dense_score,
+        }
 
 
 def search_candidates(
@@ -142,18 +155,6 @@ class HybridRetriever(IndexRetriever, FusionFields):
             mask=index.columns.mask(filters),
         )
         docs = index.store.documents([h.row for h in hits])
-        label = fusion.describe()
         for doc, hit in zip(docs, hits, strict=True):
-            doc.metadata.update(
-                {
-                    # The fused score's scale is the fusion's (z-scores for the default):
-                    # the label says which made it.
-                    "fusion": label,
-                    f"{fusion.fusion}_score": hit.score,
-                    "bm25_rank": hit.bm25_rank,
-                    "bm25_score": hit.bm25_score,
-                    "dense_rank": hit.dense_rank,
-                    "dense_score": hit.dense_score,
-                }
-            )
+            doc.metadata.update(hit.metadata(fusion))
         return docs

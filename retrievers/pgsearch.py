@@ -294,22 +294,8 @@ def ranked_hits(plan: Plan, rows: Sequence[tuple[Any, ...]], fusion: FusionConfi
     candidates = Candidates.from_lists(
         keys, scores, dense_keys, [1 - distance for distance in distances]
     )
-    label = fusion.describe()
-    return [
-        Hit(
-            hit.row,
-            {
-                # As HybridRetriever's: the fused score's scale is its fusion's.
-                "fusion": label,
-                f"{fusion.fusion}_score": hit.score,
-                "bm25_rank": hit.bm25_rank,
-                "bm25_score": hit.bm25_score,
-                "dense_rank": hit.dense_rank,
-                "dense_score": hit.dense_score,
-            },
-        )
-        for hit in fused_hits(candidates, fusion, plan.k)
-    ]
+    # As HybridRetriever's documents carry them.
+    return [Hit(hit.row, hit.metadata(fusion)) for hit in fused_hits(candidates, fusion, plan.k)]
 
 
 def hit_documents(
