@@ -239,6 +239,22 @@ def test_ask_json_is_the_answer_object(index: Path) -> None:
     assert set(out["timings"]) >= {"retrieve", "answer", "total"}
 
 
+def test_ask_answers_the_hotel_allowance_from_the_travel_policy(index: Path) -> None:
+    """Offline (no cross-encoder weights) the compressor keeps the fused order and cuts on the
+    best passage's similarity: BM25's top hit, the travel policy's first page, passes it."""
+    question = "How much is the hotel allowance per night in Europe?"
+    result = run("ask", "--index", index, question, "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out["abstained"] is False
+    assert out["sources"][0]["label"] == "travel-policy.pdf#page=1"
+    assert "travel-policy.pdf#page=1" in {c["label"] for c in out["citations"]}
+    assert "180" in out["answer"]
+    compressor = out["compressor"]
+    assert compressor["reorders"] is False
+    assert out["best_score"] >= compressor["threshold"]
+
+
 def test_chat_keeps_history_and_resets(index: Path) -> None:
     turns = "what does the standard plan cost?\nand the premium one?\n/reset\n/quit\nnever read\n"
     result = run("chat", "--index", index, "--domain", "hr", stdin=turns)
