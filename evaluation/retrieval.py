@@ -36,8 +36,9 @@ RETRIEVAL_METRICS = ("ndcg@10", "recall@10", "recall@100", "mrr@10")
 DEFAULT_RETRIEVERS = ("bm25", "dense", "hybrid")
 
 
-# How the store ranks the lexical half (its BM25 is PostgreSQL's full-text ranking).
-STORE_LEXICAL = f"postgresql full-text: {LEXICAL_RANK} over an OR of the query's words"
+# How the store ranks the lexical half: BM25 from the postings it keeps (the "fulltext"
+# search mode; schema version 2 ranked with PostgreSQL's ts_rank).
+STORE_LEXICAL = f"postgresql: {LEXICAL_RANK}"
 
 
 @dataclass
@@ -75,7 +76,7 @@ def build_setup(
         return [str(d.id) for d in docs]
 
     if isinstance(hybrid, PostgresRetriever) and name in ("bm25", "dense"):
-        # The store's own halves: PostgreSQL full-text ranking, and pgvector.
+        # The store's own halves: BM25 from its postings, and pgvector.
         half = hybrid.model_copy(
             update={"search": "fulltext" if name == "bm25" else "dense", "k": depth}
         )
