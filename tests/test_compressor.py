@@ -177,6 +177,20 @@ def test_passage_windows_cover_the_text() -> None:
         EmbeddingSimilarityScorer(None, window_words=4, window_stride=5)  # type: ignore[arg-type]
 
 
+def counting_encoder(
+    embedder: SentenceTransformerEmbedder,
+) -> tuple[SentenceTransformerEmbedder, list[int]]:
+    """``embedder`` behind a wrapper that records how many texts each ``encode`` call got."""
+    encoded: list[int] = []
+
+    class Counting(SentenceTransformerEmbedder):
+        def encode(self, texts: list[str], **kwargs: Any) -> Any:
+            encoded.append(len(texts))
+            return embedder.encode(texts, **kwargs)
+
+    return Counting(embedder.name), encoded
+
+
 def test_a_chunk_scores_as_its_closest_passage(embedder: SentenceTransformerEmbedder) -> None:
     """A long chunk that answers in one sentence is diluted as a whole: its score is the best
     of the whole and its passages. Passages are embedded once and remembered."""
@@ -188,14 +202,7 @@ def test_a_chunk_scores_as_its_closest_passage(embedder: SentenceTransformerEmbe
     answer = "Hotel costs are reimbursed up to EUR 180 per night in Europe."
     page = Document(id="p1", page_content=filler * 3 + answer + " " + filler)
     query = "How much is the hotel allowance per night in Europe?"
-    encoded: list[int] = []
-
-    class Counting(SentenceTransformerEmbedder):
-        def encode(self, texts: list[str], **kwargs: Any) -> Any:
-            encoded.append(len(texts))
-            return embedder.encode(texts, **kwargs)
-
-    counting = Counting(embedder.name)
+    counting, encoded = counting_encoder(embedder)
     scorer = EmbeddingSimilarityScorer(counting)
     whole = float(embedder.encode_query(query) @ embedder.encode([page.page_content])[0])
     (score,) = scorer.score_documents(query, [page])
@@ -275,15 +282,7 @@ def test_similarity_fallback_scores_from_the_index_vectors(
     from_text = EmbeddingSimilarityScorer(embedder, passage_candidates=0).score_documents(
         query, docs
     )
-
-    encoded: list[int] = []
-
-    class Counting(SentenceTransformerEmbedder):
-        def encode(self, texts: list[str], **kwargs: Any) -> Any:
-            encoded.append(len(texts))
-            return embedder.encode(texts, **kwargs)
-
-    counting = Counting(embedder.name)
+    counting, encoded = counting_encoder(embedder)
     from_index = EmbeddingSimilarityScorer(
         counting, stored=index.stored_vectors, passage_candidates=0
     )
