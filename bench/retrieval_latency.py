@@ -229,24 +229,16 @@ def recall_at_10(results: list[list[Document]], corpus: Corpus, key: Any) -> flo
 
 
 def measure(run_query: Any, queries: list[str], repeats: int) -> tuple[float, float, list[Any]]:
-    p50s, p95s, results = [], [], []
-    for _ in range(repeats):
-        results = [None] * len(queries)
-
-        def one(i: int, results: list[Any] = results) -> None:
-            results[i] = run_query(queries[i])
-
-        samples = time_calls(one, len(queries))
-        p50s.append(percentile_ms(samples, 50))
-        p95s.append(percentile_ms(samples, 95))
-    return median_of(p50s), median_of(p95s), results
+    """p50 and p95 wall ms per query (medians over repeats) and the last repeat's results."""
+    times, results = measure_cpu(run_query, queries, repeats)
+    return times["p50"], times["p95"], results
 
 
 def measure_cpu(
     run_query: Callable[[Any], Any], queries: Sequence[Any], repeats: int
 ) -> tuple[dict[str, float], list[Any]]:
-    """As ``measure``, with the process's CPU time per query beside the wall time (medians
-    over repeats of each percentile): on a shared machine a query waits for a core, and the
+    """p50 and p95 of each query's wall time and of the process's CPU time (medians over
+    repeats of each percentile), and the last repeat's results: on a shared machine a query waits for a core, and the
     CPU time shows what it costs apart from that wait."""
     runs: dict[str, list[float]] = {"p50": [], "p95": [], "cpu_p50": [], "cpu_p95": []}
     results: list[Any] = []
@@ -454,9 +446,10 @@ def dense_table(
         exact, f_res = measure_cpu(
             lambda v, index=flat: dense_search(index, v, CANDIDATES), q_vectors, repeats
         )
-        variants: list[tuple[str, Callable[[], Any]]] = [
+        variants: list[tuple[str, bool, Callable[[], Any]]] = [
             (
                 f"M={HNSW_M}, efC={HNSW_EF_CONSTRUCTION}, ef={HNSW_EF_SEARCH}",
+                False,
                 lambda sub=sub: build_faiss(sub, hnsw_min_chunks=1)[0],
             )
         ]
@@ -465,10 +458,11 @@ def dense_table(
                 (
                     f"M={BEFORE['m']}, efC={BEFORE['ef_construction']}, "
                     f"ef={BEFORE['ef_search']} (before)",
+                    True,
                     lambda sub=sub: _hnsw_before(sub),
                 )
             )
-        for label, build in variants:
+        for label, is_before, build in variants:
             start, cpu = time.perf_counter(), time.process_time()
             hnsw = build()
             wall, cpu = time.perf_counter() - start, time.process_time() - cpu
@@ -479,6 +473,7 @@ def dense_table(
                 {
                     "size": size,
                     "label": label,
+                    "before": is_before,
                     "flat": exact,
                     "hnsw": approximate,
                     "top10": _overlap(f_res, h_res, K),
@@ -681,8 +676,8 @@ def _dense_notes(dense: list[dict[str, Any]], hnsw_min: int) -> list[str]:
     if not dense:
         return []
     notes = []
-    now = [r for r in dense if "(before)" not in r["label"]]
-    before = [r for r in dense if "(before)" in r["label"]]
+    now = [r for r in dense if not r["before"]]
+    before = [r for r in dense if r["before"]]
     if before:
         b, a = before[-1], next(r for r in now if r["size"] == before[-1]["size"])
         notes.append(

@@ -136,9 +136,9 @@ def bm25_search(
         scores = _scores_among(model, ids, readers)
     mask = combined(mask, readers)
     hits = None if mask is None else _posting_rows(model, ids)
-    if mask is not None and hits is not None:
-        hits = hits[mask[hits]]
-        hits = hits[scores[hits] > 0]
+    if hits is not None:
+        assert mask is not None  # the postings are gathered for a mask only
+        hits = hits[mask[hits] & (scores[hits] > 0)]
     else:
         if mask is not None:
             scores = np.where(mask, scores, 0.0)

@@ -8,6 +8,7 @@ import sys
 import textwrap
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -401,8 +402,21 @@ def test_a_search_runs_on_its_own_thread_and_leaves_the_thread_count() -> None:
     vectors = _unit_vectors(500)
     index, _ = dense.build_faiss(vectors, hnsw_min_chunks=10**9)  # exact: OpenMP by default
     before = faiss.omp_get_max_threads()
-    rows, _ = dense.dense_search(index, vectors[3], 5)
+    during: list[int] = []
+
+    class Watched:
+        """The index, with the thread count its search ran under recorded."""
+
+        def search(self, *args: Any, **kwargs: Any) -> Any:
+            during.append(faiss.omp_get_max_threads())
+            return index.search(*args, **kwargs)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(index, name)
+
+    rows, _ = dense.dense_search(Watched(), vectors[3], 5)  # type: ignore[arg-type]
     assert rows[0] == 3
+    assert during == [1]
     assert faiss.omp_get_max_threads() == before
 
 
