@@ -153,7 +153,7 @@ def latency_rows(
         for query in corpus.queries[:20]:
             pg.invoke(query)
         with store.connection() as conn:
-            backend = int(conn.execute("SELECT pg_backend_pid()").fetchone()[0])  # type: ignore[index]
+            backend = conn.info.backend_pid
         # Filtered: every query is timed; recall counts the queries whose answer is kept.
         for label, filters in (("no filter", None), ("group = g7 (1%)", SELECTIVE)):
             results: dict[str, tuple[float, float]] = {}

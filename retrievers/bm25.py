@@ -169,9 +169,16 @@ def _posting_rows(model: bm25s.BM25, ids: Sequence[int]) -> np.ndarray | None:
     return np.unique(np.concatenate([indices[start:end] for start, end in spans]))
 
 
-def _idf(df: int, n: int) -> float:
+def idf(df: int, n: int) -> float:
     """Lucene's IDF, as bm25s computes it for ``method="lucene"``."""
     return math.log(1 + (n - df + 0.5) / (df + 0.5))
+
+
+def term_frequency_part(
+    tf: np.ndarray, length: np.ndarray, average: float, k1: float, b: float
+) -> np.ndarray:
+    """BM25's saturated, length-normalised term frequency (a score is idf times this)."""
+    return tf / (tf + k1 * (1 - b + b * length / average))
 
 
 def _scores_among(model: bm25s.BM25, ids: Sequence[int], readers: np.ndarray) -> np.ndarray:
@@ -208,13 +215,13 @@ def _scores_among(model: bm25s.BM25, ids: Sequence[int], readers: np.ndarray) ->
         if not keep.any():
             continue
         rows = rows[keep]
-        part = data[start:end][keep].astype(np.float64) / _idf(end - start, n_all)
+        part = data[start:end][keep].astype(np.float64) / idf(end - start, n_all)
         if lengths is not None:
             length = lengths[rows]
             norm_all = k1 * (1 - b + b * length / average_all)
             tf = np.rint(part * norm_all / np.maximum(1 - part, 1e-12))
-            part = tf / (tf + k1 * (1 - b + b * length / average))
-        scores[rows] += _idf(rows.size, n) * part
+            part = term_frequency_part(tf, length, average, k1, b)
+        scores[rows] += idf(rows.size, n) * part
     return scores
 
 

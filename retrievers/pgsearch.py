@@ -23,7 +23,6 @@ in between makes the search run again.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from psycopg import sql
 from pydantic import ConfigDict, Field
 
 from ragchains.retrievers.access import current_groups
-from ragchains.retrievers.bm25 import BM25_PARAMS, tokenize
+from ragchains.retrievers.bm25 import BM25_PARAMS, idf, term_frequency_part, tokenize
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import (
     LiveFields,
@@ -145,10 +144,10 @@ def bm25_top(
     for term, df, chunks, tfs, lengths, n, total in rows:
         if not chunks:
             continue
-        idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
         tf = np.asarray(tfs, dtype=np.float64)
         length = np.asarray(lengths, dtype=np.float64)
-        parts.append(terms[term] * idf * tf / (tf + k1 * (1 - b + b * length * n / total)))
+        weight = terms[term] * idf(df, n)
+        parts.append(weight * term_frequency_part(tf, length, total / n, k1, b))
         keys.append(np.asarray(chunks, dtype=np.int64))
     if not keys:
         return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float64)
