@@ -330,7 +330,7 @@ def quotes(
 
     Without a question, in the order the chunks are given. With one, ranked by the
     question's words each holds (``rank``), most relevant first; ties keep the chunks'
-    order (the compressor's, best first).
+    order (the compressor's: a reranker's best first, else the retrieved order).
     """
     found: dict[str, tuple[list[str], Unit]] = {}
     # Table heads by label and width: a chunk that starts inside a table (the overlap of the

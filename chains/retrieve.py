@@ -265,7 +265,8 @@ class Found(Searched):
 
 
 class Kept(Found):
-    """After ``compress``: the documents kept, best first, and the best score."""
+    """After ``compress``: the documents kept (a reranker's best first, else in the retrieved
+    order) and the best score."""
 
     compressed: Compressed
 
