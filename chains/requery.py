@@ -21,7 +21,7 @@ from ragchains.chains.compress import Compressed, acompress, compress, threshold
 from ragchains.chains.llm import LLM
 from ragchains.chains.options import Options
 from ragchains.chains.retrieve import Kept, Retrieved, Searcher
-from ragchains.chains.rewrite import RewriteOutput, expand_glossary
+from ragchains.chains.rewrite import RewriteOutput, expand_glossary, guard_for
 from ragchains.chains.state import quick
 from ragchains.chains.toolcalls import lines_grammar, parse_alternatives
 from ragchains.retrievers.compressors import ScoringCompressor
@@ -31,6 +31,9 @@ class RequeryReport(BaseModel):
     first_query: str
     first_best_score: float | None
     query: str | None = Field(None, description="the model's new query; None if unusable")
+    refused: str | None = Field(
+        None, description="why the new query was not searched (chains.queryguard), if it was not"
+    )
     best_score: float | None = None
     kept: bool = Field(False, description="the new query's results replaced the first ones")
 
@@ -108,34 +111,40 @@ class Requery:
         return chain, variables
 
     @staticmethod
-    def _new_query(state: Kept, reply: str) -> str | None:
-        """A usable query that differs from the one already searched, or None."""
+    def _new_query(state: Kept, reply: str) -> tuple[str | None, str | None]:
+        """A usable query that differs from the one already searched (or None), and why it
+        may not be searched (``QueryGuard``), or None when it may."""
         search: RewriteOutput = state["search"]
         fresh = parse_alternatives(reply, main=search.search_query, count=1)
-        return expand_glossary(fresh[0], state["options"].glossary) if fresh else None
+        if not fresh:
+            return None, None
+        guard = guard_for(state, state.get("chat_history") or [], search.filters, "requery")
+        return expand_glossary(fresh[0], state["options"].glossary), guard.refusal(fresh[0])
 
     def _result(
         self,
         state: Kept,
-        new_query: str | None,
+        new_query: tuple[str | None, str | None],
         found: tuple[Retrieved, Compressed] | None,
         since: float,
     ) -> Requeried:
         search: RewriteOutput = state["search"]
         old: Compressed = state["compressed"]
+        query, refused = new_query
         report = RequeryReport(
-            first_query=search.search_query, first_best_score=old.best_score, query=new_query
+            first_query=search.search_query,
+            first_best_score=old.best_score,
+            query=query,
+            refused=refused,
         )
         update: dict[str, Any] = {}
-        if new_query and found is not None:
+        if query and found is not None:
             retrieved, new = found
             report.best_score = new.best_score
             if self.better(old, new):
                 report.kept = True
                 update = {
-                    "search": search.model_copy(
-                        update={"search_query": new_query, "alternatives": []}
-                    ),
+                    "search": search.model_copy(update={"search_query": query, "alternatives": []}),
                     "retrieved": retrieved,
                     "compressed": new,
                 }
@@ -155,15 +164,16 @@ class Requery:
         chain, variables = self._ask(state)
         new_query = self._new_query(state, chain.invoke(variables, config))
         found = None
-        if new_query:
+        query, refused = new_query
+        if query and refused is None:
             options: Options = state["options"]
             retrieved = self.searcher.search(
-                new_query, filters=state["search"].filters, k=options.k, config=config
+                query, filters=state["search"].filters, k=options.k, config=config
             )
             new = compress(
                 self.compressor,
                 retrieved.documents,
-                new_query,
+                query,
                 threshold=threshold_for(options, self.compressor),
                 config=config,
             )
@@ -184,15 +194,16 @@ class Requery:
         chain, variables = self._ask(state)
         new_query = self._new_query(state, await chain.ainvoke(variables, config))
         found = None
-        if new_query:
+        query, refused = new_query
+        if query and refused is None:
             options: Options = state["options"]
             retrieved = await self.searcher.asearch(
-                new_query, filters=state["search"].filters, k=options.k, config=config
+                query, filters=state["search"].filters, k=options.k, config=config
             )
             new = await acompress(
                 self.compressor,
                 retrieved.documents,
-                new_query,
+                query,
                 threshold=threshold_for(options, self.compressor),
                 config=config,
             )

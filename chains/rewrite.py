@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field
 from ragchains.chains.grounding import ground_filters
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
+from ragchains.chains.queryguard import ASKING, QueryGuard
 from ragchains.chains.state import Configured, quick, read_input, stage
 from ragchains.chains.toolcalls import (
     FILENAME_TOOL,
@@ -46,17 +47,22 @@ from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.bm25 import tokenize
 from ragchains.retrievers.filters import FilterError, MetadataFilter, validate_filters
 
-# A rewrite that keeps less of the question's content words than this is not searched.
-REWRITE_KEEPS = 0.5
-# Words a rewrite may leave out: how a question is asked, not what it asks (BM25's stop words
-# are only the shortest function words).
-_ASKING = frozenset(
-    tokenize(
-        "what which who whom whose when where why how do does did done can could would should "
-        "may might must shall will am i me my we our you your please tell know want need find "
-        "show give list any some all more less than most least much many get got about there"
+# Words that refer back to something said before ("is it treatable?", "their price").
+_REFERRING = frozenset(
+    re.findall(r"\w+", "it its they them their theirs he him his she her hers ones")
+)
+# How a follow-up that leaves its subject out starts ("and for children?").
+_ELLIPSIS = ("and ", "or ", "what about ", "how about ")
+# Words that carry no subject: the words of asking, and the fillers of spoken turns.
+_NO_SUBJECT = frozenset(
+    re.findall(
+        r"\w+",
+        "okay ok yes no oh so also then really like interesting thanks great good please "
+        "is are was were be been being the a an of to in on for and or with as by at from "
+        "this that these those",
     )
 )
+_SURFACE_WORD = re.compile(r"[^\W_][\w'’-]*")
 
 
 class RewriteInput(BaseModel):
@@ -133,59 +139,112 @@ def interpret(message: AIMessage | str, question: str, fields: Mapping[str, str]
     return RewriteOutput(search_query=query, filters=filters, fallback=fallback, notes=notes)
 
 
-def own_words(question: str, history: Sequence[BaseMessage] = ()) -> str:
-    """What the user asked, in their words: the question, after their previous message when
-    it is a follow-up (the context a follow-up leaves out is most often there)."""
+def users_words(question: str, history: Sequence[BaseMessage] = ()) -> str:
+    """What the user asked, in their words, with what a follow-up refers to filled in.
+
+    A word that refers back ("is it treatable?") is replaced by the subject of the user's
+    latest message that has one the question lacks ("is throat cancer treatable?"); a
+    follow-up that leaves its subject out ("and for children?") gets that subject after it.
+    Anything else is searched as asked: on TREC CAsT the question as asked is closer to the
+    annotators' rewrites (token F1 0.78) than the previous message glued to it (0.63).
+    """
+    asked = " ".join(question.split())
     said = [str(m.content) for m in history if m.type == "human"]
-    return " ".join(" ".join([*said[-1:], question]).split())
+    words = _SURFACE_WORD.findall(asked)
+    lowered = {w.casefold() for w in words}
+    referring = [w for w in words if w.casefold() in _REFERRING]
+    if not said or not (referring or asked.casefold().startswith(_ELLIPSIS)):
+        return asked
+    subject = next((s for s in (_subject(m, lowered) for m in reversed(said)) if s), "")
+    if not subject:
+        return asked
+    if referring:
+        return re.sub(rf"\b{re.escape(referring[0])}\b", subject, asked, count=1)
+    end = "?" if asked.endswith("?") else ""
+    return f"{asked.rstrip(' ?.!')} {subject}{end}"
+
+
+def _subject(message: str, lowered: set[str]) -> str:
+    """The content words of ``message`` the question does not have, in order, once each."""
+    words = [
+        w
+        for w in _SURFACE_WORD.findall(message)
+        if w.casefold() not in lowered
+        and w.casefold() not in _NO_SUBJECT
+        and w.casefold() not in _REFERRING
+        and not set(tokenize(w)) <= ASKING
+    ]
+    return " ".join(dict.fromkeys(words))
 
 
 def keep_the_users_words(
-    out: RewriteOutput, question: str, history: Sequence[BaseMessage] = ()
+    out: RewriteOutput, question: str, history: Sequence[BaseMessage], guard: QueryGuard
 ) -> None:
-    """Make the search at least as good as the user's own words.
+    """Search the user's words (``users_words``), and the model's queries only as far as
+    they pass ``guard``.
 
-    The model's query is searched only when it keeps at least ``REWRITE_KEEPS`` of the
-    question's content words (BM25's stemmed tokens; numbers, words a filter carries and the
-    words of asking aside) and brings in words of the conversation that the question left out
-    (what a follow-up refers to); it is then searched together with the user's words, fused
-    by RRF. Otherwise the user's words are searched: a rewrite that drops words loses what was
-    asked, and one that adds words the conversation never held adds a guess (measured on
-    SciFact with SmolLM2: 0.417 nDCG@10 through its rewrites, 0.715 for the claims as written,
-    0.708 when rewrites adding any word were fused in). Filters and multi-query phrasings are
-    kept either way.
+    The model's rewrite is searched beside the user's words, fused by RRF, only when it
+    passes the guard and brings in words of the conversation the question left out (what a
+    follow-up refers to): a rewrite that adds nothing from the conversation adds a guess
+    (measured on SciFact with SmolLM2: 0.417 nDCG@10 through its rewrites, 0.715 for the
+    claims as written, 0.708 when rewrites adding any word were fused in). Multi-query
+    phrasings pass the same guard. Filters are kept either way.
     """
-    own = own_words(question, history)
+    own = users_words(question, history)
+    rewrite, out.search_query = out.search_query, own
+    phrasings, notes = guard.screen(out.alternatives, "the phrasing")
+    out.notes.extend(notes)
     if out.fallback:
-        out.search_query = own
+        out.alternatives = _distinct(own, phrasings)
         return
-    carried = {t for f in out.filters for t in tokenize(" ".join(map(str, _values(f))))}
+    reason = guard.refusal(rewrite)
     asked = set(tokenize(question))
-    wanted = {t for t in asked if not t.isdigit()} - carried - _ASKING
-    written = set(tokenize(out.search_query))
-    share = len(wanted & written) / len(wanted) if wanted else 1.0
     context = {t for m in history for t in tokenize(str(m.content))}
-    rewrite = out.search_query
-    if share < REWRITE_KEEPS:
+    if reason is not None:
         out.notes.append(
-            f"the rewrite {rewrite!r} left out words of the question ({share:.0%} kept); "
-            "searching your words"
+            f"the rewrite {rewrite!r} was not searched: {reason}; searching your words"
         )
-        out.search_query, out.fallback = own, True
-    elif not (written - asked) & context:
+        out.fallback = True
+    elif not (set(tokenize(rewrite)) - asked) & context:
         if rewrite.casefold() != own.casefold():
             out.notes.append(
                 f"the rewrite {rewrite!r} brings in nothing from the conversation; "
                 "searching your words"
             )
-        out.search_query = own
-    elif rewrite.casefold() != own.casefold():
-        seen = {rewrite.casefold(), own.casefold()}
-        out.alternatives = [own, *(a for a in out.alternatives if a.casefold() not in seen)]
+    else:
+        phrasings.insert(0, rewrite)
+    out.alternatives = _distinct(own, phrasings)
+
+
+def _distinct(main: str, queries: Sequence[str]) -> list[str]:
+    seen, found = {main.casefold()}, []
+    for query in queries:
+        if query.casefold() not in seen:
+            seen.add(query.casefold())
+            found.append(query)
+    return found
 
 
 def _values(flt: MetadataFilter) -> list[Any]:
     return flt.value if isinstance(flt.value, list) else [flt.value]
+
+
+def guard_for(
+    state: Configured,
+    history: Sequence[BaseMessage],
+    filters: Sequence[MetadataFilter],
+    prompt: str,
+) -> QueryGuard:
+    """The guard for the queries a turn's ``prompt`` writes: the question, the history and
+    the domain's glossary count as said; the filters' values need not be repeated."""
+    options: Options = state["options"]
+    return QueryGuard.for_turn(
+        state["question"],
+        history,
+        also_said=[f"{short} {meaning}" for short, meaning in options.glossary.items()],
+        carried=[str(v) for f in filters for v in _values(f)],
+        examples=options.prompt(prompt).examples,
+    )
 
 
 PROMPTS = ("rewrite", "multi_query")
@@ -271,7 +330,8 @@ class _Rewriter:
             out.alternatives = parse_alternatives(text, main=out.search_query, count=wanted)
         # The trimmed history: a previous message longer than the model's share of the
         # context was searched (and sent on to the models) whole, past the context window.
-        keep_the_users_words(out, state["question"], turn.history)
+        guard = guard_for(state, turn.history, out.filters, "rewrite")
+        keep_the_users_words(out, state["question"], turn.history, guard)
         out.search_query = expand_glossary(out.search_query, options.glossary)
         out.alternatives = [expand_glossary(q, options.glossary) for q in out.alternatives]
         out.seconds = round(time.perf_counter() - since, 4)

@@ -20,11 +20,13 @@ from typing import Any, Literal, Protocol
 
 import httpx
 import yaml
+from langchain_core.messages import AIMessage, HumanMessage
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from tqdm import tqdm
 
 from ragchains.chains.llm import LLM
 from ragchains.chains.options import problem_text
+from ragchains.chains.queryguard import QueryGuard
 from ragchains.evaluation import EVAL_PROMPTS
 from ragchains.evaluation.datasets import DatasetError, QAItem
 from ragchains.evaluation.metrics import citation_match, faithful_sentences, token_f1
@@ -45,12 +47,31 @@ class TurnError(Exception):
     """One question failed (a 5xx, a model timeout); the run records it and goes on."""
 
 
+# The conversation before a question: (question, the target's answer) per earlier turn.
+History = Sequence[tuple[str, str]]
+
+
 class Target(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
-    def answer(self, question: str) -> dict[str, Any]:
-        """The turn as ChatOutput fields: answer, citations, sources, abstained, ..."""
+    def answer(
+        self, question: str, history: History = (), domain: str | None = None
+    ) -> dict[str, Any]:
+        """The turn as ChatOutput fields: answer, citations, sources, abstained, ...;
+        ``domain`` replaces the run's prompt domain for this question."""
         ...
+
+
+def _messages(history: History) -> list[dict[str, str]]:
+    return [
+        {"role": role, "content": text}
+        for question, answer in history
+        for role, text in (("user", question), ("assistant", answer))
+    ]
+
+
+def _choices(configurable: dict[str, Any], domain: str | None) -> dict[str, Any]:
+    return {**configurable, "domain": domain} if domain else configurable
 
 
 @dataclass
@@ -64,10 +85,15 @@ class InProcessTarget:
     def describe(self) -> dict[str, Any]:
         return self.info
 
-    def answer(self, question: str) -> dict[str, Any]:
+    def answer(
+        self, question: str, history: History = (), domain: str | None = None
+    ) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"question": question}
+        if history:
+            inputs["chat_history"] = _messages(history)
         try:
             result: dict[str, Any] = self.graph.invoke(
-                {"question": question}, {"configurable": self.configurable}
+                inputs, {"configurable": _choices(self.configurable, domain)}
             )
         except Exception as exc:
             raise TurnError(_model_failure(exc)) from exc
@@ -115,8 +141,13 @@ class LangServeTarget(_HttpTarget):
     def describe(self) -> dict[str, Any]:
         return {"kind": "langserve", "url": self.url, "configurable": self.configurable}
 
-    def answer(self, question: str) -> dict[str, Any]:
-        body = {"input": {"question": question}, "config": {"configurable": self.configurable}}
+    def answer(
+        self, question: str, history: History = (), domain: str | None = None
+    ) -> dict[str, Any]:
+        inputs: dict[str, Any] = {"question": question}
+        if history:
+            inputs["chat_history"] = _messages(history)
+        body = {"input": inputs, "config": {"configurable": _choices(self.configurable, domain)}}
         return dict(self._post("/invoke", body)["output"])
 
 
@@ -129,11 +160,13 @@ class OpenAITarget(_HttpTarget):
     def describe(self) -> dict[str, Any]:
         return {"kind": "openai", "url": self.url, "configurable": self.configurable}
 
-    def answer(self, question: str) -> dict[str, Any]:
+    def answer(
+        self, question: str, history: History = (), domain: str | None = None
+    ) -> dict[str, Any]:
         extra = {k: v for k, v in self.configurable.items() if k != "domain"}
         body: dict[str, Any] = {
-            "model": self.configurable.get("domain") or "default",
-            "messages": [{"role": "user", "content": question}],
+            "model": domain or self.configurable.get("domain") or "default",
+            "messages": [*_messages(history), {"role": "user", "content": question}],
         }
         if extra:
             body["configurable"] = extra
@@ -210,7 +243,23 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
         "faithfulness": found / sentences if sentences else None,
         "cited": cited,
         "answer_style": turn.get("answer_style"),
+        # An answer that neither cites a source nor abstains must say so (``uncited``).
+        "unmarked_uncited": not cited and not abstained and not turn.get("uncited"),
     }
+
+
+def searched_terms(question: str, history: History, turn: Mapping[str, Any]) -> dict[str, Any]:
+    """The queries a chat turn searched (its query, the phrasings fused with it, a re-query
+    that passed the guard) and the numbers and names in them that the conversation never
+    held (``invented``): the question, the earlier questions and the answers given."""
+    searched = [str(turn.get("search_query") or ""), *map(str, turn.get("alternatives") or [])]
+    requery = turn.get("requery") or {}
+    if requery.get("query") and not requery.get("refused"):
+        searched.append(str(requery["query"]))
+    messages = [m for q, a in history for m in (HumanMessage(q), AIMessage(a))]
+    guard = QueryGuard.for_turn(question, messages)
+    invented = sorted({term for query in searched if query for term in guard.unsaid(query)})
+    return {"searched": [q for q in searched if q], "invented": invented}
 
 
 def evaluate_answers(
@@ -224,10 +273,12 @@ def evaluate_answers(
     """Ask, measure and judge each question. A failed question is recorded and the run goes
     on; if the first ``GIVE_UP_AFTER`` all fail, the target is broken: TargetError."""
     rows = []
+    said: dict[str, list[tuple[str, str]]] = {}  # each conversation's turns so far
     for item in tqdm(items, desc="questions", unit="question", disable=not progress):
+        history = said.setdefault(item.conversation, []) if item.conversation else []
         start = time.perf_counter()
         try:
-            turn = target.answer(item.question)
+            turn = target.answer(item.question, list(history), item.domain)
             error = None
         except TurnError as exc:
             turn, error = {}, str(exc)
@@ -236,6 +287,7 @@ def evaluate_answers(
         judged: dict[str, int | None] = dict.fromkeys(JUDGED)
         if error is None:
             row.update(measure(item, turn, latency))
+            row.update(searched_terms(item.question, history, turn))
             if judge is not None:
                 try:
                     judged = judge.judge(item.question, turn)
@@ -246,6 +298,8 @@ def evaluate_answers(
         row.update(judged)
         on_item(row)
         rows.append(row)
+        if item.conversation:
+            history.append((item.question, str(turn.get("answer") or "")))
         if len(rows) == GIVE_UP_AFTER and all("error" in r for r in rows):
             raise TargetError(f"the first {GIVE_UP_AFTER} questions failed: {error}")
     return summarize_answers(rows, judged=judge is not None)
@@ -287,6 +341,8 @@ def summarize_answers(rows: Sequence[Mapping[str, Any]], *, judged: bool) -> dic
         "answer_f1": _mean([r["answer_f1"] for r in answerable]),
         "faithfulness": _share(ok, "faithful_sentences", "answer_sentences"),
         "false_abstain_rate": _mean([r["abstained"] for r in answerable]),
+        "unmarked_uncited": sum(bool(r.get("unmarked_uncited")) for r in ok),
+        "invented_terms": sum(len(r.get("invented") or []) for r in ok),
         "abstain_rate_unanswerable": _mean([r["abstained"] for r in unanswerable]),
         "errors": len(rows) - len(ok),
     }

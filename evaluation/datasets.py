@@ -145,6 +145,9 @@ class QAItem:
     """One question with its reference answer and the citation labels it should cite.
 
     ``answerable`` false means the right reply is "I don't know" (``kind`` says why).
+    ``conversation``: the questions of one conversation share it and are asked in file
+    order, each after the ones before it and the target's own answers to them (a chat
+    target); ``domain`` is the prompt domain the question is asked in, if not the run's.
     """
 
     id: str
@@ -153,9 +156,11 @@ class QAItem:
     citations: list[str] = field(default_factory=list)
     answerable: bool = True
     kind: str = "answerable"
+    conversation: str = ""
+    domain: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        row: dict[str, Any] = {
             "id": self.id,
             "question": self.question,
             "answer": self.answer,
@@ -163,10 +168,16 @@ class QAItem:
             "answerable": self.answerable,
             "kind": self.kind,
         }
+        if self.conversation:
+            row["conversation"] = self.conversation
+        if self.domain:
+            row["domain"] = self.domain
+        return row
 
 
 def load_qa(path: Path) -> list[QAItem]:
-    """JSONL of {question, answer, citations} (and optionally id, answerable, kind)."""
+    """JSONL of {question, answer, citations} (and optionally id, answerable, kind,
+    conversation, domain)."""
     items: list[QAItem] = []
     ids: set[str] = set()
     for number, row in _jsonl(Path(path)):
@@ -179,6 +190,9 @@ def load_qa(path: Path) -> list[QAItem]:
         answerable = row.get("answerable", True)
         if not isinstance(answerable, bool):
             raise DatasetError(f"{path}:{number}: 'answerable' must be true or false")
+        for name in ("conversation", "domain"):
+            if not isinstance(row.get(name) or "", str):
+                raise DatasetError(f"{path}:{number}: {name!r} must be text")
         item_id = str(row.get("id", f"q{number}"))
         if item_id in ids:
             raise DatasetError(f"{path}:{number}: id {item_id!r} repeats")
@@ -191,6 +205,8 @@ def load_qa(path: Path) -> list[QAItem]:
                 citations=citations,
                 answerable=answerable,
                 kind=str(row.get("kind") or ("answerable" if answerable else "unanswerable")),
+                conversation=row.get("conversation") or "",
+                domain=row.get("domain") or None,
             )
         )
     if not items:

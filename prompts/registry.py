@@ -149,6 +149,9 @@ class Prompt:
     input_variables: tuple[str, ...]
     model_parameters: ModelParameters
     path: Path
+    # The few-shot examples' replies: what a model may copy into a reply to an unrelated
+    # question (chains.queryguard refuses a query that does).
+    examples: tuple[str, ...] = ()
 
     @property
     def ref(self) -> str:
@@ -254,6 +257,7 @@ def load_prompt(path: Path, domain: str) -> Prompt:
         input_variables=tuple(spec.input_variables),
         model_parameters=spec.model_parameters,
         path=path,
+        examples=tuple(shot.output for shot in spec.few_shots),
     )
 
 

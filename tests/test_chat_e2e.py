@@ -48,7 +48,7 @@ def test_chat_turns_answer_with_citations_from_the_index(service: Service) -> No
     )
     parsed = check_grounded(first, service)
     assert (
-        parsed.prompts["rewrite"] == "hr/rewrite@v2" and parsed.prompts["answer"] == "hr/quote@v1"
+        parsed.prompts["rewrite"] == "hr/rewrite@v3" and parsed.prompts["answer"] == "hr/quote@v1"
     )
     assert parsed.compressor["fallback"] is True  # no cross-encoder weights on this machine
 

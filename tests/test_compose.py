@@ -135,18 +135,18 @@ def test_multi_query_fuses_the_phrasings_with_any_retriever(
         searched.append(query)
         return stock_retriever.invoke(query)
 
-    llm = fake_llm("search_sources(search_query='health plans')", "medical insurance", "Fine.")
+    llm = fake_llm("search_sources(search_query='health plans')", "insurance plans", "Fine.")
     # A retriever-like runnable (query in, documents out) is a retriever too.
     chain = create_chat_chain(llm=llm, retriever=RunnableLambda(spy))
     history = [HumanMessage("which health benefits are there?"), AIMessage("Several.")]
     out = chain.invoke(
         {"question": "and plans?", "chat_history": history}, {"configurable": {"domain": "catalog"}}
     )
-    # The rewrite brings in "health" from the conversation: it is searched, and the user's
-    # own words (their previous message and the question) are fused with it.
-    own = "which health benefits are there? and plans?"
-    assert searched == ["health plans", own, "medical insurance"]
-    assert out["alternatives"] == [own, "medical insurance"] and out["sources"]
+    # The user's words, the subject of the follow-up filled in, are searched; the rewrite,
+    # which brings in "health" from the conversation, and the phrasing are fused with them.
+    own = "and plans health benefits?"
+    assert searched == [own, "health plans", "insurance plans"]
+    assert out["alternatives"] == ["health plans", "insurance plans"] and out["sources"]
 
 
 def test_requery_with_any_retriever(stock_retriever: BM25Retriever) -> None:
@@ -168,6 +168,7 @@ def test_requery_with_a_compressor_that_reports_no_scores(stock_retriever: BM25R
         "first_query": "how long is leave?",  # "leave" adds nothing: the question is searched
         "first_best_score": None,
         "query": "parental leave weeks",
+        "refused": None,
         "best_score": None,
         "kept": True,
     }
@@ -232,7 +233,7 @@ def test_served_example_is_called_with_remote_runnable_across_domains() -> None:
         assert result.returncode == 0, result.stderr
         out = result.stdout
         assert "domains: catalog, default, hr" in out
-        assert "prompts: default/rewrite@v1" in out and "prompts: hr/rewrite@v2" in out
+        assert "prompts: default/rewrite@v1" in out and "prompts: hr/rewrite@v3" in out
         assert "answer styles: auto, quote, free" in out
         assert "default/quote@v1" in out  # the embedded model quotes unless told otherwise
         assert "hr/answer@v1" in out  # the streamed call chose free and the v1 answer prompt

@@ -189,11 +189,13 @@ def test_judge_reads_a_digit_and_marks_junk_as_none() -> None:
 class _ScriptedTarget:
     def __init__(self, turns: list[Any]) -> None:
         self.turns = turns
+        self.asked: list[tuple[str, list[Any], str | None]] = []
 
     def describe(self) -> dict[str, Any]:
         return {"kind": "scripted"}
 
-    def answer(self, question: str) -> dict[str, Any]:
+    def answer(self, question: str, history: Any = (), domain: str | None = None) -> dict[str, Any]:
+        self.asked.append((question, list(history), domain))
         turn = self.turns.pop(0)
         if isinstance(turn, Exception):
             raise turn
@@ -210,6 +212,40 @@ def test_a_failed_question_is_recorded_and_the_run_goes_on() -> None:
     assert rows[0]["error"] == "502: overloaded" and rows[0]["groundedness"] is None
     assert rows[1]["citation_match"] is True
     assert summary["errors"] == 1 and summary["citation_match"] == 1.0
+
+
+def test_a_conversation_is_asked_turn_by_turn_and_its_queries_checked() -> None:
+    """Each turn follows the earlier ones and the target's own answers; the numbers and
+    names its searched queries hold that the conversation never did are listed."""
+    items = [
+        QAItem("c1", "What does the Standard plan cost?", "$45", ["h"], conversation="c"),
+        QAItem("c2", "And for children?", "$30", ["h"], conversation="c", domain="hr"),
+        QAItem("alone", "Sensors under 100 dollars?", "x", ["p"]),
+    ]
+    plain = {"answer": "It is $45 [h].", "citations": [{"label": "h"}], "search_query": "q"}
+    invents = {
+        "answer": "Children cost 10.5 cents.",
+        "citations": [],
+        "search_query": "And for children? Standard plan cost",
+        "alternatives": ["children cost 10.5 cents Berlin"],
+        "requery": {"query": "NICESS children", "refused": "it adds a name"},
+    }
+    target = _ScriptedTarget([plain, invents, {**plain, "search_query": "sensors under 100"}])
+    rows: list[dict[str, Any]] = []
+    summary = evaluate_answers(items, target, None, on_item=rows.append, progress=False)
+    assert target.asked == [
+        ("What does the Standard plan cost?", [], None),
+        ("And for children?", [("What does the Standard plan cost?", "It is $45 [h].")], "hr"),
+        ("Sensors under 100 dollars?", [], None),
+    ]
+    # The refused re-query was not searched; the phrasing was.
+    assert rows[1]["searched"] == [
+        "And for children? Standard plan cost",
+        invents["alternatives"][0],
+    ]
+    assert rows[1]["invented"] == ["10.5", "Berlin"] and rows[1]["unmarked_uncited"] is True
+    assert rows[0]["invented"] == rows[2]["invented"] == []
+    assert summary["invented_terms"] == 2 and summary["unmarked_uncited"] == 1
 
 
 def test_a_broken_target_stops_the_run_and_a_failing_judge_is_noted() -> None:

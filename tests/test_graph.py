@@ -184,12 +184,13 @@ def test_requery_kept_when_clearly_better(
         "first_query": "bad query",
         "first_best_score": 0.1,
         "query": "better query",
+        "refused": None,
         "best_score": 0.5,
         "kept": True,
     }
     assert out["search_query"] == "better query"
     assert len(out["sources"]) == 4 and all(s["score"] == 0.5 for s in out["sources"])
-    assert out["prompts"]["requery"] == "default/requery@v1"
+    assert out["prompts"]["requery"] == "default/requery@v2"
     assert "requery" in out["timings"]
 
 
@@ -217,6 +218,7 @@ def test_requery_repeating_the_first_query_searches_nothing_more(
         "first_query": "bad query",
         "first_best_score": 0.1,
         "query": None,
+        "refused": None,
         "best_score": None,
         "kept": False,
     }
@@ -310,7 +312,9 @@ def test_chat_abstains_without_an_answer_call(
 def check_stream(events: list[dict[str, Any]]) -> None:
     first, *middle, last = events
     assert "sources" in first and "answer" not in first
-    assert first["sources"] and first["search_query"] == "benefit plans"
+    # The user's words are searched, with the rewrite that brings in "benefit" beside them.
+    assert first["sources"] and first["search_query"] == FOLLOW_UP["question"]
+    assert first["alternatives"] == ["benefit plans"]
     assert middle and all(set(e) == {"answer"} for e in middle[:-1])
     assert set(middle[-1]) == {"citations", "abstained"}
     assert set(last) == {"prompts", "timings"}
@@ -372,13 +376,15 @@ def test_invoke_returns_the_documented_output(
 def test_multi_query_searches_each_phrasing(
     index: SearchIndex, embedder: SentenceTransformerEmbedder
 ) -> None:
-    model = plain_model("search_sources(search_query='soil sensor')", "moisture probe", "Fine.")
+    model = plain_model(
+        "search_sources(search_query='soil sensor')", "soil moisture probe", "Fine."
+    )
     graphs, retriever = build(index, embedder, model)
     out = graphs.chat.invoke({"question": "soil sensors?"}, {"configurable": {"domain": "catalog"}})
     # "soil sensor" adds nothing to "soil sensors?": the question itself is searched.
-    assert [c[0] for c in retriever.calls] == ["soil sensors?", "moisture probe"]
-    assert out["alternatives"] == ["moisture probe"]
-    assert out["prompts"]["multi_query"] == "default/multi_query@v1"
+    assert [c[0] for c in retriever.calls] == ["soil sensors?", "soil moisture probe"]
+    assert out["alternatives"] == ["soil moisture probe"]
+    assert out["prompts"]["multi_query"] == "default/multi_query@v2"
 
 
 def test_per_request_k_reaches_the_retriever(
@@ -423,8 +429,8 @@ def test_good_configurable_values_resolve_once_into_options() -> None:
     assert chat_choices().resolve({"threshold": 0.25}).threshold is None
     assert options.prompts == {
         "rewrite": "hr/rewrite@v1",
-        "multi_query": "default/multi_query@v1",
-        "requery": "default/requery@v1",
+        "multi_query": "default/multi_query@v2",
+        "requery": "default/requery@v2",
         "answer": "hr/answer@v2",
         "quote": "hr/quote@v1",
     }
@@ -445,7 +451,7 @@ def test_config_specs_are_enumerations_the_playground_can_render(
     schema = graphs.chat.get_config_jsonschema()["$defs"]["Configurable"]["properties"]
     assert schema["domain"]["enum"] == ["catalog", "default", "hr"]
     assert schema["domain"]["default"] == "default"
-    assert schema["rewrite_version"]["enum"] == ["latest", "v1", "v2"]
+    assert schema["rewrite_version"]["enum"] == ["latest", "v1", "v2", "v3"]
     assert schema["k"] == {
         "default": 10,
         "description": "chunks retrieved and handed to the compressor (1-200)",

@@ -52,13 +52,13 @@ def test_shipped_prompts_load_and_cover_every_domain() -> None:
 
 def test_selection_latest_explicit_and_inherited() -> None:
     registry = PromptRegistry(required=REQUIRED)
-    assert registry.get("hr", "rewrite").ref == "hr/rewrite@v2"  # latest
+    assert registry.get("hr", "rewrite").ref == "hr/rewrite@v3"  # latest
     assert registry.get("hr", "rewrite", 1).ref == "hr/rewrite@v1"
     assert registry.get("hr", "rewrite", "v1").ref == "hr/rewrite@v1"
     assert registry.get("hr", "rewrite", {"rewrite": 1, "answer": 1}).ref == "hr/rewrite@v1"
     assert registry.get("hr", "answer", {"rewrite": 1}).ref == "hr/answer@v2"  # unnamed: latest
     assert registry.get(None, "answer").ref == "default/answer@v2"
-    assert registry.get("hr", "requery").ref == "default/requery@v1"  # inherited
+    assert registry.get("hr", "requery").ref == "default/requery@v2"  # inherited
 
 
 @pytest.mark.parametrize(

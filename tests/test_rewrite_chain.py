@@ -14,6 +14,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from pydantic import Field
 
 from ragchains.chains.llm import LLM, supports_tool_calling, trim_history
+from ragchains.chains.queryguard import QueryGuard
 from ragchains.chains.rewrite import (
     RewriteOutput,
     create_rewrite_chain,
@@ -127,8 +128,11 @@ def test_junk_falls_back_to_the_question(prompts: PromptRegistry, reply: AIMessa
 
 def test_plain_reply_without_call_syntax_is_the_query(prompts: PromptRegistry) -> None:
     reply = AIMessage(content="soil moisture sensors\nunder 100 dollars")
+    assert interpret(reply, QUESTION, FIELDS).search_query == "soil moisture sensors"
+    # It brings in the conversation's "moisture": searched beside the question.
     out = run(prompts, reply, history=MOISTURE)
-    assert out.search_query == "soil moisture sensors" and not out.fallback
+    assert out.search_query == QUESTION and not out.fallback
+    assert out.alternatives == ["soil moisture sensors"]
 
 
 @pytest.mark.parametrize(
@@ -218,7 +222,7 @@ def test_plain_text_model_uses_the_call_syntax_of_the_few_shots(prompts: PromptR
     assert not supports_tool_calling(llm)
     chain = create_rewrite_chain(llm=LLM.of(llm, count_tokens=len), prompts=prompts, fields=FIELDS)
     out = chain.invoke({"question": QUESTION, "chat_history": MOISTURE})
-    assert out.search_query == "soil moisture sensor"
+    assert out.alternatives == ["soil moisture sensor"]
     assert [f.model_dump() for f in out.filters] == [{"field": "price", "op": "<", "value": 100}]
     assert out.prompts == {"rewrite": "default/rewrite@v1"}
 
@@ -238,20 +242,20 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
     model = RecordingModel(
         responses=[
             "search_sources(search_query='soil sensor')",
-            "1. SKU moisture probe\n2. soil sensor\n3. ground humidity meter",
+            "1. SKU moisture sensors\n2. soil sensor\n3. ground humidity meter",
         ]
     )
     llm = LLM(model=model, name="g", count_tokens=len, grammar=True)
     out = create_rewrite_chain(llm=llm, prompts=prompts, fields=FIELDS).invoke(
         {"question": "sensors", "chat_history": MOISTURE}, {"configurable": {"domain": "catalog"}}
     )
-    assert out.search_query == "soil sensor"
-    # The user's own words come first among the phrasings; the glossary applies too.
-    own = "we water by soil moisture sensors"
-    assert out.alternatives == [own, "SKU (product code) moisture probe"]
+    # The user's words are searched; the rewrite, which brings in the conversation's "soil",
+    # and the phrasing beside them. The glossary's words count as said, and it applies.
+    assert out.search_query == "sensors"
+    assert out.alternatives == ["soil sensor", "SKU (product code) moisture sensors"]
     assert out.prompts == {
-        "rewrite": "catalog/rewrite@v1",
-        "multi_query": "default/multi_query@v1",
+        "rewrite": "catalog/rewrite@v2",
+        "multi_query": "default/multi_query@v2",
     }
     assert model.grammars[1] == lines_grammar(1) == "root ::= line\nline ::= [^\\n] [^\\n]{0,149}\n"
     assert lines_grammar(3).startswith('root ::= line ("\\n" line){2}\n')
@@ -268,20 +272,30 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
         ("Inductive properties of biomaterials?", [], "biomaterials inductive", "", []),
         # Adds a word the conversation never held: a guess; the question is searched.
         ("soil sensors?", [], "soil moisture sensors", "", []),
-        # A follow-up: the rewrite brings the conversation's words; the user's words are the
-        # previous question and this one.
+        # A follow-up: "ones" is the previous question's subject; the rewrite, which brings
+        # in the conversation's words, is searched beside it.
         (
             "Do unused ones carry over?",
             ["How many vacation days do employees get?"],
             "unused vacation days carry over",
-            "unused vacation days carry over",
-            ["How many vacation days do employees get? Do unused ones carry over?"],
+            "Do unused vacation days employees carry over?",
+            ["unused vacation days carry over"],
         ),
+        # A follow-up without its subject gets the subject after it; a rewrite that leaves
+        # out the question's words is not searched.
         (
             "and the sick days?",
             ["How many vacation days do employees get?"],
-            "sick",
-            "How many vacation days do employees get? and the sick days?",
+            "vacation",
+            "and the sick days vacation employees?",
+            [],
+        ),
+        # Brings in an earlier unrelated question: not searched.
+        (
+            "Which sensors cost less than 100 dollars?",
+            ["What is the capital of Mongolia?"],
+            "What is the capital of Mongolia? Which sensors cost less than 100 dollars?",
+            "",
             [],
         ),
     ],
@@ -291,9 +305,89 @@ def test_the_search_keeps_the_users_words(
 ) -> None:
     out = RewriteOutput(search_query=rewrite)
     messages = [m for q in history for m in (HumanMessage(q), AIMessage("an answer"))]
-    keep_the_users_words(out, question, messages)
+    keep_the_users_words(out, question, messages, QueryGuard.for_turn(question, messages))
     assert out.search_query == (searched or question)
     assert out.alternatives == also
+
+
+@pytest.mark.parametrize(
+    ("question", "history", "query", "reason"),
+    [
+        # The follow-up of the issue: a re-query that states a price nobody gave.
+        (
+            "And how much is it to add children?",
+            ["What does the standard health plan cost per month?"],
+            "The cost of adding a child to the plan is 10.5 cents, which is equivalent to 2.6% "
+            "of the total purchase price of 37.89 dollars",
+            "adds a number the conversation never gave (10.5)",
+        ),
+        (
+            "Which sensors cost less than 100 dollars?",
+            [],
+            "sensors cost less than 100 dollars National Institute NICESS Berlin",
+            "adds a name the conversation never used (National)",
+        ),
+        (
+            "Which sensors cost less than 100 dollars?",
+            ["What is the capital of Mongolia?"],
+            "What is the capital of Mongolia? Which sensors cost less than 100 dollars?",
+            "joins more than one question",
+        ),
+        (
+            "What does VACL stand for?",
+            [],
+            'The full form of the acronym "VACL" is: VACL.',
+            "states something",
+        ),
+        (
+            "What does VACL stand for?",
+            [],
+            "VACL stand for Virtual Access Control List",
+            "adds a name the conversation never used (Virtual)",
+        ),
+        ("What is the capital of Mongolia?", [], "largest city", "leaves out words"),
+    ],
+)
+def test_the_guard_refuses_what_the_conversation_never_said(
+    question: str, history: list[str], query: str, reason: str
+) -> None:
+    messages = [m for q in history for m in (HumanMessage(q), AIMessage("an answer"))]
+    refusal = QueryGuard.for_turn(question, messages).refusal(query)
+    assert refusal is not None and reason in refusal
+
+
+@pytest.mark.parametrize(
+    ("question", "history", "query"),
+    [
+        (
+            "And how much is it to add children?",
+            ["What does the standard plan cost?"],
+            "Standard plan cost adding children",
+        ),
+        ("What does PTO mean?", [], "PTO paid time off meaning"),
+        ("Is it treatable?", ["What is throat cancer?"], "Is throat cancer treatable?"),
+        # A number or name the assistant's answer gave counts as said.
+        ("How do I book it?", ["Which hotel do we use in Berlin?"], "book Hotel Adlon Berlin"),
+    ],
+)
+def test_the_guard_lets_the_conversations_words_through(
+    question: str, history: list[str], query: str
+) -> None:
+    messages = [m for q in history for m in (HumanMessage(q), AIMessage("Hotel Adlon, 220 EUR."))]
+    guard = QueryGuard.for_turn(question, messages, also_said=["PTO paid time off"])
+    assert guard.refusal(query) is None
+
+
+def test_a_prompts_example_copied_into_an_unrelated_query_is_refused() -> None:
+    examples = ["search_sources(search_query='benefits health plan cost adding children')"]
+    guard = QueryGuard.for_turn("What is the capital of Mongolia?", examples=examples)
+    assert "copies the prompt's example" in (
+        guard.refusal("benefits health plan capital of mongolia") or ""
+    )
+    # The example's words the conversation uses are the conversation's.
+    asked = QueryGuard.for_turn("what do the benefits cost?", examples=examples)
+    assert asked.refusal("benefits cost") is None
+    assert "(health)" in (asked.refusal("benefits health cost") or "")
 
 
 def test_plain_text_with_bad_arguments_falls_back() -> None:
@@ -324,7 +418,7 @@ def test_glossary_expansion_per_domain(prompts: PromptRegistry) -> None:
 
 def test_domain_and_version_pick_the_prompt(prompts: PromptRegistry) -> None:
     reply = AIMessage(content="", tool_calls=[call("search_sources", search_query="x")])
-    assert run(prompts, reply, domain="hr").prompts["rewrite"] == "hr/rewrite@v2"
+    assert run(prompts, reply, domain="hr").prompts["rewrite"] == "hr/rewrite@v3"
     assert (
         run(prompts, reply, domain="hr", rewrite_version="v1").prompts["rewrite"] == "hr/rewrite@v1"
     )

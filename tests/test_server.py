@@ -105,7 +105,7 @@ def test_playground_and_schemas(url: str) -> None:
     ("configurable", "reported"),
     [
         ({}, "default/rewrite@v1"),
-        ({"domain": "hr"}, "hr/rewrite@v2"),
+        ({"domain": "hr"}, "hr/rewrite@v3"),
         ({"domain": "hr", "rewrite_version": "v1"}, "hr/rewrite@v1"),
         ({"domain": "hr", "rewrite_version": "v2"}, "hr/rewrite@v2"),
     ],

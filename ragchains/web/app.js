@@ -507,11 +507,13 @@ function thoughtsNode(turn, open) {
             "span",
             { class: "requery" },
             `first “${requery.first_query}” (best score ${score(requery.first_best_score)}), then `,
-            requery.query
-              ? `“${requery.query}” (best score ${score(requery.best_score)}): ${
-                  requery.kept ? "kept" : "not kept, the first results were better"
-                }`
-              : "no usable new query",
+            !requery.query
+              ? "no usable new query"
+              : requery.refused
+                ? `“${requery.query}”: not searched, ${requery.refused}`
+                : `“${requery.query}” (best score ${score(requery.best_score)}): ${
+                    requery.kept ? "kept" : "not kept, the first results were better"
+                  }`,
           )
         : "not needed",
     ),
