@@ -68,6 +68,8 @@ def names(query: str) -> list[str]:
     for sentence in _SENTENCE_END.split(query):
         words = _WORD.findall(sentence)
         for at, word in enumerate(words):
+            if re.split(r"['’]", word)[0] == "I":
+                continue  # "I", "I'm": the pronoun, capitalised everywhere
             letters = [c for c in word if c.isalpha()]
             upper = sum(c.isupper() for c in letters)
             if upper >= 2 or (upper == 1 and word[0].isupper() and at > 0):
@@ -167,6 +169,8 @@ class QueryGuard:
         if len(_ENDS.findall(query.rstrip() + " ")) > max(1, len(_ENDS.findall(self.question))):
             return "it joins more than one question"
         lowered = [_bare(w) for w in _WORD.findall(query)]
+        if lowered and lowered[0] in ("yes", "no"):
+            return "it answers the question instead of asking it"
         asked = {_bare(w) for w in _WORD.findall(self.question)}
         stating = (_STATING & set(lowered)) - asked
         if stating and lowered and lowered[0] not in _QUESTION_WORDS:

@@ -64,6 +64,13 @@ def plan_answers(
     if answer_style is not None:
         config.target.answer_style = answer_style  # type: ignore[assignment]
     items = load_qa(config.dataset)[:limit]
+    if config.target.index is not None and config.target.mode == "ask":
+        talked = next((item for item in items if item.conversation), None)
+        if talked is not None:
+            raise SetupError(
+                f"{config.dataset}: question {talked.id!r} is part of a conversation; "
+                "conversations need target.mode: chat"
+            )
     out = run_dir(out, "answers", config.dataset.stem)
     return AnswersPlan(config, items, out, config.target.configurable())
 
@@ -129,7 +136,7 @@ def run_answers(
                 "metrics": metrics,
                 "skipped": [] if judge else list(JUDGED),
                 "item_metrics": ITEM_METRICS,
-                "item_outputs": ["answer_given", "cited", "answer_style"],
+                "item_outputs": ["answer_given", "cited", "answer_style", "searched", "invented"],
             }
         )
     return AnswersRun(path, judged=judge is not None)

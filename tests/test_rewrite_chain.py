@@ -346,6 +346,7 @@ def test_the_search_keeps_the_users_words(
             "adds a name the conversation never used (Virtual)",
         ),
         ("What is the capital of Mongolia?", [], "largest city", "leaves out words"),
+        ("Is it in stock?", ["Is there a gateway with LTE?"], "No, it is not in stock.", "answers"),
     ],
 )
 def test_the_guard_refuses_what_the_conversation_never_said(
