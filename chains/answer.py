@@ -90,6 +90,9 @@ class AnswerOutput(BaseModel):
     answer: str
     citations: list[Citation]
     abstained: bool
+    uncited: bool = Field(
+        False, description="the model answered without citing any of the sources: not grounded"
+    )
     answer_style: Literal["quote", "free"] = Field(description="the style that answered")
     notes: list[str] = Field(default_factory=list)
     prompt: str | None = None  # "domain/answer@vN", None when no LLM was called
@@ -171,6 +174,11 @@ def citation_grammar(labels: Sequence[str], *, sentences: int = 3) -> str:
 
 
 PROMPTS = ("answer", "quote")
+UNCITED_NOTE = (
+    "the model's answer cites none of the sources, so nothing shows it is grounded in them: "
+    "check it against the sources, or ask with answer_style quote where the model takes a "
+    "grammar"
+)
 QUOTE_FALLBACK_NOTE = (
     "answer_style quote needs a model that takes a grammar ({model} does not); "
     "this answer is freely generated"
@@ -234,11 +242,16 @@ def _ending(text: str, plan: _Plan) -> AddableDict:
     abstained = plan.chain is None or (
         not citations and DONT_KNOW.lower().rstrip(".") in text.lower()
     )
+    # A model that cites nothing valid has not grounded its answer in the sources, whatever
+    # it says: the answer is shown, marked so, never as a grounded one.
+    uncited = not abstained and not citations
+    notes = [*plan.notes, UNCITED_NOTE] if uncited else plan.notes
     return AddableDict(
         citations=[c.model_dump() for c in citations],
         abstained=abstained,
+        uncited=uncited,
         answer_style=plan.style,
-        notes=plan.notes,
+        notes=notes,
         prompt=plan.prompt,
     )
 

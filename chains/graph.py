@@ -117,6 +117,11 @@ class ChatOutput(BaseModel):
     answer: str
     citations: list[Citation]
     abstained: bool
+    uncited: bool = Field(
+        False,
+        description="the answer cites none of the sources (the model ignored the instruction "
+        "to cite): shown, but not as a grounded answer",
+    )
     prompts: dict[str, str]
     timings: dict[str, float] = Field(description="seconds per stage, and total")
 

@@ -14,6 +14,7 @@ from langchain_core.messages import AIMessage, HumanMessage
 
 from ragchains.chains.answer import (
     DONT_KNOW,
+    UNCITED_NOTE,
     citation_grammar,
     create_answer_chain,
     format_context,
@@ -94,6 +95,7 @@ def test_no_chunks_abstains_without_calling_the_llm(prompts: PromptRegistry) -> 
         "answer": DONT_KNOW,
         "citations": [],
         "abstained": True,
+        "uncited": False,
         "answer_style": "free",  # a model without a grammar answers freely
         "notes": [],
         "prompt": None,
@@ -114,13 +116,39 @@ def test_answer_with_citations_and_prompt_ref(prompts: PromptRegistry) -> None:
     assert out["prompt"] == "hr/answer@v2"
 
 
+@pytest.mark.parametrize(
+    "reply",
+    ["The answer is: 12.", "$45.00 [made-up.md#nowhere]."],
+    ids=["no-marker", "unknown-label"],
+)
+def test_an_answer_citing_no_source_is_marked_uncited(prompts: PromptRegistry, reply: str) -> None:
+    """Whatever the model: an answer whose sentences cite nothing valid is shown, flagged
+    ``uncited`` with a note saying what that means, never as a grounded answer."""
+    out = answer_chain(FakeListChatModel(responses=[reply]), prompts).invoke(
+        {"question": "q", "documents": DOCS}
+    )
+    assert out["uncited"] is True and out["abstained"] is False and out["citations"] == []
+    assert out["notes"] == [UNCITED_NOTE]
+    cited = answer_chain(
+        FakeListChatModel(responses=["$45.00 [handbook.md#benefit-plans]."]), prompts
+    ).invoke({"question": "q", "documents": DOCS})
+    assert cited["uncited"] is False and cited["notes"] == []
+
+
 def test_answer_streams_tokens_then_citations(prompts: PromptRegistry) -> None:
     llm = FakeListChatModel(responses=["  $45.00 [handbook.md#benefit-plans]."])
     events = list(answer_chain(llm, prompts).stream({"question": "q", "documents": DOCS}))
     tokens = [e["answer"] for e in events[:-1]]
     assert all(set(e) == {"answer"} for e in events[:-1]) and len(tokens) > 5
     assert "".join(tokens) == "$45.00 [handbook.md#benefit-plans]."  # leading blanks dropped
-    assert set(events[-1]) == {"citations", "abstained", "answer_style", "notes", "prompt"}
+    assert set(events[-1]) == {
+        "citations",
+        "abstained",
+        "uncited",
+        "answer_style",
+        "notes",
+        "prompt",
+    }
     assert events[-1]["citations"][0]["label"] == "handbook.md#benefit-plans"
 
 

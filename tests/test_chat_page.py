@@ -391,6 +391,10 @@ def test_a_failing_model_shows_its_error_and_the_next_question_works(
     answer = chat.wait_done(chat.ask(ANSWERABLE))
     assert answer.get_by_role("alert").count() == 0
     assert "answer from gpt-4o-mini" in answer.locator(".answer-text").inner_text()
+    # The upstream's answer cites nothing: shown, and marked as not grounded.
+    assert answer.get_by_text("Uncited", exact=True).is_visible()
+    assert "cites none of the sources" in answer.locator("p.uncited").inner_text()
+    assert answer.get_by_text("Not in the documents").count() == 0
 
 
 def test_stop_cancels_a_long_answer(

@@ -97,7 +97,7 @@ def test_playground_and_schemas(url: str) -> None:
     }
     choices = config["$defs"]["Configurable"]["properties"]
     assert choices["domain"]["enum"] == ["catalog", "default", "hr"]
-    assert choices["rewrite_version"]["enum"] == ["latest", "v1", "v2"]
+    assert choices["rewrite_version"]["enum"] == ["latest", "v1", "v2", "v3"]
     assert "question" in httpx.get(f"{url}/ask/input_schema").json()["properties"]
 
 

@@ -87,6 +87,9 @@ class AskResult(BaseModel):
     answer: str
     citations: list[Citation] = Field(description="the sources the answer's sentences cite")
     abstained: bool = Field(description="true: the documents do not answer the question")
+    uncited: bool = Field(
+        False, description="true: the answer cites no source, so it is not shown to be grounded"
+    )
     sources: list[Chunk] = Field(description="the chunks the answer was written from")
 
 
@@ -272,6 +275,7 @@ class RagTools:
             answer=output["answer"],
             citations=output.get("citations", []),
             abstained=bool(output.get("abstained")),
+            uncited=bool(output.get("uncited")),
             sources=sources,
         )
 

@@ -411,7 +411,14 @@ function turnNode(turn, thoughtsOpen) {
               )
             : null,
         )
-      : null,
+      : turn.out.uncited
+        ? el(
+            "p",
+            { class: "uncited" },
+            el("span", { class: "badge uncited" }, "Uncited"),
+            el("small", {}, " This answer cites none of the sources: check it against them."),
+          )
+        : null,
     el("div", { class: "answer-text" }, answerNodes(turn)),
     streaming && !turn.out.answer
       ? el("p", { class: "waiting" }, turn.out.sources ? "Writing the answer…" : "Searching…")
