@@ -29,6 +29,11 @@ def approximate_tokens(text: str) -> int:
     return count_tokens_approximately([("human", text)])
 
 
+def grammar_keyword(max_tokens: int, grammar: str | None) -> dict[str, Any]:
+    """A call's options as LangChain's llama.cpp models take them: ``grammar=<GBNF>``."""
+    return {"max_tokens": max_tokens, **({"grammar": grammar} if grammar is not None else {})}
+
+
 @dataclass(frozen=True)
 class LLM:
     """A chat model and its capabilities.
@@ -41,7 +46,10 @@ class LLM:
     name: str
     count_tokens: Callable[[str], int] = approximate_tokens
     tool_calling: bool = False
-    grammar: bool = False  # accepts ``grammar=<GBNF text>`` per call
+    grammar: bool = False  # takes a GBNF grammar per call
+    # The keyword arguments that send one call's max_tokens and grammar: a server may want
+    # the grammar in its own field of the request body (``ragchains.llms``).
+    call_options: Callable[[int, str | None], dict[str, Any]] = grammar_keyword
 
     @classmethod
     def of(cls, model: Any, **kwargs: Any) -> LLM:
@@ -65,11 +73,10 @@ class LLM:
         """The model with one prompt's sampling parameters, tools or grammar."""
         model: Any = self.model
         if tools and self.tool_calling:
-            model = model.bind_tools(tools)
-        kwargs: dict[str, Any] = {"temperature": temperature, "max_tokens": max_tokens}
-        if grammar is not None and self.grammar:
-            kwargs["grammar"] = grammar
-        return model.bind(**kwargs)
+            # Tools or a grammar, not both: a server that takes both applies one to the other.
+            model, grammar = model.bind_tools(tools), None
+        options = self.call_options(max_tokens, grammar if self.grammar else None)
+        return model.bind(temperature=temperature, **options)
 
     def prompted(
         self,

@@ -198,6 +198,8 @@ def build_llm(settings: Settings) -> LLM:
         timeout=settings.llm_timeout,
         max_retries=settings.llm_max_retries,
         fallback_model=settings.openai_fallback_model,
+        grammar=settings.openai_grammar,
+        offline=settings.offline,
     )
 
 

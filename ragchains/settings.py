@@ -92,21 +92,38 @@ class Settings(BaseSettings):
     llm_context_tokens: int = Field(4096, ge=512, le=131072)
     llm_threads: int | None = Field(None, ge=1, description="llama.cpp threads; default: all")
     llm_seed: int = 0
-    openai_model: str = "gpt-4o-mini"
+    openai_model: str | None = Field(
+        None,
+        description="default: the model the server at openai_base_url serves (its /v1/models), "
+        "or gpt-4o-mini on OpenAI's own API",
+    )
     openai_base_url: str | None = Field(None, description="e.g. http://localhost:11434/v1")
     openai_api_key: SecretStr | None = None
     openai_fallback_model: str | None = Field(
         None, description="tried with the same request when the main model fails"
     )
+    openai_grammar: Literal["auto", "grammar", "guided_grammar", "structured_outputs", "none"] = (
+        Field(
+            "auto",
+            description="the request field an OpenAI-compatible server takes a GBNF grammar in: "
+            "auto asks the server (llama.cpp's servers: grammar; vLLM: guided_grammar or "
+            "structured_outputs); none: never send one",
+        )
+    )
     answer_style: Literal["auto", "quote", "free"] = Field(
         "auto",
         description="quote: answers only copy sentences from the sources, each with its label "
-        "(needs a model that takes a grammar: the embedded one); free: free generation; auto: "
-        "quote for the embedded model, free for OpenAI-compatible ones. A domain's "
-        "answer_style and a request's win over it",
+        "(needs a model that takes a grammar: the embedded one, llama.cpp's and vLLM's "
+        "servers); free: free generation, an answer citing nothing marked uncited; auto: quote "
+        "where the model takes a grammar, else free. A domain's answer_style and a request's "
+        "win over it",
     )
-    llm_timeout: float = Field(60.0, gt=0, description="seconds per LLM request")
-    llm_max_retries: int = Field(2, ge=0, le=10, description="retries with backoff per request")
+    llm_timeout: float = Field(
+        60.0, gt=0, description="the deadline of one LLM call in seconds, retries included"
+    )
+    llm_max_retries: int = Field(
+        2, ge=0, le=10, description="retries with backoff within the deadline"
+    )
 
     # Conversation.
     history_tokens: int = Field(
