@@ -18,6 +18,7 @@ import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,57 @@ def user_env(**extra: str) -> dict[str, str]:
     """The environment a user runs the command in: none of the test run's RAGCHAINS_*."""
     clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
     return {**clean, **extra}
+
+
+# The name llama.cpp's server gives the shipped SmolLM2 in the tests (its --model_alias).
+LLAMA_ALIAS = "smollm2-135m-instruct"
+
+
+@dataclass(frozen=True)
+class LlamaServer:
+    process: subprocess.Popen[str]
+    base_url: str  # http://127.0.0.1:PORT/v1
+
+
+@contextmanager
+def llama_cpp_server() -> Iterator[LlamaServer]:
+    """llama.cpp's OpenAI-compatible server (``python -m llama_cpp.server``, from
+    llama-cpp-python's server extra) on the shipped SmolLM2 file, served as
+    ``LLAMA_ALIAS`` on one thread, until the block ends."""
+    from ragchains.embedded_llm import packaged_gguf
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable, "-m", "llama_cpp.server", "--model", str(packaged_gguf()),
+        "--model_alias", LLAMA_ALIAS, "--host", "127.0.0.1", "--port", str(port),
+        "--n_ctx", "4096", "--n_threads", "1", "--seed", "0",
+    ]  # fmt: skip
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+        base = f"http://127.0.0.1:{port}/v1"
+
+        def ready() -> bool:
+            if process.poll() is not None:
+                log.seek(0)
+                raise AssertionError(f"llama_cpp.server exited: {log.read()[-3000:]}")
+            try:
+                return httpx.get(f"{base}/models", timeout=5).status_code == 200
+            except httpx.TransportError:
+                return False
+
+        try:
+            wait_until(ready, "llama_cpp.server ready", timeout=120, every=0.5)
+            yield LlamaServer(process, base)
+        finally:
+            process.send_signal(signal.SIGCONT)  # a test may have frozen it
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextmanager
