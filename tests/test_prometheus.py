@@ -21,7 +21,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from ragchains.factory import run_ingest
-from ragchains.observability.metrics import index_generation, ingest_log
+from ragchains.observability.metrics import index_generation, ingest_log, requery_outcome
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.settings import Settings
@@ -154,15 +154,12 @@ def test_each_counter_moves_as_the_requests_say(keyed: str, upstream: FakeOpenAI
     # The chat turn's re-query, if its first results were weak, counted by outcome.
     requeried = {
         outcome: moved(before, after, "ragchains_requeries_total", outcome=outcome)
-        for outcome in ("adopted", "rejected", "unusable")
+        for outcome in ("adopted", "rejected", "refused", "unusable")
     }
     report = turn["requery"]
     assert sum(requeried.values()) == (1 if turn["requeried"] else 0)
     if report is not None:
-        expected = (
-            "unusable" if not report["query"] else "adopted" if report["kept"] else "rejected"
-        )
-        assert requeried[expected] == 1
+        assert requeried[requery_outcome(report)] == 1
 
     stages = "ragchains_stage_duration_seconds_count"
     for stage in ("rewrite", "retrieve", "compress", "requery", "answer"):
@@ -275,3 +272,17 @@ def test_a_store_logs_its_ingest_runs_for_the_metrics(
     assert recorded["runs"] == 2 and recorded["skipped_files"] == 1
     assert recorded["last"]["skipped"] == 1 and recorded["last"]["wrote"] is False
     assert generation == 1 and built_at is not None and built_at <= time.time()
+
+
+@pytest.mark.parametrize(
+    ("report", "outcome"),
+    [
+        ({"query": None, "kept": False}, "unusable"),
+        ({"query": "q", "kept": False, "refused": "it adds a number (10.5)"}, "refused"),
+        ({"query": "q", "kept": False, "refused": None}, "rejected"),
+        ({"query": "q", "kept": True, "refused": None}, "adopted"),
+        (None, None),
+    ],
+)
+def test_a_requery_is_counted_by_its_outcome(report: dict | None, outcome: str | None) -> None:
+    assert requery_outcome(report) == outcome

@@ -56,7 +56,7 @@ OTHER = "other"  # the label value of whatever is not in a label's known set
 CHAINS = frozenset(PROMPTS_USED)  # the served chains' run names (chat, ask, rewrite, ...)
 TURN_CHAINS = ("chat", "ask")
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-REQUERY_OUTCOMES = ("adopted", "rejected", "unusable")
+REQUERY_OUTCOMES = ("adopted", "rejected", "refused", "unusable")
 FAILURE_KINDS = ("error", "timeout")
 VOTES = ("up", "down")
 
@@ -104,8 +104,9 @@ class Metrics:
         self.requeries = Counter(
             "ragchains_requeries",
             "Re-queries asked of the model after weak results, by outcome (adopted: the new "
-            "results replaced the first; rejected: they were not clearly better; unusable: "
-            "the model gave no new query); their sum is the re-queries asked",
+            "results replaced the first; rejected: they were not clearly better; refused: the "
+            "query held something the conversation never said and was not searched; "
+            "unusable: the model gave no new query); their sum is the re-queries asked",
             ["outcome"],
             registry=registry,
         )
@@ -251,15 +252,17 @@ def chain_label(name: str | None) -> str:
 
 
 def requery_outcome(report: Any) -> str | None:
-    """adopted, rejected or unusable; None: no re-query was asked."""
+    """adopted, rejected, refused or unusable; None: no re-query was asked."""
     if isinstance(report, RequeryReport):
-        query, kept = report.query, report.kept
+        query, kept, refused = report.query, report.kept, report.refused
     elif isinstance(report, Mapping):  # a report already dumped
-        query, kept = report.get("query"), bool(report.get("kept"))
+        query, kept, refused = report.get("query"), bool(report.get("kept")), report.get("refused")
     else:
         return None
     if not query:
         return "unusable"
+    if refused:
+        return "refused"
     return "adopted" if kept else "rejected"
 
 
