@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -106,7 +107,16 @@ def calibration_texts(count: int = CALIBRATION_TEXTS) -> list[str]:
     return paragraphs[::step][:count]
 
 
+def _without_telemetry() -> None:
+    """Keep OpenVINO's and NNCF's usage telemetry out: both import ``openvino_telemetry``
+    only if they can, and it reports to Google Analytics. A ragchains run makes no network
+    call it was not configured to make (tested with networking disabled)."""
+    if "openvino_telemetry" not in sys.modules:
+        sys.modules["openvino_telemetry"] = None  # type: ignore[assignment]  # import fails
+
+
 def _export(model_path: Path, out: Path) -> None:
+    _without_telemetry()
     import openvino as ov
     import torch
     from sentence_transformers import SentenceTransformer
@@ -215,6 +225,7 @@ class OpenVinoInt8Model:
 
     @classmethod
     def load(cls, model_path: str | Path) -> OpenVinoInt8Model:
+        _without_telemetry()
         import openvino as ov
 
         folder = ensure_exported(model_path)

@@ -180,11 +180,6 @@ sys.exit(done.returncode)
     shutil.which("unshare") is None or shutil.which("ip") is None,
     reason="needs unshare (util-linux) and ip (iproute2)",
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="openvino_telemetry (imported by `import openvino`) looks up "
-    "www.google-analytics.com once the int8 embedder loads; not yet switched off",
-)
 def test_with_networking_disabled_nothing_but_the_model_server_is_contacted(
     sample_index: Path, tmp_path: Path
 ) -> None:
