@@ -262,7 +262,6 @@ class OpenVinoInt8Model:
 
 
 if __name__ == "__main__":  # set-up: export the default embedder now, not on first use
-    import sys
 
     from ragchains.retrievers.embeddings import resolve_model_path
 

@@ -27,9 +27,11 @@ from ragchains.chains.toolcalls import (
     lines_grammar,
     parse_alternatives,
     sanitize_query,
+    text_calls,
 )
 from ragchains.prompts.registry import CHAIN_PROMPTS as REQUIRED_PROMPTS
 from ragchains.prompts.registry import PromptRegistry
+from ragchains.retrievers.bm25 import tokenize
 from tests.fakes import RecordingModel
 
 FIELDS = {"price": "number", "brand": "string", "filename": "string", "in_stock": "boolean"}
@@ -449,3 +451,35 @@ def test_history_trimmed_to_budget_newest_turns_whole(prompts: PromptRegistry) -
     assert sent[1].content == "what does the standard plan cost per month?"
     assert [m.content for m in sent[5:-1]] == [m.content for m in kept]
     assert sent[-1].content == "and the last one?"
+
+
+# ----------------------------------------------------------------------------- examples do not leak
+# Conversations that share no word with any domain's rewrite examples.
+UNRELATED = [
+    ("Which river flows through Vienna?", ["Who painted the Mona Lisa?"]),
+    ("What is the capital of Mongolia?", ["Which flowers are cheap?", "Tell me about deserts."]),
+    ("How tall is Mount Everest?", ["What is the capital of Mongolia?"]),
+]
+
+
+@pytest.mark.parametrize("domain", ["default", "hr", "catalog"])
+def test_no_example_of_a_domains_rewrite_prompt_reaches_an_unrelated_search(
+    prompts: PromptRegistry, smollm: LLM, domain: str
+) -> None:
+    """SmolLM2 through each domain's latest rewrite prompt: whatever it copies from the
+    prompt's few-shot examples, no word of theirs that the conversation lacks is searched."""
+    prompt = prompts.get(domain, "rewrite")
+    calls = [c for e in prompt.examples for c in text_calls(e)]
+    queries = [c["args"]["search_query"] for c in calls if c["name"] == "search_sources"]
+    example_words = set(tokenize(" ".join(queries)))
+    assert example_words
+    chain = create_rewrite_chain(llm=smollm, prompts=prompts, fields=FIELDS)
+    for question, said in UNRELATED:
+        history = [m for q in said for m in (HumanMessage(q), AIMessage("I don't know."))]
+        conversation = set(tokenize(" ".join([question, *said, "I don't know."])))
+        assert not conversation & example_words
+        out = chain.invoke(
+            {"question": question, "chat_history": history}, {"configurable": {"domain": domain}}
+        )
+        searched = {t for q in [out.search_query, *out.alternatives] for t in tokenize(q)}
+        assert not searched & example_words, (out.search_query, out.alternatives, out.notes)
