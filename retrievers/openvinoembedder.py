@@ -262,7 +262,6 @@ class OpenVinoInt8Model:
 
 
 if __name__ == "__main__":  # set-up: export the default embedder now, not on first use
-
     from ragchains.retrievers.embeddings import resolve_model_path
 
     name = sys.argv[1] if len(sys.argv) > 1 else "all-MiniLM-L6-v2"
