@@ -73,7 +73,7 @@ class UsageModel(BaseChatModel):
     def _reply(self, messages: list[BaseMessage]) -> str:
         system = str(messages[0].content) if messages else ""
         if "write search queries" in system:
-            return "search_sources(search_query='standard plan monthly cost')"
+            return "search_sources(search_query='standard health plan cost')"
         if "found no good match" in system:
             return "standard health plan price per month"
         if self.fail is not None:
