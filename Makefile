@@ -16,6 +16,9 @@ LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FM
 CHROMIUM := /usr/bin/chromium
 # Scanned PDFs and images are read by Debian's tesseract (English data), installed the same way.
 TESSERACT := /usr/bin/tesseract
+# The offline test runs a server and the CLI in a network namespace with only loopback up:
+# util-linux's unshare and iproute2's ip.
+IPROUTE := /usr/sbin/ip
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 # The chat page's libraries (PDF.js, marked, DOMPurify): from the npm registry, pinned by
 # package-lock.json, copied with their licences where the page serves them (/ui/vendor/).
@@ -66,6 +69,11 @@ $(TESSERACT):
 	$(SUDO) apt-get update -qq
 	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq tesseract-ocr tesseract-ocr-eng
 
+$(IPROUTE):
+	@echo "installing Debian's iproute2 for the networking-disabled test"
+	$(SUDO) apt-get update -qq
+	DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq iproute2
+
 $(CHROMIUM):
 	@echo "installing Debian's chromium for the browser tests"
 	$(SUDO) apt-get update -qq
@@ -74,7 +82,7 @@ $(CHROMIUM):
 # One worker per core, a test file to a worker (a file's fixtures and servers stay in one
 # process); most tests wait on a server, a browser or a subprocess, so two workers on two
 # cores take 9.5 minutes where one took 16.
-test: setup $(CHROMIUM)
+test: setup $(CHROMIUM) $(IPROUTE)
 	$(BIN)/pytest -n auto --dist loadfile --durations=25
 
 # mypy cannot follow the editable install's import hook (package-dir maps ragchains.chains to
