@@ -39,9 +39,9 @@ _WORD = re.compile(r"[^\W\d_][\w'’&-]*")
 # Where a sentence starts: its first word is capitalised whatever it is.
 _SENTENCE_END = re.compile(r"[.?!:;]\s+|\n")
 _ENDS = re.compile(r"[.?!](?=\s|$)")
-# Words that make a statement of a query ("the cost is 10.5 cents", "VACL is: ...").
 # The arguments of the example calls that hold words of a query.
 _QUERY_ARGUMENTS = frozenset({"search_query", "filename"})
+# Words that make a statement of a query ("the cost is 10.5 cents", "VACL is: ...").
 _STATING = frozenset({"is", "are", "was", "were", "equals", "means", "costs"})
 _QUESTION_WORDS = frozenset(
     re.findall(
@@ -166,7 +166,7 @@ class QueryGuard:
         words = query.split()
         if len(words) > max(MAX_QUERY_WORDS, 2 * len(self.question.split())):
             return f"it is {len(words)} words long: an answer, not a query"
-        if len(_ENDS.findall(query.rstrip() + " ")) > max(1, len(_ENDS.findall(self.question))):
+        if len(_ENDS.findall(query)) > max(1, len(_ENDS.findall(self.question))):
             return "it joins more than one question"
         lowered = [_bare(w) for w in _WORD.findall(query)]
         if lowered and lowered[0] in ("yes", "no"):

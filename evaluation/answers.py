@@ -70,6 +70,11 @@ def _messages(history: History) -> list[dict[str, str]]:
     ]
 
 
+def _turn_input(question: str, history: History) -> dict[str, Any]:
+    """A chain's input: the question, after the conversation when there is one."""
+    return {"question": question, **({"chat_history": _messages(history)} if history else {})}
+
+
 def _choices(configurable: dict[str, Any], domain: str | None) -> dict[str, Any]:
     return {**configurable, "domain": domain} if domain else configurable
 
@@ -88,12 +93,10 @@ class InProcessTarget:
     def answer(
         self, question: str, history: History = (), domain: str | None = None
     ) -> dict[str, Any]:
-        inputs: dict[str, Any] = {"question": question}
-        if history:
-            inputs["chat_history"] = _messages(history)
         try:
             result: dict[str, Any] = self.graph.invoke(
-                inputs, {"configurable": _choices(self.configurable, domain)}
+                _turn_input(question, history),
+                {"configurable": _choices(self.configurable, domain)},
             )
         except Exception as exc:
             raise TurnError(_model_failure(exc)) from exc
@@ -144,10 +147,10 @@ class LangServeTarget(_HttpTarget):
     def answer(
         self, question: str, history: History = (), domain: str | None = None
     ) -> dict[str, Any]:
-        inputs: dict[str, Any] = {"question": question}
-        if history:
-            inputs["chat_history"] = _messages(history)
-        body = {"input": inputs, "config": {"configurable": _choices(self.configurable, domain)}}
+        body = {
+            "input": _turn_input(question, history),
+            "config": {"configurable": _choices(self.configurable, domain)},
+        }
         return dict(self._post("/invoke", body)["output"])
 
 

@@ -137,13 +137,11 @@ def openai_llm(
                 "RAGCHAINS_OPENAI_BASE_URL for a local server that needs no key)"
             )
         key = "not-needed"  # local servers (Ollama, vLLM) ignore the key; the client wants one
-    traits = ServerTraits()
-    if base_url is not None:
-        traits = probe_server(base_url, key)
-        if not traits.models:
-            log.warning("%s lists no models (GET /models); asking for %r", base_url, model)
+    traits = probe_server(base_url, key) if base_url is not None else ServerTraits()
     name = model or (traits.models[0] if traits.models else OPENAI_DEFAULT_MODEL)
-    if traits.models and name not in traits.models:
+    if base_url is not None and not traits.models:
+        log.warning("%s lists no models (GET /models); asking for %r", base_url, name)
+    elif traits.models and name not in traits.models:
         log.warning("%s serves %s, not %r", base_url, ", ".join(traits.models), name)
     field = traits.grammar_field if grammar == "auto" else None if grammar == "none" else grammar
 

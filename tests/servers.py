@@ -83,85 +83,92 @@ class LlamaServer:
 
 
 @contextmanager
-def llama_cpp_server() -> Iterator[LlamaServer]:
-    """llama.cpp's OpenAI-compatible server (``python -m llama_cpp.server``, from
-    llama-cpp-python's server extra) on the shipped SmolLM2 file, served as
-    ``LLAMA_ALIAS`` on one thread, until the block ends."""
-    from ragchains.embedded_llm import packaged_gguf
-
+def _served_process(
+    name: str,
+    command: Callable[[int], list[str]],
+    health: str,
+    *,
+    stop: tuple[signal.Signals, ...],
+    timeout: float,
+    **popen: Any,
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``command(port)`` started on a free port, until the block ends (then the ``stop``
+    signals); yields the process and its base URL once GET base + ``health`` answers 200.
+    Its output goes to a file (a pipe nobody reads could fill and stall it), shown if it
+    fails to start."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(packaged_gguf()),
-        "--model_alias", LLAMA_ALIAS, "--host", "127.0.0.1", "--port", str(port),
-        "--n_ctx", "4096", "--n_threads", "1", "--seed", "0",
-    ]  # fmt: skip
+    base = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-        base = f"http://127.0.0.1:{port}/v1"
+        process = subprocess.Popen(
+            command(port), stdout=log, stderr=subprocess.STDOUT, text=True, **popen
+        )
 
         def ready() -> bool:
             if process.poll() is not None:
                 log.seek(0)
-                raise AssertionError(f"llama_cpp.server exited: {log.read()[-3000:]}")
+                raise AssertionError(f"{name} exited: {log.read()[-3000:]}")
             try:
-                return httpx.get(f"{base}/models", timeout=5).status_code == 200
+                return httpx.get(f"{base}{health}", timeout=5).status_code == 200
             except httpx.TransportError:
                 return False
 
         try:
-            wait_until(ready, "llama_cpp.server ready", timeout=120, every=0.5)
-            yield LlamaServer(process, base)
+            wait_until(ready, f"{name} ready", timeout=timeout, every=0.5)
+            yield process, base
         finally:
-            process.send_signal(signal.SIGCONT)  # a test may have frozen it
-            process.terminate()
+            for sig in stop:
+                process.send_signal(sig)
             try:
-                process.wait(30)
+                process.wait(60)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
 
 
 @contextmanager
+def llama_cpp_server() -> Iterator[LlamaServer]:
+    """llama.cpp's OpenAI-compatible server (``python -m llama_cpp.server``, from
+    llama-cpp-python's server extra) on the shipped SmolLM2 file, served as
+    ``LLAMA_ALIAS`` on one thread, until the block ends."""
+    from ragchains.embedded_llm import packaged_gguf
+
+    def command(port: int) -> list[str]:
+        return [
+            sys.executable, "-m", "llama_cpp.server", "--model", str(packaged_gguf()),
+            "--model_alias", LLAMA_ALIAS, "--host", "127.0.0.1", "--port", str(port),
+            "--n_ctx", "4096", "--n_threads", "1", "--seed", "0",
+        ]  # fmt: skip
+
+    # SIGCONT first: a test may have frozen it (SIGSTOP).
+    stop = (signal.SIGCONT, signal.SIGTERM)
+    with _served_process("llama_cpp.server", command, "/v1/models", stop=stop, timeout=120) as (
+        process,
+        base,
+    ):
+        yield LlamaServer(process, f"{base}/v1")
+
+
+@contextmanager
 def ragchains_serve(*target: str, **env: str) -> Iterator[str]:
     """`ragchains serve TARGET...` in a process of its own, as a user runs it, until the block
-    ends (then Ctrl-C); yields its base URL once /readyz answers. ``env``: RAGCHAINS_* to
-    set. Its output goes to a file (a pipe nobody reads could fill and stall it), shown if
-    it fails to start."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with tempfile.TemporaryFile("w+") as log:
-        process = subprocess.Popen(
-            [str(RAGCHAINS), "serve", *target, "--port", str(port)],
-            cwd=REPO,
-            env=user_env(**env),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        base = f"http://127.0.0.1:{port}"
+    ends (then Ctrl-C, as a user stops it); yields its base URL once /readyz answers.
+    ``env``: RAGCHAINS_* to set."""
 
-        def ready() -> bool:
-            if process.poll() is not None:
-                log.seek(0)
-                raise AssertionError(f"ragchains serve exited: {log.read()[-3000:]}")
-            try:
-                return httpx.get(f"{base}/readyz", timeout=5).status_code == 200
-            except httpx.TransportError:
-                return False
+    def command(port: int) -> list[str]:
+        return [str(RAGCHAINS), "serve", *target, "--port", str(port)]
 
-        try:
-            wait_until(ready, "ragchains serve ready", timeout=300, every=0.5)
-            yield base
-        finally:
-            process.send_signal(signal.SIGINT)  # Ctrl-C, as a user stops it
-            try:
-                process.wait(60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+    with _served_process(
+        "ragchains serve",
+        command,
+        "/readyz",
+        stop=(signal.SIGINT,),
+        timeout=300,
+        cwd=REPO,
+        env=user_env(**env),
+    ) as (_, base):
+        yield base
 
 
 @contextmanager
