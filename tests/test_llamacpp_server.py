@@ -19,8 +19,17 @@ from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
-from tests.servers import LLAMA_ALIAS, REPO, LlamaServer, llama_cpp_server, ragchains_serve
+from tests.servers import (
+    LLAMA_ALIAS,
+    RAGCHAINS,
+    REPO,
+    LlamaServer,
+    llama_cpp_server,
+    ragchains_serve,
+    user_env,
+)
 
 # The deadline of one model call where the upstream freezes: short, so that it fails fast.
 DEADLINE = 5
@@ -79,12 +88,34 @@ def test_ask_quotes_the_sources_through_the_servers_grammar(served: str) -> None
     grounded_or_marked(out)
 
 
-def test_free_answers_cite_or_are_marked(served: str) -> None:
-    for question in ("How many days of paid time off do full-time employees get?",
-                     "How much is the wellness stipend?"):  # fmt: skip
-        out = invoke(served, "ask", {"question": question}, answer_style="free")
-        assert out["answer_style"] == "free"
-        grounded_or_marked(out)
+def test_every_answer_over_the_chat_set_cites_or_is_marked(served: str, tmp_path: Path) -> None:
+    """`ragchains eval answers` over the committed chat set (8 conversations over samples/),
+    asked of the served /chat route in the free style (the quote style cites by
+    construction): every answer cites a source or says it does not (uncited, abstained),
+    and no searched query invents a number or a name."""
+    style = "free"
+    config = tmp_path / "chat.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "dataset": str(REPO / "evaluation/qa/samples-chat.jsonl"),
+                "target": {"url": f"{served}/chat", "answer_style": style},
+            }
+        )
+    )
+    done = subprocess.run(
+        [str(RAGCHAINS), "eval", "answers", "--config", str(config), "--out", str(tmp_path / "run"),
+         "--quiet"],
+        cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    metrics = json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]
+    assert metrics["errors"] == 0
+    assert metrics["unmarked_uncited"] == 0 and metrics["invented_terms"] == 0, metrics
+    rows = [
+        json.loads(line) for line in (tmp_path / "run" / "items.jsonl").read_text().splitlines()
+    ]
+    assert len(rows) == 21 and all(r["answer_style"] == style for r in rows)
 
 
 def test_chat_follow_up_searches_the_conversations_words(served: str) -> None:
