@@ -193,15 +193,22 @@ def serving(app: Any) -> Iterator[str]:
         listener.close()
 
 
+# What the "cut" and "capped" models say before they stop: three words.
+CUT_SHORT = "Employees receive 25"
+
+
 class FakeOpenAI(ThreadingHTTPServer):
     """Answers /v1/chat/completions (plain or streamed) like the real API, per model:
     "ok-*" replies, "down" fails with 503, "broken" with 500, "slow" sleeps 1.5 s first,
     "trickle" streams a word every 0.2 s for a minute, "leaky" fails with 401 echoing the
     request's Authorization header, "garbled" answers 200 with an HTML page, "hollow" 200
-    without choices. ``behave_as`` makes every model behave
-    as the one named. With a ``gate`` (a threading.Barrier), each plain (not streamed)
-    request waits until the gate's number of them are in at once, then replies (503 if they
-    never are). Counts the requests per model, and the streams their client dropped."""
+    without choices, "cut" streams three words and ends its stream there (no
+    ``finish_reason``, no ``[DONE]``: a server that died midway), "capped" streams three
+    words and stops with ``finish_reason: "length"`` (its token limit; a plain reply of
+    either says the same). ``behave_as`` makes every model behave as the one named. With a
+    ``gate`` (a threading.Barrier), each plain (not streamed) request waits until the gate's
+    number of them are in at once, then replies (503 if they never are). Counts the requests
+    per model, and the streams their client dropped."""
 
     daemon_threads = True
     request_queue_size = 128  # the listen backlog: the concurrency tests connect 64 at once
@@ -260,9 +267,12 @@ class _Handler(BaseHTTPRequestHandler):
             else:
                 self._send(200, hollow)
             return
-        text = f"answer from {model}"
+        text, finish = f"answer from {model}", "stop"
+        if behaviour in ("cut", "capped"):
+            text, finish = CUT_SHORT, "length"
         if body.get("stream"):
-            self._stream(model, text, pause=0.2 if behaviour == "trickle" else 0.0)
+            pause = 0.2 if behaviour == "trickle" else 0.0
+            self._stream(model, text, pause, finish=None if behaviour == "cut" else finish)
             return
         reply = {
             "id": "chatcmpl-1",
@@ -273,14 +283,19 @@ class _Handler(BaseHTTPRequestHandler):
                 {
                     "index": 0,
                     "message": {"role": "assistant", "content": text},
-                    "finish_reason": "stop",
+                    "finish_reason": finish,
                 }
             ],
             "usage": {"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6},
         }
         self._send(200, reply)
 
-    def _stream(self, model: str, text: str, pause: float = 0.0) -> None:
+    def _stream(
+        self, model: str, text: str, pause: float = 0.0, finish: str | None = "stop"
+    ) -> None:
+        """``text`` word by word, then the ``finish`` reason and ``[DONE]``; with no reason,
+        the stream ends after the last word (the connection closes)."""
+
         def chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
             frame = {
                 "id": "chatcmpl-1",
@@ -301,7 +316,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.wfile.write(chunk({"content": word + " "}))
                 self.wfile.flush()
                 time.sleep(pause)
-            self.wfile.write(chunk({}, "stop") + b"data: [DONE]\n\n")
+            if finish is not None:
+                self.wfile.write(chunk({}, finish) + b"data: [DONE]\n\n")
         except (BrokenPipeError, ConnectionResetError):
             self.server.dropped_streams += 1
 
