@@ -38,6 +38,12 @@ MAX_FILTERS = 16
 MAX_IN_VALUES = 1000
 MAX_VALUE_CHARS = 1000
 MAX_GLOB_CHARS = 256
+# Globs in one request, over all its filters. An exact value is one dictionary lookup; a glob
+# is a regular expression compiled and tried against every distinct value of its field, so
+# 16 lists of 1,000 took 12-16 s over 2,000 files and held the search pool meanwhile (issue
+# 30). At 64, the worst request costs tens of milliseconds there; longer enumerations of
+# names are what ``in`` with exact values is for.
+MAX_GLOBS = 64
 MAX_FIELD_CHARS = 64
 
 Text = Annotated[str, StringConstraints(max_length=MAX_VALUE_CHARS)]
@@ -103,7 +109,7 @@ def _check_values(flt: MetadataFilter, field_type: str) -> None:
     """The filter's value(s) checked against the field's type in one pass; the filter is
     formatted only for the error. (The sizes of lists and values are MetadataFilter's
     own bounds, checked when it was made.)"""
-    values = flt.value if isinstance(flt.value, list) else [flt.value]
+    values = _values(flt)
     if flt.op == "in":
         if not isinstance(flt.value, list) or not flt.value:
             raise FilterError(f"filter {flt.short()}: 'in' takes a non-empty list of values")
@@ -135,6 +141,7 @@ def validate_filters(
     given = list(filters or ())
     if len(given) > MAX_FILTERS:
         raise FilterError(f"{len(given)} filters; the limit is {MAX_FILTERS}")
+    globs = 0
     for raw in given:
         if isinstance(raw, MetadataFilter):
             flt = raw
@@ -159,8 +166,19 @@ def validate_filters(
                 f"(use one of: {', '.join(allowed)})"
             )
         _check_values(flt, field_type)
+        globs += sum(is_glob(flt.field, v) for v in _values(flt))
+        if globs > MAX_GLOBS:
+            raise FilterError(
+                f"more than {MAX_GLOBS} glob patterns (filename or source values with *, ? "
+                f"or [) in one request; the limit is {MAX_GLOBS}: list exact names with 'in' "
+                "instead"
+            )
         checked.append(flt)
     return checked
+
+
+def _values(flt: MetadataFilter) -> list[FilterScalar]:
+    return flt.value if isinstance(flt.value, list) else [flt.value]
 
 
 def parse_cli_value(field: str, op: str, raw: str, schema: Mapping[str, str]) -> Any:
@@ -286,16 +304,22 @@ class MetadataColumns:
 
     def _string_codes(self, flt: MetadataFilter) -> np.ndarray:
         vocab = self._vocab[flt.field]
-        values = flt.value if isinstance(flt.value, list) else [flt.value]
-        wanted: set[int] = set()
-        for value in values:
-            text = str(value)
-            if is_glob(flt.field, text):
-                # Not fnmatch's own matcher: it keeps every pattern it compiles (32,768).
-                match = re.compile(fnmatch.translate(text)).match
-                wanted.update(i for v, i in vocab.items() if match(v))
-            elif text in vocab:
-                wanted.add(vocab[text])
+        texts = [str(value) for value in _values(flt)]
+        wanted = {vocab[t] for t in texts if t in vocab and not is_glob(flt.field, t)}
+        # Each distinct pattern compiled once, each distinct value tried once (until one
+        # pattern matches it). Not fnmatch's own matcher: it keeps every pattern it compiles
+        # (32,768); the re module keeps at most 512.
+        matchers = [
+            re.compile(fnmatch.translate(t)).match
+            for t in dict.fromkeys(texts)
+            if is_glob(flt.field, t)
+        ]
+        if matchers:
+            wanted.update(
+                i
+                for v, i in vocab.items()
+                if i not in wanted and any(match(v) for match in matchers)
+            )
         return np.array(sorted(wanted), dtype=np.int32)
 
 
