@@ -6,6 +6,14 @@ and drops markers that name no chunk it was given.
 
 The stage streams: ``{"answer": token}`` events, then one event with the citations.
 
+A reply cut short is kept and marked ``incomplete``, with a note saying why: the model said
+its token limit stopped it (``finish_reason`` "length" in its message's ``response_metadata``,
+as OpenAI-compatible servers and llama.cpp say it), or its stream failed after it had
+started to answer (a LangChain ``ModelError`` mid-stream: the server broke off, the
+connection dropped). By then the answer's first tokens may already be with the caller: an
+error could not take them back, and a clean ending would pass a fragment off as the answer.
+A model that fails before it says anything fails the turn, as before.
+
 Two answer styles:
 
 - ``free``: the model writes its own sentences from the domain's ``answer`` prompt. For a
@@ -28,7 +36,9 @@ and in ``answer_style``: the style may come from a domain file or a server setti
 caller does not control, and an answer with a note serves them better than an error.
 """
 
+import dataclasses
 import json
+import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
 from contextlib import aclosing, closing
@@ -37,6 +47,7 @@ from functools import partial
 from typing import Any, Literal
 
 from langchain_core.documents import Document
+from langchain_core.exceptions import ModelError
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.runnables import (
@@ -63,6 +74,8 @@ from ragchains.chains.quote import (
 from ragchains.chains.retrieve import citation_label, to_source
 from ragchains.chains.state import agathered, answer_stage, gathered, quick, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
+
+log = logging.getLogger(__name__)
 
 DONT_KNOW = "I don't know based on the available documents."
 # A citation marker, [label] or [label; label], and what separates its labels.
@@ -92,6 +105,11 @@ class AnswerOutput(BaseModel):
     abstained: bool
     uncited: bool = Field(
         False, description="the model answered without citing any of the sources: not grounded"
+    )
+    incomplete: bool = Field(
+        False,
+        description="the model's reply was cut short (its stream broke off, or it reached its "
+        "token limit): the answer is what arrived, not a finished one; a note says why",
     )
     answer_style: Literal["quote", "free"] = Field(description="the style that answered")
     notes: list[str] = Field(default_factory=list)
@@ -179,6 +197,19 @@ UNCITED_NOTE = (
     "check it against the sources, or ask with answer_style quote where the model takes a "
     "grammar"
 )
+BROKE_OFF_NOTE = (
+    "the model's reply broke off before it was finished: this answer is incomplete, only the "
+    "part that arrived"
+)
+TOKEN_LIMIT_NOTE = (
+    "the model's reply reached its token limit (the prompt's max_tokens) before it was "
+    "finished: this answer is incomplete"
+)
+# How models say their token limit stopped them, in ``response_metadata`` (each provider's own
+# key and word): OpenAI-compatible servers and llama.cpp finish_reason "length", Ollama
+# done_reason "length", Anthropic stop_reason "max_tokens", Google finish_reason "MAX_TOKENS".
+_STOP_KEYS = ("finish_reason", "done_reason", "stop_reason")
+_TOKEN_LIMIT = frozenset(("length", "max_tokens"))
 QUOTE_FALLBACK_NOTE = (
     "answer_style quote needs a model that takes a grammar ({model} does not); "
     "this answer is freely generated"
@@ -204,7 +235,8 @@ def resolve_style(
 
 @dataclass
 class _Plan:
-    chain: Runnable[dict[str, Any], str] | None  # None: abstain without calling the LLM
+    # ``prompt | model``: the reply's message chunks (their metadata say why it stopped).
+    chain: Runnable[dict[str, Any], Any] | None  # None: abstain without calling the LLM
     variables: dict[str, Any]
     documents: list[Document]
     prompt: str | None
@@ -217,11 +249,44 @@ class _Plan:
         return QuoteWriter(self.offered) if self.offered else None
 
 
-class _Written:
-    """The answer as it streams: leading blanks dropped, the whole text kept for citations."""
+def _token_limited(piece: Any) -> bool:
+    """``piece`` (a message chunk) says the model's token limit stopped its reply."""
+    metadata = getattr(piece, "response_metadata", None) or {}
+    return any(str(metadata.get(key, "")).lower() in _TOKEN_LIMIT for key in _STOP_KEYS)
 
-    def __init__(self) -> None:
+
+class _Written:
+    """The answer as it streams: the model's reply read piece by piece (a message chunk's
+    text, or text), shown as ``shown`` renders it (None: as written), leading blanks
+    dropped, the whole text kept for citations; and why the reply was cut short, if it was
+    (``cut``: the note that says so)."""
+
+    def __init__(self, shown: QuoteWriter | None = None) -> None:
+        self.shown = shown
         self.parts: list[str] = []
+        self.said = False  # the model has written something
+        self.cut: str | None = None
+
+    def read(self, piece: Any) -> AddableDict | None:
+        """One piece of the model's reply: the part of the answer it adds, if any."""
+        if _token_limited(piece):
+            self.cut = TOKEN_LIMIT_NOTE
+        said = piece if isinstance(piece, str) else piece.text
+        self.said = self.said or bool(said)
+        return self.add(self.shown.add(said) if self.shown else said)
+
+    def broke_off(self, error: ModelError) -> None:
+        """The model's stream failed: the answer so far is kept, marked incomplete, once the
+        model had started it; before that, the failure is the turn's (raised again)."""
+        if not self.said:
+            raise error
+        # The type only: an upstream's own words may echo a credential.
+        log.warning("the model's reply broke off (%s); answered incomplete", type(error).__name__)
+        self.cut = BROKE_OFF_NOTE
+
+    def close(self) -> AddableDict | None:
+        """The rest of the answer once the reply has ended (a quote's table, a cut tail)."""
+        return self.add(self.shown.close()) if self.shown else None
 
     def add(self, piece: str) -> AddableDict | None:
         if not self.parts:
@@ -236,8 +301,9 @@ class _Written:
         return "".join(self.parts)
 
 
-def _ending(text: str, plan: _Plan) -> AddableDict:
+def _ending(written: _Written, plan: _Plan) -> AddableDict:
     """The stream's last event: citations parsed from the whole answer."""
+    text = written.text
     citations = parse_citations(text, plan.documents)
     abstained = plan.chain is None or (
         not citations and DONT_KNOW.lower().rstrip(".") in text.lower()
@@ -245,11 +311,12 @@ def _ending(text: str, plan: _Plan) -> AddableDict:
     # A model that cites nothing valid has not grounded its answer in the sources, whatever
     # it says: the answer is shown, marked so, never as a grounded one.
     uncited = not abstained and not citations
-    notes = [*plan.notes, UNCITED_NOTE] if uncited else plan.notes
+    notes = [*plan.notes, *([UNCITED_NOTE] if uncited else []), *filter(None, [written.cut])]
     return AddableDict(
         citations=[c.model_dump() for c in citations],
         abstained=abstained,
         uncited=uncited,
+        incomplete=written.cut is not None,
         answer_style=plan.style,
         notes=notes,
         prompt=plan.prompt,
@@ -259,8 +326,8 @@ def _ending(text: str, plan: _Plan) -> AddableDict:
 class Answerer:
     """The answer step over a turn's state (``question``, ``chat_history``, ``documents``
     and the resolved ``options``): streams ``{"answer": token}`` events, then one event with
-    ``citations``, ``abstained``, ``answer_style``, ``notes`` and the ``prompt`` ref. With no
-    documents it abstains without calling the model.
+    ``citations``, ``abstained``, ``uncited``, ``incomplete``, ``answer_style``, ``notes``
+    and the ``prompt`` ref. With no documents it abstains without calling the model.
 
     ``answer_style``: the chain's default style (``auto``, ``quote`` or ``free``), used when
     neither the request nor the domain chooses one."""
@@ -297,58 +364,62 @@ class Answerer:
             if not offered:  # nothing quotable (headings only): nothing to answer from
                 return _Plan(None, {}, documents, None, style, notes)
             # Greedy decoding whatever the prompt file says: a quote is copied, not sampled.
-            chain = self.llm.text(
-                prompt,
+            greedy = prompt.model_parameters.model_copy(update={"temperature": 0.0})
+            chain = self.llm.prompted(
+                dataclasses.replace(prompt, model_parameters=greedy),
                 grammar=quote_grammar(offered, DONT_KNOW, sentences=QUOTE_SENTENCES),
-                temperature=0.0,
             )
             # Best last, next to the question, where small models look most.
             variables["context"] = format_quotes(offered[::-1])
             return _Plan(chain, variables, documents, prompt.ref, style, notes, offered)
         prompt = options.prompt("answer")
-        chain = self.llm.text(prompt, grammar=citation_grammar(labels))
+        chain = self.llm.prompted(prompt, grammar=citation_grammar(labels))
         variables["context"] = format_context(documents)
         return _Plan(chain, variables, documents, prompt.ref, style, notes)
 
     def events(
         self, state: AnswerState, config: RunnableConfig
     ) -> Generator[AddableDict, None, None]:
-        """The answer's events for sync callers: the model's reply (``prompt | model |
-        parser``, a child of ``config``'s run) token by token, then the ending."""
+        """The answer's events for sync callers: the model's reply (``prompt | model``, a
+        child of ``config``'s run) token by token, then the ending."""
         p = self.plan(state)
-        written = _Written()
+        written = _Written(p.shown())
         if p.chain is None:
             written.add(DONT_KNOW)
             yield AddableDict(answer=DONT_KNOW)
         else:
-            shown = p.shown()
             # Closed with this generator: a consumer that stops early stops the model at once.
             with closing(p.chain.stream(p.variables, config)) as pieces:  # type: ignore[type-var]
-                for piece in pieces:
-                    if (event := written.add(shown.add(piece) if shown else piece)) is not None:
-                        yield event
-            if shown and (event := written.add(shown.close())) is not None:
+                try:
+                    for piece in pieces:
+                        if (event := written.read(piece)) is not None:
+                            yield event
+                except ModelError as error:
+                    written.broke_off(error)
+            if (event := written.close()) is not None:
                 yield event
-        yield _ending(written.text, p)
+        yield _ending(written, p)
 
     async def aevents(
         self, state: AnswerState, config: RunnableConfig
     ) -> AsyncGenerator[AddableDict, None]:
         """``events`` for async callers, through the model's async API."""
         p = self.plan(state)
-        written = _Written()
+        written = _Written(p.shown())
         if p.chain is None:
             written.add(DONT_KNOW)
             yield AddableDict(answer=DONT_KNOW)
         else:
-            shown = p.shown()
             async with aclosing(p.chain.astream(p.variables, config)) as pieces:  # type: ignore[type-var]
-                async for piece in pieces:
-                    if (event := written.add(shown.add(piece) if shown else piece)) is not None:
-                        yield event
-            if shown and (event := written.add(shown.close())) is not None:
+                try:
+                    async for piece in pieces:
+                        if (event := written.read(piece)) is not None:
+                            yield event
+                except ModelError as error:
+                    written.broke_off(error)
+            if (event := written.close()) is not None:
                 yield event
-        yield _ending(written.text, p)
+        yield _ending(written, p)
 
     def transform(
         self, states: Iterator[AnswerState], config: RunnableConfig

@@ -122,6 +122,11 @@ class ChatOutput(BaseModel):
         description="the answer cites none of the sources (the model ignored the instruction "
         "to cite): shown, but not as a grounded answer",
     )
+    incomplete: bool = Field(
+        False,
+        description="the model's reply was cut short (its stream broke off, or it reached its "
+        "token limit): the answer is what arrived, not a finished one; a note says why",
+    )
     prompts: dict[str, str]
     timings: dict[str, float] = Field(description="seconds per stage, and total")
 

@@ -1,8 +1,9 @@
 """The answer stage of a chat or ask turn: a ``RunnableGenerator`` whose first chunk carries
 the sources and what found them (with the compressor's threshold and the best score it saw
 before the cut: why a turn kept nothing), then the answer's tokens (``chains.answer``), then its
-citations, prompt refs and timings. The chunks are ``AddableDict``s: they add up into the
-turn's one output (``ChatOutput``).
+citations (and whether it is uncited or incomplete, with the notes that say so), prompt refs
+and timings. The chunks are ``AddableDict``s: they add up into the turn's one output
+(``ChatOutput``).
 """
 
 import time
@@ -22,6 +23,7 @@ from ragchains.chains.rewrite import RewriteOutput
 from ragchains.chains.state import agathered, answer_stage, gathered
 
 # The answerer's style and notes are known before it answers: the head event says them.
+# Notes it learns while answering (uncited, cut short) come with its ending, adding to them.
 _SAID_IN_HEAD = ("answer_style", "notes")
 
 
@@ -86,18 +88,30 @@ class Respond:
         timings["total"] = round(now - state["started"], 4)
         return AddableDict(prompts=prompts, timings=timings)
 
+    @staticmethod
+    def unsaid(event: AddableDict, said: list[str]) -> AddableDict:
+        """An answer event without what the head said: the style, the notes known before
+        the answer (``said``). ``AddableDict``s add lists up: the turn's notes are the
+        head's, then these."""
+        notes = [note for note in event.get("notes", []) if note not in said]
+        for key in _SAID_IN_HEAD:
+            event.pop(key, None)
+        if notes:
+            event["notes"] = notes
+        return event
+
     def transform(
         self, states: Iterator[Requeried], config: RunnableConfig
     ) -> Generator[AddableDict, None, None]:
         state: Requeried = gathered(states)
-        yield self.head(state)
+        head = self.head(state)
+        said = list(head["notes"])
+        yield head
         since, prompt = time.perf_counter(), None
         with closing(self.answerer.events(self.answer_state(state), config)) as events:
             for event in events:
                 prompt = event.pop("prompt", prompt)
-                for key in _SAID_IN_HEAD:
-                    event.pop(key, None)
-                if event:
+                if event := self.unsaid(event, said):
                     yield event
         yield self.tail(state, since, prompt)
 
@@ -105,14 +119,14 @@ class Respond:
         self, states: AsyncIterator[Requeried], config: RunnableConfig
     ) -> AsyncIterator[AddableDict]:
         state: Requeried = await agathered(states)
-        yield self.head(state)
+        head = self.head(state)
+        said = list(head["notes"])
+        yield head
         since, prompt = time.perf_counter(), None
         async with aclosing(self.answerer.aevents(self.answer_state(state), config)) as events:
             async for event in events:
                 prompt = event.pop("prompt", prompt)
-                for key in _SAID_IN_HEAD:
-                    event.pop(key, None)
-                if event:
+                if event := self.unsaid(event, said):
                     yield event
         yield self.tail(state, since, prompt)
 

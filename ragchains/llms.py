@@ -19,9 +19,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from langchain_core.exceptions import ModelError
 from pydantic import SecretStr
 
 from ragchains.chains.llm import LLM, approximate_tokens
+from ragchains.chains.modelqueue import ModelQueue, TakesTurns
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +119,7 @@ def openai_llm(
     fallback_model: str | None = None,
     grammar: str = "auto",
     offline: bool = True,
+    concurrency: int = 64,
 ) -> LLM:
     """Any OpenAI-compatible chat endpoint: OpenAI, Azure OpenAI (its /openai/v1 base URL),
     Ollama, vLLM, llama.cpp's server.
@@ -127,7 +130,9 @@ def openai_llm(
     none). ``timeout`` is the deadline of one call, retries included: connection errors, 408,
     429 and 5xx are retried with backoff while time remains; after that the fallback model,
     if any, gets the same request. Tokens are counted by tiktoken only for OpenAI's own API
-    and not ``offline`` (its encodings download on first use); otherwise estimated."""
+    and not ``offline`` (its encodings download on first use); otherwise estimated.
+    ``concurrency``: calls sent to the server at once (the model and its fallback share
+    them); more wait in a queue, in order of their request's arrival (``chains.modelqueue``)."""
 
     key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
     if not key:
@@ -145,8 +150,11 @@ def openai_llm(
         log.warning("%s serves %s, not %r", base_url, ", ".join(traits.models), name)
     field = traits.grammar_field if grammar == "auto" else None if grammar == "none" else grammar
 
+    queue = ModelQueue(concurrency)  # one server: its parallel slots, whichever model
+
     def chat(name: str) -> Any:
         return _checked_chat_openai()(
+            queue=queue,
             model=name,
             base_url=base_url,
             api_key=SecretStr(key),
@@ -191,9 +199,12 @@ def _tiktoken_or_estimate(model: Any) -> Any:
     return count_tokens
 
 
-class UpstreamReplyError(Exception):
+class UpstreamReplyError(ModelError):
     """The chat model's server answered 200 with something that is no chat completion (an
-    HTML page from a proxy, JSON without choices, a stream without chunks)."""
+    HTML page from a proxy, JSON without choices, a stream without chunks), or ended a
+    stream before saying it had finished. A LangChain ``ModelError``, as langchain-openai's
+    own failures are: a stream that fails after the answer has begun is kept, marked
+    incomplete (``chains.answer``)."""
 
 
 class ModelDeadlineExceeded(TimeoutError):
@@ -270,7 +281,8 @@ def _checked_chat_openai() -> type[Any]:
           read timeout watches the gaps;
         - a reply the client cannot read as a chat completion, and a stream that ends
           without saying why it finished (no ``finish_reason``: cut off, or chunks
-          without choices), are ``UpstreamReplyError``s."""
+          without choices), are ``UpstreamReplyError``s, raised once the chunks that did
+          arrive have been passed on."""
 
         deadline: float | None = None
         retries: int = 0
@@ -315,7 +327,11 @@ def _checked_chat_openai() -> type[Any]:
                         yield finished.seen(chunk)
             finished.check()
 
-    return CheckedChatOpenAI
+    class QueuedChatOpenAI(TakesTurns, CheckedChatOpenAI):
+        """CheckedChatOpenAI whose async calls first take a turn in its ``queue``: the
+        deadline of a call starts when its turn does."""
+
+    return QueuedChatOpenAI
 
 
 async def _within(clock: _Deadline, awaitable: Any) -> Any:

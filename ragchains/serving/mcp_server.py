@@ -40,6 +40,7 @@ from starlette.requests import Request
 
 from ragchains import __version__
 from ragchains.chains.answer import Citation
+from ragchains.chains.modelqueue import ModelBusy
 from ragchains.chains.options import problem_text
 from ragchains.chains.retrieve import Source, to_source
 from ragchains.factory import Service, filterable_fields
@@ -47,6 +48,7 @@ from ragchains.llms import LLMFailure
 from ragchains.observability.tracing import REQUEST_CONTEXT, StageSpans, app_tracer
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.filters import OPERATORS
+from ragchains.serving.admission import check_in, tool_ticket
 from ragchains.serving.collection import DomainSummary, domain_summaries
 from ragchains.serving.errors import classify
 from ragchains.serving.guards import CALLER_GROUPS
@@ -90,7 +92,15 @@ class AskResult(BaseModel):
     uncited: bool = Field(
         False, description="true: the answer cites no source, so it is not shown to be grounded"
     )
+    incomplete: bool = Field(
+        False,
+        description="true: the model's reply was cut short (it broke off, or reached its token "
+        "limit): the answer is the part that arrived, not a finished one",
+    )
     sources: list[Chunk] = Field(description="the chunks the answer was written from")
+
+
+INCOMPLETE = "[incomplete: the model's reply was cut short before it was finished]"
 
 
 class DomainsResult(BaseModel):
@@ -195,8 +205,9 @@ class RagTools:
             tool(
                 "ask",
                 "Answer a question from the documents: an answer whose sentences cite the "
-                "chunks they come from, or abstained=true when the documents do not say. "
-                "Optional domain (list_domains names them) and filters.",
+                "chunks they come from, or abstained=true when the documents do not say "
+                "(incomplete=true: the model's reply was cut short). Optional domain "
+                "(list_domains names them) and filters.",
                 self.arguments["ask"],
                 AskResult,
             ),
@@ -231,7 +242,8 @@ class RagTools:
                 otel_context.detach(token)
         text = _shown(result.chunks) if isinstance(result, SearchResult) else None
         if isinstance(result, AskResult):
-            text = result.answer
+            # The text is what many clients show or hand to their model: it says it too.
+            text = f"{result.answer}\n\n{INCOMPLETE}" if result.incomplete else result.answer
         structured = result.model_dump(mode="json")
         shown = text if text is not None else json.dumps(structured, indent=2)
         return [types.TextContent(type="text", text=shown)], structured
@@ -269,13 +281,21 @@ class RagTools:
         route = self.routes["ask"]
         given = self._checked("ask", arguments)
         configurable = self._choices(route, given, ("domain",))
-        output = await self._run(route, given.model_dump(exclude={"domain"}), configurable)
+        # The model's queue takes the call in order of its HTTP request's arrival, or
+        # refuses it now when the wait would be too long.
+        with tool_ticket(self._request(), self.service.settings.model_queue_wait) as ticket:
+            try:
+                check_in(ticket, self.service.llm)
+            except ModelBusy as exc:
+                raise ToolProblem(f"{exc}; try again in {exc.retry_after} s") from exc
+            output = await self._run(route, given.model_dump(exclude={"domain"}), configurable)
         sources = [_chunk(Source.model_validate(s)) for s in output.get("sources", [])]
         return AskResult(
             answer=output["answer"],
             citations=output.get("citations", []),
             abstained=bool(output.get("abstained")),
             uncited=bool(output.get("uncited")),
+            incomplete=bool(output.get("incomplete")),
             sources=sources,
         )
 
