@@ -5,23 +5,22 @@ imports it). No network, no key; structured replies come from GBNF grammars.
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import importlib.util
 import threading
 import warnings
-import weakref
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
+from langchain_core.callbacks import CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import generate_from_stream
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM
+from ragchains.chains.modelqueue import TakesTurns
 from ragchains.llms import LLMConfigError
 
 with warnings.catch_warnings():
@@ -54,7 +53,7 @@ def _compile_grammar(text: str) -> Any:
     return LlamaGrammar.from_string(text, verbose=False)
 
 
-class LockedChatLlamaCpp(ChatLlamaCpp):
+class LockedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
     """ChatLlamaCpp that is safe to share between threads and takes grammars as text.
 
     One llama.cpp context cannot decode two sequences at once; concurrent requests (batch,
@@ -63,16 +62,13 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
     Lock, not an RLock: LangChain's async streaming advances a sync stream from whichever
     executor thread is free, so the thread that releases may not be the one that acquired.
 
-    Async callers (the server) first wait for their turn on an asyncio lock, as coroutines:
-    only the call that has the model occupies a worker thread, the others hold none, so
-    the pool stays free for every other turn's work while they queue.
+    Async callers (the server) first wait for their turn in the model's queue (one slot:
+    ``chains.modelqueue``), as coroutines, in order of their request's arrival and within
+    its bound on waiting: only the call that has the model occupies a worker thread, the
+    others hold none, so the pool stays free for every other turn's work while they queue.
     """
 
     _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
-    # One asyncio lock per event loop (an asyncio lock belongs to the loop it first runs on).
-    _turns: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] = PrivateAttr(
-        default_factory=weakref.WeakKeyDictionary
-    )
     # Takes ``grammar=<GBNF text>`` per call (see chains.llm.LLM.of).
     accepts_grammar: ClassVar[bool] = True
 
@@ -104,35 +100,8 @@ class LockedChatLlamaCpp(ChatLlamaCpp):
         with self._lock:
             yield from super()._stream(messages, stop, run_manager, **self._with_grammar(kwargs))
 
-    def _turn(self) -> asyncio.Lock:
-        loop = asyncio.get_running_loop()
-        turn = self._turns.get(loop)
-        if turn is None:
-            turn = self._turns[loop] = asyncio.Lock()
-        return turn
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        async with self._turn():
-            # LangChain's default: _generate in a worker thread.
-            return await super()._agenerate(messages, stop, run_manager, **kwargs)
-
-    async def _astream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        async with self._turn():
-            # LangChain's default: _stream advanced in a worker thread, a token at a time.
-            async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
-                yield chunk
+    # The async calls are TakesTurns': a turn in the queue, then LangChain's defaults
+    # (_generate in a worker thread; _stream advanced in one, a token at a time).
 
     def count_tokens(self, text: str) -> int:
         return len(self.client.tokenize(text.encode("utf-8"), add_bos=False, special=False))

@@ -200,6 +200,7 @@ def build_llm(settings: Settings) -> LLM:
         fallback_model=settings.openai_fallback_model,
         grammar=settings.openai_grammar,
         offline=settings.offline,
+        concurrency=settings.model_concurrency,
     )
 
 

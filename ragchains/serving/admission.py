@@ -1,0 +1,143 @@
+"""Admission to the chat model's queue (``chains.modelqueue``), for the HTTP routes.
+
+Each request gets a ticket as it arrives (``ModelTickets``): its arrival orders its model
+calls, and ``model_queue_wait`` bounds how long they may wait in all. A route that calls the
+model checks its request in before any work (``admit``), so a request that would wait too
+long is answered 503 with Retry-After while it still can be: LangServe's stream endpoints
+send their 200 before the chain's first output. One that is admitted and outwaits its bound
+all the same fails with ``ModelBusy``, which ``serving.errors`` answers with 503 too (in a
+stream already started: its error event).
+
+Model-calling routes: /chat, /ask and /rewrite (each of their POST endpoints), /v1/chat/
+completions and MCP's ``ask`` tool. /retrieve calls no model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from fastapi import HTTPException, Request
+from pydantic import ValidationError
+
+from ragchains.chains.llm import LLM
+from ragchains.chains.modelqueue import (
+    REQUEST,
+    ModelBusy,
+    ModelQueue,
+    Ticket,
+    model_queues,
+    request_ticket,
+)
+from ragchains.serving.guards import request_json
+from ragchains.serving.requests import BODY_KEYS, Route
+
+# Where a request's ticket waits in its state, for work the request hands to tasks that do
+# not inherit its context (MCP's tool calls run in the session manager's task group).
+TICKET = "ragchains_model_ticket"
+# The LangServe routes whose runs call the model.
+MODEL_ROUTES = frozenset({"chat", "ask", "rewrite"})
+
+
+class ModelTickets:
+    """ASGI middleware: each HTTP request is a ticket for the model's queues, from its
+    arrival to its response's last byte (a stream's end)."""
+
+    def __init__(self, app: Any, max_wait: float) -> None:
+        self.app = app
+        self.max_wait = max_wait
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        with request_ticket(self.max_wait) as ticket:
+            scope.setdefault("state", {})[TICKET] = ticket
+            await self.app(scope, receive, send)
+
+
+def admission_queue(llm: LLM) -> ModelQueue | None:
+    """The queue a request waits in first: its first model's (a fallback, sharing a server
+    or not, is asked only when that one failed)."""
+    queues = model_queues(llm.model)
+    return queues[0] if queues else None
+
+
+def check_in(ticket: Ticket | None, llm: LLM) -> None:
+    """Count ``ticket``'s request in to ``llm``'s queue; ``ModelBusy`` when its estimated
+    wait is over its bound."""
+    queue = admission_queue(llm)
+    if ticket is not None and queue is not None:
+        queue.admit(ticket)
+
+
+def admit(ticket: Ticket | None, llm: LLM) -> None:
+    """``check_in``, refused as an HTTP reply: 503 with Retry-After."""
+    try:
+        check_in(ticket, llm)
+    except ModelBusy as exc:
+        raise busy_reply(exc) from exc
+
+
+def busy_reply(exc: ModelBusy) -> HTTPException:
+    return HTTPException(503, str(exc), headers={"Retry-After": str(exc.retry_after)})
+
+
+def request_ticket_of(request: Request) -> Ticket | None:
+    ticket = request.scope.get("state", {}).get(TICKET)
+    return ticket if isinstance(ticket, Ticket) else REQUEST.get()
+
+
+def langserve_admission(route: Route, llm: LLM) -> Any:
+    """A dependency of a model-calling LangServe route: its POST endpoints check the request
+    in. Input that is bad is told as such (LangServe's 422 after this), not as busy."""
+
+    async def check(request: Request) -> None:
+        endpoint = request.url.path.rsplit("/", 1)[-1]
+        if request.method != "POST" or endpoint not in BODY_KEYS:
+            return
+        try:
+            admit(request_ticket_of(request), llm)
+        except HTTPException:
+            if endpoint != "batch" and not await _valid_input(request, route):
+                return
+            raise
+
+    return check
+
+
+async def _valid_input(request: Request, route: Route) -> bool:
+    """Whether a single-input body's input passes the route's checks (batches were checked
+    in full before: ``requests.check_body``)."""
+    try:
+        body = await request_json(request)
+        route.request_model.model_validate(body.get("input") if isinstance(body, dict) else None)
+    except (ValueError, ValidationError):
+        return False
+    return True
+
+
+@contextmanager
+def tool_ticket(request: Request | None, max_wait: float) -> Iterator[Ticket]:
+    """The ticket of a tool call, in the context that runs it: the HTTP request's that
+    carried it, or (stdio) one of its own."""
+    ticket = request.scope.get("state", {}).get(TICKET) if request is not None else None
+    if not isinstance(ticket, Ticket):
+        with request_ticket(max_wait) as own:
+            yield own
+        return
+    token = REQUEST.set(ticket)
+    try:
+        yield ticket
+    finally:
+        REQUEST.reset(token)
+
+
+def queue_status(llm: LLM, max_wait: float) -> dict[str, Any] | None:
+    """The model queue's state for /readyz: slots, calls in service and waiting, requests
+    in progress, the wait a request arriving now is expected to have, recent waits."""
+    queue = admission_queue(llm)
+    if queue is None:
+        return None
+    return {**queue.status(), "max_wait_s": max_wait}
