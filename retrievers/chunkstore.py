@@ -29,6 +29,7 @@ class ChunkStore:
 
     A query that finds the file damaged raises ``IndexDamagedError`` naming it: damage can
     lie in pages no check at load touched (or in a generation written without checksums).
+    What it found is kept in ``damage`` (SQLite's words, no path), for readiness probes.
     """
 
     def __init__(self, path: Path, index_dir: str | Path | None = None) -> None:
@@ -36,6 +37,7 @@ class ChunkStore:
         self._where = index_dir if index_dir is not None else path.parent.parent
         self._con = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
         self._lock = threading.Lock()
+        self.damage: str | None = None
         # Closed as soon as the store is dropped: a connection is otherwise freed only by
         # the cycle collector, never for one loaded before the server's gc.freeze(), and a
         # replaced generation's deleted file would keep its disk space until shutdown.
@@ -52,6 +54,7 @@ class ChunkStore:
             except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
                 raise  # our misuse (a closed store, say), not the file's fault
             except sqlite3.DatabaseError as exc:
+                self.damage = self.damage or f"cannot be read ({exc})"
                 raise IndexDamagedError(damaged(self._where, f"{CHUNKS_FILE}: {exc}")) from exc
 
     def count(self) -> int:

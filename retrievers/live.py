@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ragchains.retrievers.filewatch import FileDamage
 from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.fusionfile import FUSION_FILE, read_fusion
 from ragchains.retrievers.indexformat import FileRecord, IndexLoadError, current_generation
@@ -212,6 +213,16 @@ class LiveIndex:
         if self._refused is not None:
             described["refused"] = dict(self._refused)
         return described
+
+    def damage(self) -> FileDamage | None:
+        """Damage found in the served generation since it was loaded (see
+        ``SearchIndex.damage``); None while CURRENT names another one: an ingest committed
+        it (and may delete the served one's files), and the watcher serves it or, if it
+        cannot, says why in ``describe``."""
+        served = self._current
+        if self._current_name() != served.path.name:
+            return None
+        return served.damage()
 
     def stored_vectors(self, ids: Sequence[str]) -> dict[str, np.ndarray]:
         return self.pinned().stored_vectors(ids)

@@ -18,6 +18,7 @@ import numpy as np
 
 from ragchains.retrievers.access import AccessLabels, current_groups
 from ragchains.retrievers.chunkstore import ChunkStore
+from ragchains.retrievers.filewatch import FileDamage, ServedFiles
 from ragchains.retrievers.filters import BASE_FIELDS, MetadataColumns
 from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.fusionfile import read_fusion
@@ -57,6 +58,8 @@ class SearchIndex:
     dense: faiss.Index
     # The index folder's fusion.json (see ``read_fusion``), if it has one.
     fusion: FusionConfig | None = None
+    # The files it was loaded from, as they were then (``load_index`` sets it).
+    files: ServedFiles | None = field(default=None, repr=False, compare=False)
     # visible_fields by the caller's (known) groups.
     _visible_fields: dict[frozenset[str], dict[str, str]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -152,6 +155,13 @@ class SearchIndex:
             "fields": self.fields,
         }
 
+    def damage(self) -> FileDamage | None:
+        """Damage found since the load: what a query could not read, else a file that no
+        longer holds the bytes loaded from it (a stat per file; see ``ServedFiles``)."""
+        if self.store.damage is not None:
+            return FileDamage(CHUNKS_FILE, self.store.damage)
+        return self.files.damage() if self.files is not None else None
+
     def close(self) -> None:
         self.store.close()
 
@@ -186,6 +196,8 @@ def load_index(
         raise EmbedderMismatchError(problem)
     fusion = read_fusion(index_dir)
     checksums = recorded_checksums(index_dir, manifest)
+    # Stamped before they are hashed: a change from here on shows at the next probe.
+    files = ServedFiles(gen, checksums or _legacy_files(gen), checksums)
     if checksums is None:
         log.warning(
             "index %s has no checksums (an older ragchains wrote it), so damaged files can go "
@@ -202,7 +214,14 @@ def load_index(
                 raise IndexChecksumError(damaged(index_dir, f"{name} {wrong}"))
     index = open_generation(index_dir, gen, manifest, legacy=checksums is None)
     index.fusion = fusion
+    index.files = files
     return index
+
+
+def _legacy_files(gen: Path) -> list[str]:
+    """The files of a generation written without checksums, by name within it."""
+    bm25 = sorted(p.name for p in (gen / BM25_DIR).glob("*") if p.is_file())
+    return [CHUNKS_FILE, DENSE_FILE, *(f"{BM25_DIR}/{name}" for name in bm25)]
 
 
 def open_generation(
