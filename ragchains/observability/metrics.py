@@ -8,9 +8,10 @@ Three sources, none of them timers in the stages:
 - ``StageMetrics`` (an LCEL callback handler on every served chain): each stage's latency,
   turns, abstentions, re-queries and chunks served, read from the stages' runs and outputs;
 - ``ServiceCollector``, read at scrape time: the reranker's fallback, the served index's
-  generation and age, and the ingest runs recorded beside the index (``ragchains ingest``
+  generation and age, the ingest runs recorded beside the index (``ragchains ingest``
   runs in another process: what it leaves in the index folder or the store is what a
-  scrape reads).
+  scrape reads), and the chat model's queue (its length, the wait it means, the waits and
+  refusals so far: ``chains.modelqueue``).
 
 Every label has a bounded set of values: route templates (an unknown path is ``other``),
 chain and stage names, fixed outcomes. No question text, no user, no raw path.
@@ -34,11 +35,17 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    Metric,
+    SummaryMetricFamily,
+)
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragchains.chains.graph import PROMPTS_USED
+from ragchains.chains.modelqueue import model_queues
 from ragchains.chains.requery import RequeryReport
 from ragchains.ingest.report import read_ingest_log
 from ragchains.llms import LLMFailure
@@ -326,7 +333,7 @@ class ServiceCollector(Collector):
         return ()  # nothing to read at registration (a store may be out of reach)
 
     def collect(self) -> Iterator[Metric]:
-        for part in (self._reranker, self._index, self._ingests):
+        for part in (self._reranker, self._index, self._ingests, self._model_queue):
             try:
                 yield from part()
             except Exception as exc:  # a scrape never fails for one part
@@ -384,6 +391,47 @@ class ServiceCollector(Collector):
                 value=finished,
             )
 
+    def _model_queue(self) -> Iterator[Metric]:
+        queues = model_queues(self.service.llm.model)
+        if not queues:
+            return
+        queue = queues[0]  # the one a request waits in first (a fallback shares it, or idles)
+        status = queue.status()
+        gauges = (
+            ("slots", "slots", "Calls the chat model serves at once"),
+            ("busy", "busy_slots", "Calls the chat model is serving now"),
+            ("waiting", "waiting", "Calls waiting for a turn on the chat model (queue length)"),
+            ("requests", "requests", "Requests admitted to the model's queue and not yet done"),
+            (
+                "estimated_wait_s",
+                "estimated_wait_seconds",
+                "The wait for the model a request arriving now is expected to have (over "
+                "model_queue_wait: it is refused with 503)",
+            ),
+            (
+                "longest_waiting_s",
+                "longest_wait_seconds",
+                "How long the call waiting longest has waited so far",
+            ),
+        )
+        for key, name, what in gauges:
+            yield GaugeMetricFamily(f"ragchains_model_queue_{name}", what, value=status[key])
+        yield SummaryMetricFamily(
+            "ragchains_model_queue_wait_seconds",
+            "Time each chat model call waited for its turn",
+            count_value=queue.calls,
+            sum_value=queue.wait_seconds,
+        )
+        busy = CounterMetricFamily(
+            "ragchains_model_busy",
+            "Requests answered 503 because the model was too busy: refused on arrival "
+            "(admission) or after waiting as long as they may (waiting)",
+            labels=["when"],
+        )
+        busy.add_metric(["admission"], queue.refused)
+        busy.add_metric(["waiting"], queue.gave_up)
+        yield busy
+
 
 def index_generation(index: Any) -> tuple[int | None, float | None]:
     """The served generation's number and when it was written (Unix time), as far as the
@@ -422,8 +470,8 @@ def metrics_router(metrics: Metrics) -> APIRouter:
     # records (a small file, or the store's cached meta) cannot stall the event loop.
     def scrape() -> Response:
         """Prometheus metrics: requests, latencies per route and per stage, abstentions,
-        re-queries, model failures, the reranker's fallback, the index's generation and
-        age, ingest runs, feedback votes."""
+        re-queries, model failures, the model's queue (length, waits, 503s), the reranker's
+        fallback, the index's generation and age, ingest runs, feedback votes."""
         return Response(metrics.scrape(), media_type=CONTENT_TYPE_LATEST)
 
     router.add_api_route(
