@@ -4,8 +4,16 @@ committed into the served index folder partway through. Reported: requests, erro
 memory over the run (its growth), and how long after the commit the new generation was
 served (no restart).
 
-    python -m bench.soak                 # writes its section of bench/RESULTS.md
-    python -m bench.soak --seconds 20    # a shorter run (the report says so)
+The model run (issue 30): 32 clients streaming ``/chat/stream`` for 60 s against ``ragchains
+serve`` with the embedded model (SmolLM2, one call at a time) and its default queue
+settings; a client refused with 503 waits its Retry-After and asks again, as the chat page
+does. Reported: whether first answer tokens come in order of arrival (inversions, Kendall's
+tau), the waits against the configured bound (``model_queue_wait``), the 503s (on arrival,
+mid-stream) and cut streams (target 0).
+
+    python -m bench.soak                 # both runs; each writes its section of bench/RESULTS.md
+    python -m bench.soak --run model     # the model run only (CPU heavy: minutes)
+    python -m bench.soak --seconds 20    # shorter runs (the report says so)
 """
 
 from __future__ import annotations
@@ -13,11 +21,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import itertools
+import json
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -150,8 +160,17 @@ async def soak(url: str, pid: int, docs: Path, index: Path, seconds: float) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=SECONDS)
+    parser.add_argument("--run", choices=("both", "retrieve", "model"), default="both")
     args = parser.parse_args()
     docs, index = prepare()
+    if args.run in ("both", "retrieve"):
+        retrieve_run(docs, index, args.seconds)
+    if args.run in ("both", "model"):
+        model_run(index, args.seconds)
+
+
+def retrieve_run(docs: Path, index: Path, seconds: float) -> None:
+    args = argparse.Namespace(seconds=seconds)
     serve = [str(Path(sys.executable).parent / "ragchains"), "serve", "--index", str(index)]
     with Server(index, command=[*serve, "--port", "{port}"]) as server:
         result = asyncio.run(soak(server.url, server.process.pid, docs, index, args.seconds))
@@ -195,6 +214,176 @@ def main() -> None:
         f"document {'was' if switch['found'] else 'was NOT'} found right after.",
     ]
     write_section("soak", "\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- model run
+STREAMS = 32
+# Answerable from the samples (every turn calls the model twice: rewrite, answer); each
+# client asks its own, so no two turns are the same.
+CHAT_QUESTIONS = (
+    "What does the standard health plan cost the employee per month?",
+    "How many vacation days do employees get?",
+    "What is the per diem for meals while travelling?",
+    "How long is parental leave?",
+)
+
+
+@dataclass
+class Turn:
+    """One /chat/stream request as its client saw it (times: the run's clock)."""
+
+    sent: float
+    status: int = 0
+    retry_after: int | None = None
+    first_token: float | None = None
+    finished: float | None = None
+    outcome: str = ""  # complete, refused (503 before streaming), busy (503 event), cut, error
+
+
+async def chat_turn(http: httpx.AsyncClient, question: str, start: float) -> Turn:
+    turn = Turn(sent=time.perf_counter() - start)
+    try:
+        async with http.stream(
+            "POST", "/chat/stream", json={"input": {"question": question}}
+        ) as reply:
+            turn.status = reply.status_code
+            if reply.status_code != 200:
+                turn.retry_after = int(reply.headers.get("retry-after", "0")) or None
+                turn.outcome = (
+                    "refused" if reply.status_code == 503 else f"http {reply.status_code}"
+                )
+                await reply.aread()
+                turn.finished = time.perf_counter() - start
+                return turn
+            event = ""
+            async for line in reply.aiter_lines():
+                if line.startswith("event:"):
+                    event = line.split(":", 1)[1].strip()
+                    if event == "end":
+                        turn.outcome = "complete"
+                elif line.startswith("data:") and event == "data" and turn.first_token is None:
+                    if json.loads(line[5:]).get("answer"):
+                        turn.first_token = time.perf_counter() - start
+                elif line.startswith("data:") and event == "error":
+                    said = json.loads(line[5:])
+                    turn.outcome = "busy" if said.get("status_code") == 503 else "error"
+                    turn.retry_after = said.get("retry_after")
+    except httpx.HTTPError as exc:
+        turn.outcome = f"cut ({type(exc).__name__})"
+    turn.outcome = turn.outcome or "cut"
+    turn.finished = time.perf_counter() - start
+    return turn
+
+
+async def model_soak(url: str, seconds: float) -> dict[str, Any]:
+    turns: list[Turn] = []
+    queue_readings: list[dict[str, Any]] = []
+    limits = httpx.Limits(max_connections=STREAMS + 2, max_keepalive_connections=STREAMS + 2)
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http,
+        httpx.AsyncClient(base_url=url, timeout=60) as control,
+    ):
+        # One turn first: the queue learns how long a turn holds the model (a cold server
+        # has nothing to estimate a wait from, and admits the first burst whole).
+        warm = await chat_turn(http, CHAT_QUESTIONS[0], time.perf_counter())
+        start = time.perf_counter()
+        stop = start + seconds
+
+        async def client(n: int) -> None:
+            await asyncio.sleep(n * 0.1)  # a well-defined order of first arrivals
+            asked = 0
+            while time.perf_counter() < stop:
+                question = f"{CHAT_QUESTIONS[n % len(CHAT_QUESTIONS)]} ({n}.{asked})"
+                asked += 1
+                turn = await chat_turn(http, question, start)
+                turns.append(turn)
+                if turn.retry_after:  # as the chat page does
+                    await asyncio.sleep(turn.retry_after)
+
+        async def watch() -> None:
+            while True:  # until the clients are done
+                queue_readings.append((await control.get("/readyz")).json()["llm"]["queue"])
+                await asyncio.sleep(1.0)
+
+        watcher = asyncio.create_task(watch())
+        await asyncio.gather(*(client(n) for n in range(STREAMS)))
+        watcher.cancel()
+        final = (await control.get("/readyz")).json()["llm"]["queue"]
+        metrics = (await control.get("/metrics")).text
+    return {
+        "warm": warm,
+        "turns": turns,
+        "readings": queue_readings,
+        "final": final,
+        "metrics": metrics,
+        "wall": time.perf_counter() - start,
+    }
+
+
+def inversions(turns: list[Turn]) -> tuple[int, int]:
+    """Pairs of answered turns whose first tokens came in the other order than they were
+    sent, and all pairs."""
+    timed = sorted((t.sent, t.first_token) for t in turns if t.first_token is not None)
+    firsts = [first for _, first in timed]
+    pairs = len(firsts) * (len(firsts) - 1) // 2
+    swapped = sum(
+        1 for i in range(len(firsts)) for j in range(i + 1, len(firsts)) if firsts[i] > firsts[j]
+    )
+    return swapped, pairs
+
+
+def model_run(index: Path, seconds: float) -> None:
+    serve = [str(Path(sys.executable).parent / "ragchains"), "serve", "--index", str(index)]
+    with Server(index, command=[*serve, "--port", "{port}"]) as server:
+        result = asyncio.run(model_soak(server.url, seconds))
+    turns: list[Turn] = result["turns"]
+    final, readings = result["final"], result["readings"]
+    limit = final["max_wait_s"]
+    outcomes: dict[str, int] = {}
+    for turn in turns:
+        outcomes[turn.outcome] = outcomes.get(turn.outcome, 0) + 1
+    answered = [t for t in turns if t.outcome == "complete"]
+    swapped, pairs = inversions(answered)
+    tau = 1 - 2 * swapped / pairs if pairs else 1.0
+    first = sorted(t.first_token - t.sent for t in answered if t.first_token is not None)
+    cut = sum(v for k, v in outcomes.items() if k not in ("complete", "refused", "busy"))
+    waits = final["request_wait_s"]
+    longest = max((r["longest_waiting_s"] for r in readings), default=0.0)
+    estimated = max((r["estimated_wait_s"] for r in readings), default=0.0)
+    over = waits["max"] > limit + 0.5
+    lines = [
+        "## Soak: the embedded model's queue (`python -m bench.soak --run model`)",
+        "",
+        machine_line(),
+        "",
+        f"{STREAMS} clients streaming `/chat/stream` for {seconds:.0f} s (then their last turns "
+        "finish) against `ragchains serve` with the embedded SmolLM2 (one call at a time) and "
+        f"the default queue settings (`RAGCHAINS_MODEL_QUEUE_WAIT` {limit:g} s), after one "
+        "warm-up turn; the clients start 0.1 s apart, each asks a new question as soon as its "
+        "last turn ends, and one refused with 503 waits its Retry-After first, as the chat page "
+        f"does. A turn alone took {result['warm'].finished:.1f} s in this run; the server's "
+        f"recent model time per turn: {final['seconds_per_request']} s.",
+        "",
+        "| turns | answered | 503 on arrival | 503 mid-stream | cut | first-token order: inversions / pairs (Kendall tau) | time to first token p50 / max s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+        f"| {len(turns)} | {len(answered)} | {outcomes.get('refused', 0)} | "
+        f"{outcomes.get('busy', 0)} | {cut} | {swapped} / {pairs} ({tau:.3f}) | "
+        f"{percentile_ms(first, 50) / 1000:.1f} / {max(first, default=0.0):.1f} |",
+        "",
+        f"- Waits against the bound ({limit:g} s), as the server measured them: a request's "
+        f"wait for the model, its calls together, over its last {waits['count']} admitted "
+        f"requests: median {waits['median']:.1f} s, max {waits['max']:.1f} s "
+        f"({'within' if not over else 'OVER'} the bound); the longest a waiting call had "
+        f"waited at any 1 s reading: {longest:.1f} s; the highest wait estimated for a "
+        f"newcomer: {estimated:.1f} s.",
+        f"- Outcomes: {', '.join(f'{k}: {v}' for k, v in sorted(outcomes.items()))}; "
+        f"target 0 cut streams: {'meets' if cut == 0 else 'misses'}; first tokens in order "
+        f"of arrival: {'yes' if swapped == 0 else f'{swapped} inversions'}.",
+        "- Before issue 30 (the probe of the issue): 32 streams for 60 s gave 0 errors but a "
+        "first token at a median of 95 s (max 145 s), in no particular order, with only "
+        "keep-alive pings meanwhile.",
+    ]
+    write_section("soak_model", "\n".join(lines))
 
 
 if __name__ == "__main__":
