@@ -1,7 +1,8 @@
-"""The OpenAPI document is what the server does: schemathesis (issue 15) generates requests
-from /openapi.json, valid and hostile, against the real app under uvicorn, and checks every
-reply: never a server error, only declared statuses and content types, bodies and each
-streamed event as declared, 405 for a method a route does not take.
+"""The OpenAPI document is what the server does: schemathesis (issues 15 and 30) generates
+requests from /openapi.json, valid and hostile, against ``ragchains serve`` as a user starts
+it, and checks every reply: never a server error, only declared statuses and content types,
+bodies and each streamed event as declared, 405 for a method a route does not take, every
+request the document allows accepted and every one it forbids refused.
 
 The chat model is an OpenAI-compatible upstream on this machine (tests/servers.FakeOpenAI):
 the subject here is the HTTP surface, and thousands of requests must stay within minutes.
@@ -23,13 +24,14 @@ import httpx
 import pytest
 from pydantic import SecretStr
 
+from tests.servers import FakeOpenAI, ragchains_serve
+
 pytestmark = pytest.mark.slow
 
 KEY = "fuzz-key"
-# What the fuzzer checks of each reply. Not run: the request-side checks (a schema-valid
-# request rejected, an invalid one accepted): some of the server's rules are not JSON
-# Schema's to state (a filter's value type follows its field's type in the loaded index;
-# a batch's list of configs has one per input).
+# What the fuzzer checks of each reply, the request-side checks included: a request the
+# document allows is not refused (positive_data_acceptance), one it forbids is
+# (negative_data_rejection).
 CHECKS = (
     "not_a_server_error",
     "status_code_conformance",
@@ -37,7 +39,16 @@ CHECKS = (
     "response_headers_conformance",
     "response_schema_conformance",
     "unsupported_method",
+    "positive_data_acceptance",
+    "negative_data_rejection",
 )
+# A refusal is any 4xx the document declares for it; schemathesis' default list leaves out
+# 413, the status of a batch over the limit.
+CONFIG = """
+[checks.negative_data_rejection]
+expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "415", "422",
+                     "428", "429", "5xx"]
+"""
 # The whole run's budget; examples and coverage come first, then fuzzing. A 150 s run on 2
 # cores (13,421 requests) met every (method, path, status) it ever met within 38 s, but one:
 # a batch over the limit, 413 at 137 s, which tests/test_server.py sends on purpose.
@@ -48,11 +59,15 @@ def _fuzz(base: str, workdir: Path, seconds: int, *headers: str) -> tuple[str, d
     """schemathesis against ``base``: its exit status must be 0; returns its output and the
     HAR record of every request and reply."""
     har = workdir / "run.har"
+    config = workdir / "schemathesis.toml"
+    config.write_text(CONFIG)
     run = subprocess.run(
         [
             sys.executable,
             "-m",
             "schemathesis.cli",
+            "--config-file",
+            str(config),
             "run",
             f"{base}/openapi.json",
             "--checks",
@@ -106,14 +121,28 @@ def _answered(answered: dict[tuple[str, str], int], operation: tuple[str, str]) 
     return sum(n for (m, path), n in answered.items() if m == method and pattern.match(path))
 
 
+def served(sample_index: Path, upstream: FakeOpenAI, workdir: Path, **env: str) -> Any:
+    """``ragchains serve`` over the sample index, its chat model ``upstream``."""
+    return ragchains_serve(
+        "--index",
+        str(sample_index),
+        RAGCHAINS_LLM_PROVIDER="openai",
+        RAGCHAINS_OPENAI_BASE_URL=upstream.base_url,
+        RAGCHAINS_OPENAI_API_KEY="upstream-key",
+        RAGCHAINS_OPENAI_MODEL="ok-fuzz",
+        RAGCHAINS_LLM_MAX_RETRIES="0",
+        RAGCHAINS_FEEDBACK_DB=str(workdir / "feedback.sqlite"),
+        **env,
+    )
+
+
 def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_declare(
-    serve_upstream: Callable[..., AbstractContextManager[str]],
-    tmp_path_factory: pytest.TempPathFactory,
+    sample_index: Path, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """And every operation is answered for real (2xx) at least once: a run where every
     request was refused would prove nothing."""
     workdir = tmp_path_factory.mktemp("schemathesis")
-    with serve_upstream(openai_model="ok-fuzz") as base:
+    with served(sample_index, upstream, workdir) as base:
         operations = {
             (method.upper(), path)
             for path, methods in httpx.get(f"{base}/openapi.json").json()["paths"].items()
@@ -127,13 +156,12 @@ def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_d
 
 
 def test_schemathesis_with_a_key_required(
-    serve_upstream: Callable[..., AbstractContextManager[str]],
-    tmp_path_factory: pytest.TempPathFactory,
+    sample_index: Path, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     """With the key sent, as a client generated from the document sends it; without it
     every closed route is a declared 401."""
     workdir = tmp_path_factory.mktemp("schemathesis-keyed")
-    with serve_upstream(openai_model="ok-fuzz", api_key=SecretStr(KEY)) as base:
+    with served(sample_index, upstream, workdir, RAGCHAINS_API_KEY=KEY) as base:
         _, har = _fuzz(base, workdir, 30, f"X-API-Key: {KEY}")
         _, refused = _fuzz(base, workdir, 20)
     answered = _answered_per_operation(har)  # closed routes answered with the key sent

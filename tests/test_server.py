@@ -261,7 +261,7 @@ LONG = "x" * 100_000
             "/v1/chat/completions",
             {"model": "hr", "messages": [{"role": "assistant", "content": "hi"}]},
             422,
-            "the last message must be the user's question",
+            "the conversation has no user message to answer",
         ),
         (
             "/v1/chat/completions",

@@ -298,7 +298,7 @@ def test_the_view_of_each_kind_points_where_its_chunks_do(
     sheets = _get(base, keys["hr"], f"/files/{xlsx_id}/view").json()["table"]["sheets"]
     assert len(sheets) >= 2 and "Internal" not in sheets  # hidden sheets are left out
     bad = _get(base, keys["hr"], f"/files/{xlsx_id}/view?sheet=Nope")
-    assert bad.status_code == 422 and "no sheet 'Nope'" in bad.json()["detail"]
+    assert bad.status_code == 404 and "no sheet 'Nope'" in bad.json()["detail"]
     assert _get(base, keys["hr"], f"/files/{xlsx_id}/view?around=51").status_code == 422
 
 

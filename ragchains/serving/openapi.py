@@ -11,16 +11,25 @@ document is amended once, when first asked for.
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fastapi import FastAPI
 from pydantic import BaseModel
 
+from ragchains.chains.options import DOMAIN_KEY
 from ragchains.prompts.registry import DEFAULT_DOMAIN
+from ragchains.retrievers.filters import (
+    GLOB_FIELDS,
+    MAX_GLOB_CHARS,
+    MAX_GLOBS,
+    MAX_IN_VALUES,
+    MAX_VALUE_CHARS,
+    OPERATORS_BY_TYPE,
+)
 from ragchains.serving.errors import OPENAI_PREFIX
 from ragchains.serving.guards import is_open
-from ragchains.serving.requests import BODY_KEYS
+from ragchains.serving.requests import BODY_KEYS, Limits, Route
 
 # LangServe's endpoints that stream server-sent events, by the last part of their path.
 STREAMING = frozenset(BODY_KEYS) - {"invoke", "batch"}
@@ -115,30 +124,156 @@ EXAMPLE_INPUTS = {
 _ENVELOPES = tuple(
     f"{kind}Request" for kind in ("Invoke", "Batch", "Stream", "StreamLog", "StreamEvents")
 )
+REF_TEMPLATE = "#/components/schemas/{model}"
 # FastAPI's own 422 body, which the server never sends (see server.invalid_input).
 _FASTAPI_422 = ("HTTPValidationError", "ValidationError")
 
 
 def truthful_openapi(
-    app: FastAPI, *, chat_request: type[BaseModel], domains: Iterable[str], keyed: bool
+    app: FastAPI,
+    *,
+    chat_request: type[BaseModel],
+    domains: Iterable[str],
+    keyed: bool,
+    routes: Mapping[str, Route],
+    limits: Limits,
+    fields: Callable[[], Mapping[str, str]] | None,
 ) -> Callable[[], dict[str, Any]]:
-    """``app.openapi``: FastAPI's document, amended once. ``chat_request`` is the body
+    """``app.openapi``: FastAPI's document, amended. ``chat_request`` is the body
     /v1/chat/completions reads (its handler parses it itself, to answer in OpenAI's error
-    format), whose ``model`` is one of ``domains``; ``keyed``: the server needs an API key."""
+    format), whose ``model`` is one of ``domains``; ``keyed``: the server needs an API key.
+    ``routes`` and ``limits``: what the LangServe routes' bodies are checked against
+    (``check_body``); ``fields``: the index's filterable fields now, or None when they are
+    not told (per-user access), whose filters the document then leaves untyped. The document
+    is built again when the fields change (an ingest adds some)."""
     models = sorted(domains)
+    built: dict[str, Any] = {}
 
     def openapi() -> dict[str, Any]:
-        document = app.openapi_schema
-        if document is None:
+        now = dict(fields()) if fields is not None else None
+        if app.openapi_schema is None or built.get("fields") != now:
+            app.openapi_schema = None
             try:
                 document = FastAPI.openapi(app)
                 _amend(document, chat_request, models, keyed)
+                schemas = document["components"]["schemas"]
+                _amend_requests(schemas, routes, limits, now)
+                if "chat" in routes:
+                    _amend_completions(schemas[chat_request.__name__], routes["chat"])
             except BaseException:  # FastAPI cached its own document: never serve that one
                 app.openapi_schema = None
                 raise
-        return document
+            built["fields"] = now
+        return app.openapi_schema
 
     return openapi
+
+
+def _amend_requests(
+    schemas: dict[str, Any],
+    routes: Mapping[str, Route],
+    limits: Limits,
+    fields: Mapping[str, str] | None,
+) -> None:
+    """The LangServe routes' bodies as ``check_body`` checks them: each config with its
+    bounds and each domain's prompt versions, a batch's inputs within the limit and its list
+    of configs one per input, filters typed by the index's fields."""
+    for name, route in routes.items():
+        envelope = schemas[f"{name}InvokeRequest"]["properties"]["config"]["$ref"]
+        config = route.config_schema(REF_TEMPLATE)
+        for nested, schema in config.pop("$defs", {}).items():
+            schemas.setdefault(nested, schema)
+        schemas[envelope.rsplit("/", 1)[-1]] = config
+        batch = schemas[f"{name}BatchRequest"]
+        batch["properties"]["inputs"]["maxItems"] = limits.batch_inputs
+        # One config for all inputs, or a list with one per input: JSON Schema relates two
+        # lists' lengths only case by case, one per batch size the limit allows.
+        batch["anyOf"] = [
+            {"not": {"required": ["config"]}},
+            {"properties": {"config": {"type": "object"}}},
+            *(
+                {
+                    "properties": {
+                        "inputs": {"minItems": n, "maxItems": n},
+                        "config": {"type": "array", "minItems": n, "maxItems": n},
+                    }
+                }
+                for n in range(1, limits.batch_inputs + 1)
+            ),
+        ]
+    if fields is None:
+        return
+    typed = filters_schema(fields)
+    for schema in schemas.values():
+        listed = schema.get("properties", {}).get("filters")
+        if listed is not None and listed.get("items") == _ref("MetadataFilter"):
+            listed["items"] = typed
+
+
+def _amend_completions(body: dict[str, Any], chat: Route) -> None:
+    """/v1/chat/completions' ``configurable`` as /chat's without the domain (``model``
+    names it), each domain allowing only its own prompts' versions."""
+    configurable = chat.config_schema(REF_TEMPLATE)["properties"]["configurable"]
+    configurable.pop("allOf", None)
+    configurable["properties"].pop(DOMAIN_KEY, None)
+    body["properties"]["configurable"] = configurable
+    body["anyOf"] = [
+        {
+            "properties": {
+                "model": domain["properties"].pop(DOMAIN_KEY),
+                "configurable": domain,
+            }
+        }
+        for domain in chat.domain_versions()
+    ]
+
+
+def filters_schema(fields: Mapping[str, str]) -> dict[str, Any]:
+    """A filter as ``validate_filters`` accepts it over an index with ``fields``: a field it
+    has, an operator for the field's type, values of that type (a list for ``in``)."""
+    by_type: dict[str, list[str]] = {}
+    for field, kind in fields.items():
+        by_type.setdefault(kind, []).append(field)
+    text = {"type": "string", "maxLength": MAX_VALUE_CHARS}
+    globbed = {**text, "pattern": rf"^(?:[^*?\[]*|[\s\S]{{0,{MAX_GLOB_CHARS}}})$"}
+    values = {"number": {"type": "number"}, "boolean": {"type": "boolean"}, "string": text}
+    groups = []
+    for kind, names in sorted(by_type.items()):
+        if kind == "string":  # shell-style patterns have a length limit of their own
+            groups.append((kind, sorted(set(names) & GLOB_FIELDS), globbed))
+            groups.append((kind, sorted(set(names) - GLOB_FIELDS), text))
+        else:
+            groups.append((kind, sorted(names), values[kind]))
+    alternatives = []
+    for kind, names, value in groups:
+        if not names:
+            continue
+        ops = [op for op in OPERATORS_BY_TYPE[kind] if op != "in"]
+        alternatives.append(_filter(names, {"enum": ops}, value))
+        if "in" in OPERATORS_BY_TYPE[kind]:
+            listed = {"type": "array", "minItems": 1, "maxItems": MAX_IN_VALUES, "items": value}
+            if value is globbed:  # at most MAX_GLOBS patterns in a request, so in a list
+                listed.update(contains=_A_GLOB, minContains=0, maxContains=MAX_GLOBS)
+            alternatives.append(_filter(names, {"const": "in"}, listed))
+    return {
+        "title": "MetadataFilter",
+        "description": "One condition on a field of the index; a list of them is combined "
+        f"with AND. Filenames and sources take shell-style patterns (*, ?, [...]), at most "
+        f"{MAX_GLOBS} in all the filters of a request.",
+        "anyOf": alternatives,
+    }
+
+
+_A_GLOB = {"type": "string", "pattern": "[*?[]"}
+
+
+def _filter(names: list[str], op: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["field", "op", "value"],
+        "properties": {"field": {"type": "string", "enum": names}, "op": op, "value": value},
+    }
 
 
 def _amend(
@@ -235,7 +370,7 @@ def _declare(responses: dict[str, Any], statuses: Iterable[int], problem: dict[s
 
 def _add_models(schemas: dict[str, Any], model: type[BaseModel]) -> None:
     """``model``'s JSON schema, and the models it uses, among the document's schemas."""
-    schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+    schema = model.model_json_schema(ref_template=REF_TEMPLATE)
     for name, nested in schema.pop("$defs", {}).items():
         schemas.setdefault(name, nested)
     schemas[model.__name__] = schema

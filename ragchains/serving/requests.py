@@ -8,31 +8,74 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Literal
+from uuid import UUID
 
 from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.runnables import Runnable, RunnableBinding, RunnableConfig
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model, field_validator
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
+from langchain_core.runnables import Runnable, RunnableBinding
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    create_model,
+    field_validator,
+)
 
 from ragchains.chains.graph import AskInput, ChatInput
 from ragchains.chains.options import (
+    DOMAIN_KEY,
+    LATEST,
     Choices,
     Configure,
     OptionsError,
     explain_choice,
     problem_text,
 )
-from ragchains.chains.retrieve import RetrieveInput
+from ragchains.chains.retrieve import MAX_ALTERNATIVES, RetrieveInput
 from ragchains.chains.rewrite import RewriteInput
 from ragchains.factory import Service, filterable_fields
-from ragchains.prompts.registry import PromptRegistry, PromptSelectionError
+from ragchains.prompts.registry import DEFAULT_DOMAIN, PromptRegistry, PromptSelectionError
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.settings import Settings
 
 # Characters no typed text holds (tab and line breaks aside): a NUL-only question is not one.
-CONTROL_CHARACTERS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+CONTROL = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
+CONTROL_CHARACTERS = re.compile(f"[{CONTROL}]")
+# Text that says something: no control character and one character at least that is not
+# whitespace. Each text field publishes the pattern it is checked with (its JSON Schema
+# ``pattern``), so the API's document and the server cannot disagree about it.
+SAYS_SOMETHING = rf"^[^{CONTROL}]*[^\s{CONTROL}][^{CONTROL}]*$"
+PLAIN_TEXT = rf"^[^{CONTROL}]*$"
+_SAYS_SOMETHING = re.compile(SAYS_SOMETHING)
+
+
+def text_type(what: str, max_chars: int, *, blank: bool = False) -> Any:
+    """A text field's type: at most ``max_chars`` characters, no control characters and (unless
+    ``blank``) not empty; published with the bounds and the pattern it is checked with, each
+    problem a sentence naming ``what``."""
+
+    def check(text: str) -> str:
+        if CONTROL_CHARACTERS.search(text):
+            raise ValueError(f"the {what} holds control characters (such as NUL)")
+        if len(text) > max_chars:
+            raise ValueError(f"the {what} has {len(text)} characters; the limit is {max_chars}")
+        if not blank and not _SAYS_SOMETHING.search(text):
+            raise ValueError(f"the {what} is empty")
+        return text
+
+    published = {"maxLength": max_chars, "pattern": PLAIN_TEXT if blank else SAYS_SOMETHING}
+    return Annotated[
+        str,
+        Field(min_length=0 if blank else 1, json_schema_extra=published),
+        AfterValidator(check),
+    ]
 
 
 @dataclass(frozen=True)
@@ -55,64 +98,167 @@ class Limits:
             batch_inputs=settings.max_batch_inputs,
         )
 
-    def text(self, text: str, what: str) -> str:
-        if not text.strip():
-            raise ValueError(f"the {what} is empty")
-        if CONTROL_CHARACTERS.search(text):
-            raise ValueError(f"the {what} holds control characters (such as NUL)")
-        if len(text) > self.question_chars:
-            raise ValueError(
-                f"the {what} has {len(text)} characters; the limit is {self.question_chars}"
-            )
-        return text
+    def text(self, what: str) -> Any:
+        """The type of a question-like field (a question, a query) within these limits."""
+        return text_type(what, self.question_chars)
 
-    def history(self, history: list[Any]) -> list[Any]:
-        if len(history) > self.history_messages:
+    def history(self) -> Any:
+        """The type of a chat history within these limits (see ``history_type``)."""
+        return history_type(self)
+
+
+# ----------------------------------------------------------------------------- chat history
+# A history as it arrives: each turn as LangChain serialises a message (what RemoteRunnable
+# sends) or as OpenAI writes one. Only the words are kept: the metadata LangChain sends
+# along (ids, kwargs, usage) says nothing a later turn reads.
+_TURN_HINT = (
+    "give {'type': 'human' or 'ai', 'content': text} or {'role': 'user' or 'assistant', "
+    "'content': text}"
+)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def history_type(limits: Limits) -> Any:
+    """``chat_history``'s type: at most ``limits.history_messages`` turns, each a turn of the
+    conversation whose text is plain (no control characters), at most
+    ``limits.history_chars`` characters in all; validated into LangChain messages."""
+    words = text_type("message", limits.history_chars, blank=True)
+    no_calls = Field(default_factory=list, max_length=0, description="always empty: a turn")
+
+    class HumanTurn(BaseModel):
+        """A user's turn as LangChain serialises a HumanMessage."""
+
+        model_config = ConfigDict(extra="forbid")
+        type: Literal["human"]
+        content: words  # type: ignore[valid-type]
+        additional_kwargs: dict[str, Any] = Field(default_factory=dict)
+        response_metadata: dict[str, Any] = Field(default_factory=dict)
+        name: str | None = None
+        id: str | None = None
+
+    class AITurn(BaseModel):
+        """The assistant's turn as LangChain serialises an AIMessage (without tool calls)."""
+
+        model_config = ConfigDict(extra="forbid")
+        type: Literal["ai"]
+        content: words  # type: ignore[valid-type]
+        additional_kwargs: dict[str, Any] = Field(default_factory=dict)
+        response_metadata: dict[str, Any] = Field(default_factory=dict)
+        name: str | None = None
+        id: str | None = None
+        tool_calls: list[dict[str, Any]] = no_calls
+        invalid_tool_calls: list[dict[str, Any]] = no_calls
+        usage_metadata: dict[str, Any] | None = None
+
+    class UserTurn(BaseModel):
+        """A user's turn as OpenAI writes it."""
+
+        model_config = ConfigDict(extra="forbid")
+        role: Literal["user"]
+        content: words  # type: ignore[valid-type]
+
+    class AssistantTurn(BaseModel):
+        """The assistant's turn as OpenAI writes it."""
+
+        model_config = ConfigDict(extra="forbid")
+        role: Literal["assistant"]
+        content: words  # type: ignore[valid-type]
+
+    turn: Any = HumanTurn | AITurn | UserTurn | AssistantTurn
+    # Which model a turn is read as: by its ``type`` (LangChain's) or else its ``role``.
+    kinds: dict[tuple[str, Any], type[BaseModel]] = {
+        ("type", "human"): HumanTurn,
+        ("type", "ai"): AITurn,
+        ("role", "user"): UserTurn,
+        ("role", "assistant"): AssistantTurn,
+    }
+
+    def one_turn(item: Any) -> BaseModel:
+        if isinstance(item, BaseMessage):  # in-process callers (MCP's tools)
+            item = {"type": item.type, "content": item.content}
+        if not isinstance(item, dict):
+            raise ValueError("not an object")
+        key = "type" if "type" in item else "role"
+        value = item.get(key)
+        model = kinds.get((key, value)) if isinstance(value, str) else None
+        if model is None:
+            raise ValueError(f"{key} {_shown(value)} is not one of a turn's")
+        try:
+            return model.model_validate(item)
+        except ValidationError as exc:
+            raise ValueError(problem_text(exc.errors()[0])) from None
+
+    def turns(value: Any) -> list[Any]:
+        """Each turn checked, a problem named by its position."""
+        if not isinstance(value, list):
+            raise ValueError("chat_history must be a list of messages")
+        checked = []
+        for n, item in enumerate(value):
+            try:
+                checked.append(one_turn(item))
+            except ValueError as exc:
+                raise ValueError(
+                    f"chat_history[{n}] is not a turn of the conversation ({exc}); {_TURN_HINT}"
+                ) from None
+        return checked
+
+    def as_messages(checked: list[Any]) -> list[BaseMessage]:
+        chars = sum(len(t.content) for t in checked)
+        if chars > limits.history_chars:
             raise ValueError(
-                f"the chat history has {len(history)} messages; "
-                f"the limit is {self.history_messages}"
+                f"the chat history has {chars} characters; the limit is {limits.history_chars}"
             )
-        chars = sum(len(str(message.content)) for message in history)
-        if chars > self.history_chars:
-            raise ValueError(
-                f"the chat history has {chars} characters; the limit is {self.history_chars}"
-            )
-        return history
+        return [
+            HumanMessage(t.content) if isinstance(t, HumanTurn | UserTurn) else AIMessage(t.content)
+            for t in checked
+        ]
+
+    return Annotated[
+        list[turn],
+        BeforeValidator(turns),
+        Field(
+            max_length=limits.history_messages,
+            description=f"the conversation so far, oldest first; at most "
+            f"{limits.history_chars} characters in all",
+        ),
+        AfterValidator(as_messages),
+    ]
 
 
 def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[BaseModel]]:
     """The input model of each served runnable, by route name, for one loaded index."""
-
-    # pydantic passes a second argument to validators that take two: one argument each.
-    def question(text: str) -> str:
-        return limits.text(text, "question")
-
-    def history(messages: list[Any]) -> list[Any]:
-        return limits.history(messages)
+    question = limits.text("question")
+    history = limits.history()
 
     def filters(value: list[MetadataFilter]) -> list[MetadataFilter]:
         return validate_filters(value, fields)
 
     class ChatRequest(ChatInput):
         model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
-        _question = field_validator("question")(question)
-        _history = field_validator("chat_history")(history)
+        question: question  # type: ignore[valid-type]
+        chat_history: history = Field(default_factory=list)  # type: ignore[valid-type]
 
     class AskRequest(AskInput):
         model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
-        _question = field_validator("question")(question)
+        question: question  # type: ignore[valid-type]
         _filters = field_validator("filters")(filters)
 
     class RewriteRequest(RewriteInput):
         model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
-        _question = field_validator("question")(question)
-        _history = field_validator("chat_history")(history)
+        question: question  # type: ignore[valid-type]
+        chat_history: history = Field(default_factory=list)  # type: ignore[valid-type]
 
     class RetrieveRequest(RetrieveInput):
         model_config = ConfigDict(extra="forbid")  # a misspelt key would do nothing
-        _query = field_validator("query")(lambda text: limits.text(text, "query"))
-        _alternatives = field_validator("alternatives")(
-            lambda texts: [limits.text(text, "alternative query") for text in texts]
+        query: limits.text("query")  # type: ignore[valid-type]
+        alternatives: list[limits.text("alternative query")] = Field(  # type: ignore[valid-type]
+            default_factory=list,
+            max_length=MAX_ALTERNATIVES,
+            description=RetrieveInput.model_fields["alternatives"].description,
         )
         _filters = field_validator("filters")(filters)
 
@@ -200,6 +346,27 @@ class Route:
         self._config_model = self.runnable.config_schema(include=["configurable"])
         self._choices = chain_choices(chain)
 
+    def config_schema(self, ref_template: str) -> dict[str, Any]:
+        """The JSON Schema of a request's ``config`` as ``check_body`` checks it: the run
+        options (``RunOptions``) and the ``configurable`` choices with their bounds, each
+        domain allowing only its own prompts' versions (``Route.check`` refuses the others).
+        LangServe publishes the choices' bare types only (``_rename_pydantic_model``)."""
+        schema = RunOptions.model_json_schema(ref_template=ref_template)
+        configurable = self._config_model.model_fields["configurable"].annotation
+        published = _without_optional(configurable).model_json_schema(ref_template=ref_template)
+        published["allOf"] = [{"anyOf": self.domain_versions()}]
+        schema["properties"]["configurable"] = published
+        return schema
+
+    def domain_versions(self, domain_key: str = DOMAIN_KEY) -> list[dict[str, Any]]:
+        """One JSON Schema per domain: ``domain_key`` naming it (absent: the default domain)
+        and each prompt version key listing the versions that domain has."""
+        keys = set(self._config_model.model_fields["configurable"].annotation.model_fields)
+        return [
+            _versions_of(self.prompts, name, keys, domain_key)
+            for name in sorted(self.prompts.domains)
+        ]
+
     def check(self, configurable: Any) -> dict[str, Any]:
         """A request's ``configurable``, checked in full before any work: the one check the
         server makes of it (a body's, a share link's, /v1/chat/completions'). Two parts,
@@ -223,6 +390,30 @@ class Route:
         except OptionsError as exc:
             raise HTTPException(422, str(exc)) from exc
         return values
+
+
+def _without_optional(annotation: Any) -> type[BaseModel]:
+    """The model in ``Model | None``."""
+    return next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
+
+
+def _versions_of(
+    prompts: PromptRegistry, domain: str, keys: set[str], domain_key: str
+) -> dict[str, Any]:
+    properties: dict[str, Any] = {domain_key: {"const": domain}}
+    for key in sorted(keys):
+        name = key.removesuffix("_version")
+        if name == key:
+            continue
+        # A domain without the prompt uses the default domain's (PromptRegistry.get).
+        numbers = prompts.domains[domain].prompts.get(name) or prompts.domains[
+            DEFAULT_DOMAIN
+        ].prompts.get(name, {})
+        properties[key] = {"enum": [LATEST, *(f"v{v}" for v in sorted(numbers))]}
+    schema: dict[str, Any] = {"properties": properties}
+    if domain != DEFAULT_DOMAIN:
+        schema["required"] = [domain_key]
+    return schema
 
 
 def served_routes(
@@ -260,7 +451,35 @@ BODY_KEYS: dict[str, frozenset[str]] = {
     "stream_log": frozenset({"input", "config", "kwargs", "diff"}) | _EVENT_FILTERS,
     "stream_events": frozenset({"input", "config", "kwargs"}) | _EVENT_FILTERS,
 }
-CONFIG_KEYS = frozenset(RunnableConfig.__annotations__)
+
+
+def _an_integer(value: Any) -> Any:
+    """JSON's integers only (2.0 is one): pydantic would take "2" and true for 2 and 1."""
+    if isinstance(value, bool | str):
+        raise ValueError("must be an integer (not text or true/false)")
+    return value
+
+
+AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_an_integer)]
+
+
+class RunOptions(BaseModel):
+    """What a request's ``config`` may hold besides ``configurable``: the keys of LangChain's
+    ``RunnableConfig`` a client sends, typed as LangChain types them (RemoteRunnable sends
+    tags, metadata and recursion_limit with every call). LangServe hands only
+    ``configurable`` to the run (its ``config_keys``): these are checked, not used."""
+
+    model_config = ConfigDict(extra="forbid", title="RunOptions")
+
+    tags: list[StrictStr] = Field(default_factory=list)
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    run_name: StrictStr | None = None
+    run_id: UUID | None = None
+    recursion_limit: AtLeastOne = 25
+    max_concurrency: AtLeastOne | None = None
+
+
+CONFIG_KEYS = frozenset({*RunOptions.model_fields, "configurable"})
 
 
 def _invalid(loc: tuple[Any, ...], message: str, kind: str = "value_error") -> Exception:
@@ -314,5 +533,10 @@ def _check_config(route: Route, config: Any, loc: tuple[Any, ...]) -> None:
     unknown = sorted(set(config) - CONFIG_KEYS)
     if unknown:
         raise _invalid((*loc, unknown[0]), f"unknown config key(s) {', '.join(map(repr, unknown))}")
+    try:
+        RunOptions.model_validate({k: v for k, v in config.items() if k != "configurable"})
+    except ValidationError as exc:
+        errors = [{**err, "loc": ("body", *loc, *err["loc"])} for err in exc.errors()]
+        raise RequestValidationError(errors) from exc
     if "configurable" in config:
         route.check(config["configurable"])

@@ -434,11 +434,11 @@ def source_files_router(service: Service) -> APIRouter:
             return not_found()
         try:
             body = view.body(row=row, sheet=sheet, around=around)
-        except KeyError:
+        except KeyError:  # a sheet the file does not have is not found, as a page is not
             names = ", ".join(repr(s.name) for s in view.sheets if s.name is not None)
             return JSONResponse(
                 {"detail": f"the file has no sheet {sheet!r} (its sheets: {names or 'none'})"},
-                status_code=422,
+                status_code=404,
             )
         headers = {"Cache-Control": "private, no-cache", "X-Content-Type-Options": "nosniff"}
         return JSONResponse(body, headers=headers)
