@@ -311,7 +311,9 @@ def _ending(written: _Written, plan: _Plan) -> AddableDict:
     # A model that cites nothing valid has not grounded its answer in the sources, whatever
     # it says: the answer is shown, marked so, never as a grounded one.
     uncited = not abstained and not citations
-    notes = [*plan.notes, *([UNCITED_NOTE] if uncited else []), *filter(None, [written.cut])]
+    notes = [*plan.notes, *([UNCITED_NOTE] if uncited else [])]
+    if written.cut is not None:
+        notes.append(written.cut)
     return AddableDict(
         citations=[c.model_dump() for c in citations],
         abstained=abstained,
