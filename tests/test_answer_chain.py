@@ -96,6 +96,7 @@ def test_no_chunks_abstains_without_calling_the_llm(prompts: PromptRegistry) -> 
         "citations": [],
         "abstained": True,
         "uncited": False,
+        "incomplete": False,
         "answer_style": "free",  # a model without a grammar answers freely
         "notes": [],
         "prompt": None,
@@ -145,6 +146,7 @@ def test_answer_streams_tokens_then_citations(prompts: PromptRegistry) -> None:
         "citations",
         "abstained",
         "uncited",
+        "incomplete",
         "answer_style",
         "notes",
         "prompt",

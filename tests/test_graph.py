@@ -316,7 +316,7 @@ def check_stream(events: list[dict[str, Any]]) -> None:
     assert first["sources"] and first["search_query"] == FOLLOW_UP["question"]
     assert first["alternatives"] == ["benefit plans"]
     assert middle and all(set(e) == {"answer"} for e in middle[:-1])
-    assert set(middle[-1]) == {"citations", "abstained", "uncited"}
+    assert set(middle[-1]) == {"citations", "abstained", "uncited", "incomplete"}
     assert set(last) == {"prompts", "timings"}
     text = "".join(e["answer"] for e in middle[:-1])
     assert text == "Standard costs $45.00 [employee-handbook.md#benefit-plans]."

@@ -15,7 +15,8 @@ import pytest
 from langchain_core.documents import Document
 from langserve import RemoteRunnable
 
-from ragchains.serving.openai_api import OpenAIMessage, to_chat_input
+from ragchains.serving.openai_api import completion_request, to_chat_input
+from ragchains.serving.requests import Limits
 
 pytestmark = pytest.mark.slow
 
@@ -167,20 +168,25 @@ def test_openai_sdk_streams_sources_first_and_citations_last(url: str) -> None:
 
 
 def test_openai_messages_become_question_and_history() -> None:
-    messages = [
-        OpenAIMessage(role="system", content="be brief"),
-        OpenAIMessage(role="user", content=[{"type": "text", "text": "first"}]),  # type: ignore[list-item]
-        OpenAIMessage(role="assistant", content="reply"),
-        OpenAIMessage(role="user", content="second"),
-    ]
-    turn = to_chat_input(messages)
+    """The last user message is the question; what follows it is not read."""
+    body = completion_request(Limits(1_000_000, 4000, 100, 100_000, 32)).model_validate(
+        {
+            "model": "default",
+            "messages": [
+                {"role": "system", "content": "be brief"},
+                {"role": "user", "content": [{"type": "text", "text": "first"}]},
+                {"role": "assistant", "content": "reply"},
+                {"role": "user", "content": "second"},
+                {"role": "system", "content": "in English"},
+            ],
+        }
+    )
+    turn = to_chat_input(body.messages)  # type: ignore[attr-defined]
     assert turn["question"] == "second"
     assert [(m.type, m.content) for m in turn["chat_history"]] == [
         ("human", "first"),
         ("ai", "reply"),
     ]
-    with pytest.raises(ValueError, match="last message"):
-        to_chat_input(messages[:3])
 
 
 # ----------------------------------------------------------------------------- bad input
