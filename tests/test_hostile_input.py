@@ -5,18 +5,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fnmatch
+import gc
 import json
 import socket
+import subprocess
 import threading
+import time
+import traceback
 from collections.abc import Callable
 from contextlib import AbstractContextManager
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 import httpx
 import pytest
+from langchain_core.documents import Document
+from langchain_core.runnables import RunnableLambda
+from pydantic import SecretStr
 
+from ragchains.chains.retrieve import create_retrieve_chain
 from ragchains.retrievers.filters import (
     MAX_GLOB_CHARS,
     MAX_IN_VALUES,
@@ -28,6 +38,7 @@ from ragchains.retrievers.filters import (
 )
 from ragchains.serving import guards
 from ragchains.serving.guards import PARSE_OFF_LOOP, PARSED_BODY, BodyMiddleware
+from tests.servers import RAGCHAINS, FakeOpenAI, ragchains_serve
 
 pytestmark = pytest.mark.slow
 
@@ -375,3 +386,279 @@ def test_a_large_body_is_parsed_once_through_the_real_app(sample_server: str, pa
         reply = post_raw(sample_server, path, raw)
     assert reply.status_code in (200, 422), reply.text[:300]
     assert len(parses) == 1
+
+
+# ============================================================================ issue 30
+# One place parses every JSON body (BodyMiddleware, guards.parse_json) and refuses, with
+# 400 and a reason that quotes nothing of the body, what no route can take.
+HUGE = "1" + "0" * 5000  # past Python's int-conversion limit (4,300 digits)
+UNFIT_BODIES = {
+    "huge integer": (
+        '{"input": {"query": "plan"}, "config": {"configurable": {"k": ' + HUGE + "}}}",
+        "digits",
+    ),
+    "lone surrogate in a value": ('{"input": {"query": "plan cost \\ud800"}}', "surrogate"),
+    "lone surrogate as a key": ('{"input": {"query": "x"}, "\\ud800": 1}', "surrogate"),
+    "lone low surrogate deep down": ('{"a": [{"b": ["x", "\\uDC00y"]}]}', "surrogate"),
+}
+
+
+def _refused_with_400(reply: httpx.Response, path: str, word: str) -> None:
+    assert reply.status_code == 400, (path, reply.status_code, reply.text[:300])
+    reason = reply.json()["error"]["message"] if path.startswith("/v1/") else reply.json()["detail"]
+    assert word in reason and "\n" not in reason, reason
+    assert HUGE[:50] not in reply.text and "plan cost" not in reply.text  # nothing echoed
+
+
+@pytest.mark.parametrize("case", list(UNFIT_BODIES))
+@pytest.mark.parametrize("path", [*POST_ROUTES, "/mcp"])
+def test_numbers_and_text_no_route_can_take_get_400_on_every_post_route(
+    sample_server: str, path: str, case: str
+) -> None:
+    """Issue 30, case 1: a 5,001-digit integer was a 500 on every POST route ("Exceeds the
+    limit (4300 digits)"); a lone surrogate escape a 500 wherever it reached a reply, a
+    log line or the tokenizer."""
+    body, word = UNFIT_BODIES[case]
+    _refused_with_400(post_raw(sample_server, path, body.encode()), path, word)
+
+
+@pytest.mark.parametrize("provider", ["embedded", "openai"])
+def test_the_four_500s_of_issue_30_are_400s_with_either_model_provider(
+    serve_samples: Callable[..., AbstractContextManager[str]],
+    serve_upstream: Callable[..., AbstractContextManager[str]],
+    provider: str,
+) -> None:
+    """Issue 30, case 1, as reported: each reproduction, on the routes it broke."""
+    surrogate_turn = (
+        '{"input": {"question": "and the premium?", "chat_history": '
+        '[{"type": "human", "content": "plan cost \\ud800"}]}}'
+    )
+    surrogate_v1 = (
+        '{"model": "default", "messages": [{"role": "user", "content": "plan cost \\ud800"}, '
+        '{"role": "assistant", "content": "ok"}, {"role": "user", "content": "and?"}]}'
+    )
+    cases = [
+        ("/chat/invoke", surrogate_turn, "surrogate"),
+        ("/v1/chat/completions", surrogate_v1, "surrogate"),
+        ("/retrieve/invoke", '{"input": {"query": "x"}, "\\ud800": 1}', "surrogate"),
+        (
+            "/retrieve/invoke",
+            '{"input": {"query": "plan", "alternatives": ["\\ud800 plan"]}}',
+            "surrogate",
+        ),
+        *((path, UNFIT_BODIES["huge integer"][0], "digits") for path in POST_ROUTES[::5]),
+    ]
+    server = serve_samples() if provider == "embedded" else serve_upstream()
+    with server as base:
+        for path, body, word in cases:
+            _refused_with_400(post_raw(base, path, body.encode()), path, word)
+        assert httpx.get(f"{base}/healthz").status_code == 200
+
+
+@pytest.mark.parametrize("encoding", ["utf-16-le", "utf-16-be", "utf-32-le", "utf-32-be"])
+@pytest.mark.parametrize("path", ["/retrieve/invoke", "/v1/chat/completions", "/feedback", "/mcp"])
+def test_a_utf16_or_utf32_body_without_a_bom_is_not_taken_for_json(
+    sample_server: str, path: str, encoding: str
+) -> None:
+    """Issue 30, case 7 (one of its items): json.loads(bytes) guesses UTF-16 and UTF-32 from
+    NUL bytes, and NUL-laden UTF-16LE is valid UTF-8: such a body was answered as JSON."""
+    body = {
+        "input": {"query": "plan"},
+        "model": "default",
+        "messages": [{"role": "user", "content": "plan"}],
+    }
+    reply = post_raw(sample_server, path, json.dumps(body).encode(encoding))
+    assert reply.status_code == 400, (reply.status_code, reply.text[:300])
+    assert "not UTF-8" in reply.text
+
+
+def test_what_every_route_can_take_still_reaches_it(sample_server: str) -> None:
+    """Malformed JSON stays the route's 422, naming where; a surrogate pair, an escaped
+    backslash before 'ud800', a UTF-8 byte-order mark and a 4,300-digit integer parse."""
+    for path in ("/retrieve/invoke", "/v1/chat/completions"):
+        malformed = post_raw(sample_server, path, b'{"input": ')
+        assert malformed.status_code == 422, (path, malformed.text)
+    taken = [
+        '{"input": {"query": "plan \\ud83d\\ude00"}}',
+        '{"input": {"query": "plan \\\\ud800"}}',
+        '\ufeff{"input": {"query": "plan"}}',
+    ]
+    for body in taken:
+        reply = post_raw(sample_server, "/retrieve/invoke", body.encode())
+        assert reply.status_code == 200, (body, reply.text[:300])
+    limit = '{"input": {"query": "plan"}, "config": {"configurable": {"k": ' + "9" * 4300 + "}}}"
+    within = post_raw(sample_server, "/retrieve/invoke", limit.encode())
+    assert within.status_code == 422 and "k:" in within.text  # the route's own bound
+
+
+def test_parsing_every_body_once_gives_the_routes_the_same_value() -> None:
+    """What BodyMiddleware hands on is what json.loads(bytes) reads (Starlette, the MCP
+    SDK): equal values, or refused before any route."""
+    accented = '[1, {"\u00e9": "\u00e9"}]'.encode()
+    bodies = [b'{"a": [1, 2.5, "\\u00e9"]}', b'\xef\xbb\xbf{"a": 1}', accented]
+    for body in bodies:
+        problem, value = guards.parse_json(body)
+        assert problem is None and value == json.loads(body)
+    assert guards.parse_json(b'{"a": ') == (None, guards.MALFORMED)
+
+
+# Issue 30, case 8: the smaller ones.
+ODD_METHODS = ("TRACE", "CONNECT", "PUT", "DELETE", "PROPFIND")
+
+
+def test_a_method_no_route_takes_is_405_not_401_with_a_key_set(
+    serve_upstream: Callable[..., AbstractContextManager[str]],
+) -> None:
+    """Issue 30, case 8: with a key set, an unusual method got 401, a key no help to it;
+    the router's 405 is the answer, on open paths and keyed ones alike."""
+    paths = ["/healthz", "/readyz", "/", "/docs", "/openapi.json", "/favicon.ico"]
+    paths += ["/v1/models", "/chat/invoke", "/retrieve/input_schema", "/feedback", "/metrics"]
+    with serve_upstream(api_key=SecretStr("k30")) as base:
+        for method in ODD_METHODS:
+            for path in paths:
+                reply = httpx.request(method, f"{base}{path}")
+                assert reply.status_code == 405, (method, path, reply.status_code)
+        # What a key would open still asks for one.
+        assert httpx.get(f"{base}/v1/models").status_code == 401
+        assert httpx.post(f"{base}/chat/invoke", json={"input": {}}).status_code == 401
+        assert httpx.get(f"{base}/chat/playground/").status_code == 401
+        assert httpx.request("TRACE", f"{base}/mcp").status_code == 401  # MCP's own methods
+        assert httpx.request("TRACE", f"{base}/nowhere").status_code == 401
+
+
+def test_a_feedback_store_503_does_not_show_the_servers_file(
+    serve_upstream: Callable[..., AbstractContextManager[str]], tmp_path: Path
+) -> None:
+    folder = tmp_path / "secret-place" / "votes"
+    folder.mkdir(parents=True)
+    vote = {"run_id": "0b6f3c3e-9a51-4e3f-8c7e-2f1f5d1c9a10", "score": 1, "question": "q?"}
+    with serve_upstream(feedback_db=folder) as base:
+        reply = httpx.post(f"{base}/feedback", json=vote)
+    assert reply.status_code == 503
+    assert "secret-place" not in reply.text and str(tmp_path) not in reply.text
+    assert "server log" in reply.json()["detail"]
+
+
+def test_a_stream_cut_short_leaves_no_stage_failing_unseen() -> None:
+    """Issue 30, case 8: "Task exception was never retrieved … KeyError: 'retrieved'" in the
+    server log. A client that goes away mid-stream cancels the run; LangChain's
+    RunnableAssign leaves its mapper's task running on the state cut short
+    (langchain-ai/langchain#40508), and the compress stage read a key that never came.
+    Every point of a short stream is cut here, through astream and astream_events."""
+
+    async def search(query: str) -> list[Document]:
+        await asyncio.sleep(0)
+        return [Document(f"{query} {n}", id=str(n)) for n in range(3)]
+
+    chain = create_retrieve_chain(retriever=RunnableLambda(lambda q: [], afunc=search))
+    ours = str(Path(create_retrieve_chain.__code__.co_filename).parent)
+    unseen: list[str] = []
+
+    def report(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        error = context.get("exception")
+        frames = traceback.extract_tb(error.__traceback__) if error is not None else []
+        if any(frame.filename.startswith(ours) for frame in frames):
+            unseen.append(f"{error!r} in {frames[-1].filename}:{frames[-1].lineno}")
+
+    async def consume(kind: str) -> None:
+        inputs = {"query": "plan"}
+        stream: Any = (
+            chain.astream(inputs)
+            if kind == "astream"
+            else chain.astream_events(inputs, version="v2")
+        )
+        async for _ in stream:
+            pass
+
+    async def cut_everywhere() -> None:
+        asyncio.get_running_loop().set_exception_handler(report)
+        for kind in ("astream", "astream_events"):
+            for steps in range(120):
+                task = asyncio.create_task(consume(kind))
+                for _ in range(steps):
+                    await asyncio.sleep(0)
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                for _ in range(20):  # the orphaned tasks finish
+                    await asyncio.sleep(0)
+                gc.collect()  # and report what nobody retrieved
+
+    asyncio.run(cut_everywhere())
+    gc.collect()
+    assert not unseen, unseen[:3]
+
+
+# Issue 30, case 6, with cases 1 and 8 where users meet them: `ragchains serve`.
+def _closed_within(conn: socket.socket, seconds: float) -> bytes | None:
+    """What the server sent before closing ``conn``, or None when it stayed open."""
+    conn.settimeout(seconds)
+    got = b""
+    try:
+        while chunk := conn.recv(4096):
+            got += chunk
+    except TimeoutError:
+        return None
+    except ConnectionResetError:
+        pass
+    return got
+
+
+def test_ragchains_serve_closes_connections_that_never_finish_their_headers(
+    sample_index: Path, upstream: FakeOpenAI
+) -> None:
+    """1,000 connections that never finished their headers were all still open after 65 s
+    under `ragchains serve`. Now each is closed after RAGCHAINS_HEADER_TIMEOUT (408 to one
+    that began a request), while the server answers everyone else."""
+    env = {
+        "RAGCHAINS_HEADER_TIMEOUT": "2",
+        "RAGCHAINS_API_KEY": "k30",
+        "RAGCHAINS_LLM_PROVIDER": "openai",
+        "RAGCHAINS_OPENAI_BASE_URL": upstream.base_url,
+        "RAGCHAINS_OPENAI_API_KEY": "upstream-key",
+    }
+    with ragchains_serve("--index", str(sample_index), **env) as base:
+        where = urlsplit(base)
+        address = (where.hostname, where.port)
+        slow = [socket.create_connection(address, timeout=10) for _ in range(200)]
+        for conn in slow:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        silent = [socket.create_connection(address, timeout=10) for _ in range(20)]
+        # Kept alive after a reply, then the next request's headers never end.
+        kept = socket.create_connection(address, timeout=10)
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        first = b""
+        while not first.endswith(b"}"):  # the reply's head, then its JSON body
+            first += kept.recv(4096)
+        assert first.startswith(b"HTTP/1.1 200")
+        kept.sendall(b"GET /healthz HTTP/1.1\r\nHo")
+        started = time.monotonic()
+        for _ in range(5):  # the server answers meanwhile
+            assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        # Within the deadline plus a generous margin for a shared machine.
+        endings = [_closed_within(conn, 20) for conn in [*slow, kept]]
+        quiet = [_closed_within(conn, 5) for conn in silent]
+        waited = time.monotonic() - started
+        for conn in [*slow, *silent, kept]:
+            conn.close()
+        assert all(end is not None and end.startswith(b"HTTP/1.1 408") for end in endings), [
+            end[:40] if end else end for end in endings if not (end or b"").startswith(b"H")
+        ]
+        assert b"did not arrive within 2 seconds" in (endings[0] or b"")
+        assert quiet == [b""] * len(silent)  # closed without a word: nothing was asked
+        assert waited < 30
+        assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        # Case 1 and case 8 on the served process.
+        body = UNFIT_BODIES["huge integer"][0].encode()
+        keyed = {"X-API-Key": "k30", "Content-Type": "application/json"}
+        huge = httpx.post(f"{base}/retrieve/invoke", content=body, headers=keyed)
+        assert huge.status_code == 400 and "digits" in huge.text
+        assert httpx.request("TRACE", f"{base}/healthz").status_code == 405
+        assert httpx.request("TRACE", f"{base}/v1/models").status_code == 405
+
+
+def test_serve_help_names_the_header_timeout() -> None:
+    shown = subprocess.run(
+        [str(RAGCHAINS), "serve", "--help"], capture_output=True, text=True, check=True
+    )
+    assert "RAGCHAINS_HEADER_TIMEOUT" in shown.stdout

@@ -29,7 +29,9 @@ def serve_command(
     Prometheus metrics at /metrics; /healthz and /readyz. Set RAGCHAINS_API_KEY (or
     RAGCHAINS_KEYS_FILE) to require a key on every route but the health checks and the page's
     files, RAGCHAINS_CORS_ORIGINS to allow browsers from other origins, and
-    OTEL_EXPORTER_OTLP_ENDPOINT to export traces over OTLP/HTTP.
+    OTEL_EXPORTER_OTLP_ENDPOINT to export traces over OTLP/HTTP. A connection whose request
+    line and headers take longer than RAGCHAINS_HEADER_TIMEOUT seconds (default 10) is
+    closed; a body, longer than RAGCHAINS_BODY_TIMEOUT (default 30), gets 408.
     """
     import socket
     import threading
@@ -38,6 +40,7 @@ def serve_command(
     import uvicorn
 
     from ragchains.server import KEEP_ALIVE_SECONDS, create_app
+    from ragchains.serving.connections import header_timeout_protocol
     from ragchains.serving.keys import KeyRing, KeysFileError
 
     settings = load_settings()
@@ -81,6 +84,7 @@ def serve_command(
             log_level="info" if verbose else "warning",
             timeout_graceful_shutdown=5,
             timeout_keep_alive=KEEP_ALIVE_SECONDS,
+            http=header_timeout_protocol(settings.header_timeout),
         )
     )
     shown_host = "localhost" if settings.host in ("0.0.0.0", "::", "127.0.0.1") else settings.host

@@ -13,6 +13,8 @@ from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError
 
 log = logging.getLogger("ragchains.server")
 
+FEEDBACK_UNSTORED = "feedback cannot be stored now; the server log has the details"
+
 
 def feedback_router(store: FeedbackStore, on_vote: Callable[[int], None]) -> APIRouter:
     """``on_vote``: told each stored vote's score (1 up, 0 down)."""
@@ -25,8 +27,9 @@ def feedback_router(store: FeedbackStore, on_vote: Callable[[int], None]) -> API
         try:
             record = await run_in_threadpool(store.add, body)
         except FeedbackStoreError as exc:  # the file, not the request, is at fault
+            # Its reason names the server's file: for the log, not for the caller.
             log.error("feedback not stored: %s", exc)
-            raise HTTPException(503, f"feedback cannot be stored now: {exc}") from exc
+            raise HTTPException(503, FEEDBACK_UNSTORED) from exc
         on_vote(body.score)
         return {"id": record.id, "created_at": record.created_at}
 

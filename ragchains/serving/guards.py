@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +15,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from opentelemetry import trace
 from starlette.requests import Request
+from starlette.routing import Match
 
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.access import caller_groups
@@ -101,6 +104,7 @@ class ApiKeyMiddleware:
             or scope["method"] == "OPTIONS"
             or is_open(scope["method"], scope["path"])
             or scope["path"] in self.opened
+            or method_not_allowed(scope)
         ):
             await self.app(scope, receive, send)
             return
@@ -133,6 +137,23 @@ def is_open(method: str, path: str) -> bool:
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
+def method_not_allowed(scope: Scope) -> bool:
+    """Whether routes answer the request's path but none its method (TRACE, CONNECT, PUT on
+    a route that reads): the router's 405, which no key would change, so asking for one
+    first (401) would only mislead. The path's routes are no secret: /openapi.json, which
+    needs no key, lists them. Only requests without a good key get here."""
+    router = getattr(scope.get("app"), "router", None)  # Starlette puts the app in the scope
+    if router is None:
+        return False
+    partial = False
+    for route in router.routes:
+        match, _ = route.matches(scope)
+        if match is Match.FULL:
+            return False
+        partial = partial or match is Match.PARTIAL
+    return partial
+
+
 # The media types a body may have: JSON, the only one any route reads.
 JSON_TYPES = (b"application/json",)
 JSON_SUFFIX = b"+json"
@@ -151,9 +172,10 @@ _NOT_JSON = "send the request body as JSON, with 'Content-Type: application/json
 class BodyMiddleware:
     """Every request body checked before any route reads it: JSON by its Content-Type (415;
     a page on another origin can send text or form bodies without asking first, JSON it
-    cannot), at most ``max_bytes`` (413), arriving within ``timeout`` seconds (408), UTF-8
-    text (400) and JSON nested at most ``MAX_JSON_DEPTH`` deep (400). The body is read here,
-    bounded, and handed on."""
+    cannot), at most ``max_bytes`` (413), arriving within ``timeout`` seconds (408), and
+    text every route can take (400, see ``parse_json``). The body is read here, bounded,
+    parsed once, and handed on: the bytes to whoever reads them, the parsed value in the
+    request's state (``PARSED_BODY``, read through ``request_json``)."""
 
     def __init__(self, app: Any, max_bytes: int, timeout: float) -> None:
         self.app = app
@@ -182,18 +204,18 @@ class BodyMiddleware:
         if content_type is None and body:
             await refuse(scope, send, 415, _NOT_JSON)
             return
-        # A body of some size is parsed here, off the event loop, once: the route reads the
-        # parsed value (``parsed_body``). Small ones take microseconds to parse, less than
-        # the hand-off to a thread; the route parses those itself.
-        if len(body) > PARSE_OFF_LOOP:
-            problem, parsed = await asyncio.to_thread(_json_problem, body, True)
-        else:
-            problem, parsed = _json_problem(body, False)
-        if problem is not None:
-            await refuse(scope, send, 400, problem)
-            return
-        if parsed is not _UNPARSED:
-            scope.setdefault("state", {})[PARSED_BODY] = parsed
+        if body:
+            # Off the event loop when large: a 10,000-value filter list (~50 KB) is half a
+            # millisecond of parsing. A small one takes microseconds, less than the hand-off.
+            if len(body) > PARSE_OFF_LOOP:
+                problem, parsed = await asyncio.to_thread(parse_json, body)
+            else:
+                problem, parsed = parse_json(body)
+            if problem is not None:
+                await refuse(scope, send, 400, problem)
+                return
+            if parsed is not MALFORMED:
+                scope.setdefault("state", {})[PARSED_BODY] = parsed
         replay = [{"type": "http.request", "body": body, "more_body": False}]
 
         async def replayed() -> Message:
@@ -246,29 +268,74 @@ def _is_json(content_type: bytes) -> bool:
     return True
 
 
-_UNPARSED = object()
+# What parse_json gives for a body that is not JSON at all: its route answers it (422,
+# naming where), parsing the same text the same way (see parse_json).
+MALFORMED: Any = object()
+# A \uD800-\uDFFF escape: only through one can a JSON string hold a surrogate (UTF-8 text
+# cannot). Bodies without one, nearly all, are not searched for lone surrogates.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
+_NOT_UTF8_JSON = "the request body is not UTF-8 text (it begins as UTF-16 or UTF-32 does)"
+_LONE_SURROGATE = (
+    "a string in the JSON body holds a lone surrogate (an escape in \\ud800-\\udfff "
+    "without its pair): not Unicode text"
+)
+_TOO_DEEP = f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels"
 
 
-def _json_problem(body: bytes, parse: bool) -> tuple[str | None, Any]:
-    """Why ``body`` cannot be JSON a route reads, or None (malformed JSON is left to the
-    route, which names where it fails); and the parsed body when it was parsed (``parse``,
-    or to measure its depth), else _UNPARSED."""
+def parse_json(body: bytes) -> tuple[str | None, Any]:
+    """``body`` parsed as JSON text, once for every route: (None, the value); or why no
+    route can take it (a 400's reason, which never quotes the body), and None; or (None,
+    MALFORMED) when it is not JSON, which its route reports.
+
+    The same bytes read by ``json.loads(bytes)`` (Starlette's ``Request.json()``, the MCP
+    SDK) give this value or fail too: that guesses UTF-16 or UTF-32 from NUL bytes at the
+    start, which JSON text in UTF-8 never has, so such a body is refused here, and both
+    drop a UTF-8 byte-order mark. What is refused: text that is not UTF-8, JSON nested
+    deeper than MAX_JSON_DEPTH, an integer longer than Python converts (its
+    ``sys.get_int_max_str_digits()``; ``json`` raises a ValueError that is no
+    JSONDecodeError), and a lone surrogate escape in a string or key (it parses into a str
+    that cannot be encoded again: in a reply, a log line, a tokenizer)."""
     try:
-        body.decode("utf-8")
+        text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
         return f"the request body is not UTF-8 text (a bad byte at position {exc.start})", None
-    shallow = body.count(b"[") + body.count(b"{") <= MAX_JSON_DEPTH
-    if shallow and not parse:
-        return None, _UNPARSED  # cannot nest deeper than it has brackets
     try:
-        value = json.loads(body)
+        value = json.loads(text.removeprefix("\ufeff"))
     except RecursionError:
-        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", None
-    except ValueError:
-        return None, _UNPARSED
-    if not shallow and _depth(value) > MAX_JSON_DEPTH:
-        return f"the JSON body nests deeper than {MAX_JSON_DEPTH} levels", None
+        return _TOO_DEEP, None
+    except json.JSONDecodeError:
+        if json.detect_encoding(body) not in ("utf-8", "utf-8-sig"):
+            return _NOT_UTF8_JSON, None
+        return None, MALFORMED
+    except ValueError:  # int("9" * 5000): no other ValueError comes out of json's parser
+        limit = sys.get_int_max_str_digits()
+        return f"a number in the JSON body has more than {limit} digits", None
+    if (
+        body.count(b"[") + body.count(b"{") > MAX_JSON_DEPTH  # it cannot nest deeper otherwise
+        and _depth(value) > MAX_JSON_DEPTH
+    ):
+        return _TOO_DEEP, None
+    if _SURROGATE_ESCAPE.search(text) and _has_surrogate(value):
+        return _LONE_SURROGATE, None
     return None, value
+
+
+def _has_surrogate(value: Any) -> bool:
+    """Whether a string or key in ``value`` holds a surrogate (no recursion: it may be
+    deep)."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            if _SURROGATE.search(item):
+                return True
+        elif isinstance(item, dict):
+            pending.extend(item)
+            pending.extend(item.values())
+        elif isinstance(item, list):
+            pending.extend(item)
+    return False
 
 
 def _depth(value: Any) -> int:
@@ -306,14 +373,15 @@ class GenerationMiddleware:
 
 
 async def request_json(request: Request) -> Any:
-    """The request's JSON body, parsed once: by BodyMiddleware off the event loop when it is
-    large (``PARSED_BODY``), else here; Starlette keeps it on the request for the route."""
+    """The request's JSON body as BodyMiddleware parsed it (``PARSED_BODY``); Starlette
+    keeps it on the request for the route. A body that is not JSON raises here as
+    ``Request.json()`` does (a JSONDecodeError)."""
     state = request.scope.get("state", {})
     if PARSED_BODY in state:
         # LangServe's handlers parse the body themselves, on the event loop, with
         # ``await request.json()`` (APIHandler._get_config_and_input), and take no parsed
         # body. Starlette's Request.json() returns its private ``_json`` when set, and FastAPI
         # hands the route and its dependencies one Request: setting it here is the only way
-        # to spare LangServe a second parse of a large body.
+        # to give LangServe the one parsed value (and spare it a second parse).
         request._json = state[PARSED_BODY]
     return await request.json()
