@@ -69,6 +69,7 @@ class Ticket:
     max_wait: float | None = None
     waited: float = 0.0
     queues: list[ModelQueue] = field(default_factory=list)  # those that admitted it
+    gave_up: bool = False  # a call stopped waiting: its request did not finish its work
 
     def time_left(self) -> float | None:
         return None if self.max_wait is None else self.max_wait - self.waited
@@ -198,6 +199,8 @@ class ModelQueue:
                 self._record_wait(ticket, waited)
                 if isinstance(exc, TimeoutError):
                     self.gave_up += 1
+                    if ticket is not None:
+                        ticket.gave_up = True
                     raise self._busy(ticket) from None
             raise
         assert waiter.hold is not None  # set before the future was resolved
@@ -265,7 +268,8 @@ class ModelQueue:
             held = self._requests.pop(ticket, None)
             if held is None:
                 return
-            self._request_seconds.add(held)
+            if not ticket.gave_up:  # a request cut short would make the next estimates low
+                self._request_seconds.add(held)
             self._request_waits.append(ticket.waited)
 
     def _work_ahead(self, arrived: float, ticket: Ticket | None = None) -> float:
