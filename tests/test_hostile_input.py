@@ -590,9 +590,10 @@ def test_a_stream_cut_short_leaves_no_stage_failing_unseen() -> None:
 
 
 # Issue 30, case 6, with cases 1 and 8 where users meet them: `ragchains serve`.
-def _closed_within(conn: socket.socket, seconds: float) -> bytes | None:
-    """What the server sent before closing ``conn``, or None when it stayed open."""
-    conn.settimeout(seconds)
+def _closed_by(conn: socket.socket, deadline: float) -> bytes | None:
+    """What the server sent before closing ``conn``, or None when it was still open at
+    ``deadline`` (time.monotonic())."""
+    conn.settimeout(max(deadline - time.monotonic(), 0.01))
     got = b""
     try:
         while chunk := conn.recv(4096):
@@ -636,17 +637,15 @@ def test_ragchains_serve_closes_connections_that_never_finish_their_headers(
         for _ in range(5):  # the server answers meanwhile
             assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
         # Within the deadline plus a generous margin for a shared machine.
-        endings = [_closed_within(conn, 20) for conn in [*slow, kept]]
-        quiet = [_closed_within(conn, 5) for conn in silent]
-        waited = time.monotonic() - started
+        deadline = started + 25
+        endings = [_closed_by(conn, deadline) for conn in [*slow, kept]]
+        quiet = [_closed_by(conn, deadline) for conn in silent]
         for conn in [*slow, *silent, kept]:
             conn.close()
-        assert all(end is not None and end.startswith(b"HTTP/1.1 408") for end in endings), [
-            end[:40] if end else end for end in endings if not (end or b"").startswith(b"H")
-        ]
+        unended = [end for end in endings if not (end or b"").startswith(b"HTTP/1.1 408")]
+        assert not unended, unended[:3]  # None: still open at the deadline
         assert b"did not arrive within 2 seconds" in (endings[0] or b"")
         assert quiet == [b""] * len(silent)  # closed without a word: nothing was asked
-        assert waited < 30
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
         # Case 1 and case 8 on the served process.
         body = UNFIT_BODIES["huge integer"][0].encode()
