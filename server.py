@@ -37,7 +37,7 @@ from starlette import routing
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
-from ragchains.factory import Service, build_service, configure_runtime
+from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
 from ragchains.feedback import FeedbackStore, feedback_path
 from ragchains.llms import LLMFailure
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
@@ -45,13 +45,14 @@ from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.serving.admission import MODEL_ROUTES, ModelTickets, langserve_admission
 from ragchains.serving.collection import collection_router
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
 from ragchains.serving.guards import add_guards, request_json
 from ragchains.serving.keys import KeyRing
 from ragchains.serving.mcp_server import McpEndpoint, RagTools
-from ragchains.serving.openai_api import ChatCompletionRequest, openai_router
+from ragchains.serving.openai_api import completion_request, openai_router
 from ragchains.serving.openapi import truthful_openapi
 from ragchains.serving.page import add_page
 from ragchains.serving.probes import Health, probes_router
@@ -123,8 +124,9 @@ def create_app(
     app = _app(service, settings, mcp)
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
-    app.include_router(openai_router(service, routes["chat"]))
-    _add_langserve_routes(app, routes, limits)
+    completion = completion_request(limits)
+    app.include_router(openai_router(service, routes["chat"], completion))
+    _add_langserve_routes(app, routes, limits, service.llm)
     app.include_router(probes_router(service, health, limits))
     app.include_router(feedback_router(feedback_store, on_vote=metrics.feedback))
     app.include_router(metrics_router(metrics))
@@ -133,6 +135,9 @@ def create_app(
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
     app.router.routes.append(routing.Route("/mcp", mcp, include_in_schema=False))
     add_page(app, ROUTES)
+    # Innermost: each request's ticket for the model's queue, from the arrival of its whole
+    # body (a slow sender does not jump the queue) to its last byte.
+    app.add_middleware(ModelTickets, max_wait=settings.model_queue_wait)
     add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=on_llm_failure)
     # Outermost (Starlette runs the last added first): every request is counted and traced,
     # those refused by the guards too.
@@ -141,9 +146,13 @@ def create_app(
         app.add_middleware(RequestSpans, tracer=tracer)
     app.openapi = truthful_openapi(  # type: ignore[method-assign]
         app,
-        chat_request=ChatCompletionRequest,
+        chat_request=completion,
         domains=service.prompts.domains,
         keyed=settings.api_key is not None or keyring is not None,
+        routes=routes,
+        limits=limits,
+        # With per-user access the document (open to all) does not tell the fields.
+        fields=(lambda: filterable_fields(service.index)) if keyring is None else None,
     )
     return app
 
@@ -223,7 +232,7 @@ def _lifespan(service: Service, settings: Settings, mcp: McpEndpoint) -> Callabl
 # add_routes, not APIHandler with routes of our own: see _add_langserve_routes.
 
 
-def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits) -> None:
+def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits, llm: LLM) -> None:
     """Each chain at /<name>: invoke, batch, stream, stream_log, stream_events, the input,
     output and config schemas, the playground, and the playground's share links.
 
@@ -237,12 +246,19 @@ def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits
     handlers that give the OpenAPI document its request bodies) would be copied here.
     """
     for name, route in routes.items():
+        # After the body's checks: a run that calls the model is first checked in to the
+        # model's queue (503 + Retry-After while a stream can still answer with a status).
+        admission = [Depends(langserve_admission(route, llm))] if name in MODEL_ROUTES else []
         add_routes(
             app,
             route.runnable,
             path=f"/{name}",
             per_req_config_modifier=_config_check(route),
-            dependencies=[Depends(_body_check(route, limits)), Depends(_playground_file)],
+            dependencies=[
+                Depends(_body_check(route, limits)),
+                Depends(_playground_file),
+                *admission,
+            ],
             enable_feedback_endpoint=False,
             # Token feedback needs LangSmith, which this server never talks to.
             # (LangServe accepts the name but leaves it out of its Literal type.)

@@ -13,6 +13,7 @@ Nothing here imports FastAPI or LangServe; the server uses ``FeedbackIn`` as its
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
 import threading
 from collections.abc import Iterator
@@ -25,6 +26,9 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, field_validator
 
 from ragchains.settings import Settings
+
+# Text with something in it: one character at least that is not whitespace.
+SAYS_SOMETHING = re.compile(r"\S")
 
 FEEDBACK_FILE = "feedback.sqlite"
 SCHEMA_VERSION = 1
@@ -111,7 +115,11 @@ class FeedbackIn(BaseModel):
         description='prompts that ran, name -> ref, e.g. {"answer": "default/answer@v2"}',
     )
     question: str = Field(
-        min_length=1, max_length=20_000, description="the question as the reader asked it"
+        min_length=1,
+        max_length=20_000,
+        description="the question as the reader asked it",
+        # Published as checked (_not_blank), so the API's document says it too.
+        json_schema_extra={"pattern": SAYS_SOMETHING.pattern},
     )
     answer: str = Field("", max_length=50_000, description="the answer the reader judged")
     cited_ids: list[_ChunkId] = Field(
@@ -121,7 +129,7 @@ class FeedbackIn(BaseModel):
     @field_validator("question")
     @classmethod
     def _not_blank(cls, value: str) -> str:
-        if not value.strip():
+        if not SAYS_SOMETHING.search(value):
             raise ValueError("question must not be only whitespace")
         return value
 

@@ -124,6 +124,22 @@ class Settings(BaseSettings):
     llm_max_retries: int = Field(
         2, ge=0, le=10, description="retries with backoff within the deadline"
     )
+    model_queue_wait: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="seconds a request may wait for its turns on the chat model, its calls "
+        "together (first come, first served); one expected to wait longer is refused with "
+        "503 and Retry-After, one whose wait outgrows it mid-stream ends with a 503 error",
+    )
+    model_concurrency: int = Field(
+        64,
+        ge=1,
+        le=1024,
+        description="calls sent to an OpenAI-compatible server at once (match its parallel "
+        "slots: llama.cpp's --parallel, Ollama's OLLAMA_NUM_PARALLEL, vLLM's max_num_seqs); "
+        "more wait their turn. The embedded model takes one at a time",
+    )
 
     # Conversation.
     history_tokens: int = Field(
@@ -170,6 +186,13 @@ class Settings(BaseSettings):
     max_batch_inputs: int = Field(32, ge=1, description="inputs per /batch request")
     body_timeout: float = Field(
         30.0, gt=0, description="seconds a request body may take to arrive; slower gets 408"
+    )
+    header_timeout: float = Field(
+        10.0,
+        gt=0,
+        description="seconds a request's line and headers may take to arrive (from connecting, "
+        "or from the request's first byte on a kept-alive connection); slower connections are "
+        "closed (`ragchains serve`)",
     )
     worker_threads: int = Field(
         64,

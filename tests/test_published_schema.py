@@ -100,7 +100,7 @@ REFUSED = [
         "/v1/chat/completions",
         {"model": "default", "stream": 0, "messages": [{"role": "user", "content": "plan cost"}]},
         "stream",
-    ),  # noqa: E501
+    ),
     (
         "/chat/invoke",
         {
@@ -110,7 +110,7 @@ REFUSED = [
             }
         },
         "extras",
-    ),  # noqa: E501
+    ),
     (
         "/chat/invoke",
         {
@@ -120,12 +120,12 @@ REFUSED = [
             }
         },
         "control characters",
-    ),  # noqa: E501
+    ),
     (
         "/rewrite/invoke",
         {"input": {"question": "plan", "chat_history": [{"role": "assistant", "content": "\x00"}]}},
         "control characters",
-    ),  # noqa: E501
+    ),
     (
         "/v1/chat/completions",
         {
@@ -136,12 +136,12 @@ REFUSED = [
             ],
         },
         "control characters",
-    ),  # noqa: E501
+    ),
     (
         "/retrieve/invoke",
         {"input": {"query": "plan"}, "config": {"recursion_limit": "x"}},
         "recursion_limit",
-    ),  # noqa: E501
+    ),
     ("/retrieve/invoke", {"input": {"query": "plan"}, "config": {"callbacks": "x"}}, "callbacks"),
     ("/retrieve/invoke", {"input": {"query": "plan"}, "config": {"run_id": 5}}, "run_id"),
     ("/chat/stream", {"input": {"question": "plan"}, "config": {"tags": "x"}}, "tags"),

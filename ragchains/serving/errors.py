@@ -1,7 +1,8 @@
 """Turning failures into replies: a status and a one-line reason, never a stack trace.
 
 Bad input is answered before any work (400/413/422, raised as HTTPException). What fails
-during a run is either the chat model (504 when it timed out, 502 otherwise), the document
+during a run is either the chat model (504 when it timed out, 503 with Retry-After when
+it was too busy to take the request in time, 502 otherwise), the document
 store (503: a database that cannot be reached, or an index file found damaged), or a bug
 (500, logged with its traceback here and nowhere else).
 """
@@ -18,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ragchains.chains.modelqueue import model_busy
 from ragchains.chains.options import error_message
 from ragchains.llms import LLMFailure, explain_failure
 from ragchains.prompts.registry import PromptRegistry
@@ -36,6 +38,9 @@ INDEX_UNREADABLE = "the index cannot be read; the server log has the details"
 
 
 def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
+    busy = model_busy(exc)
+    if busy is not None:  # waited for the model as long as the request may: try later
+        return 503, str(busy), None
     if isinstance(exc, StoreError):  # the database is down or unreachable: not the caller's
         return 503, STORE_UNREACHABLE, None
     if isinstance(exc, IndexLoadError):  # damage found by a query (the log names the file)
@@ -44,6 +49,13 @@ def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
     if failure is None:
         return 500, "internal error; the server log has the details", None
     return (504 if failure.timed_out else 502), failure.message, failure
+
+
+def retry_after(exc: BaseException) -> dict[str, str]:
+    """The Retry-After header of the reply to ``exc``: when a busy model is likely to have
+    a turn for a request (none for other failures)."""
+    busy = model_busy(exc)
+    return {"Retry-After": str(busy.retry_after)} if busy is not None else {}
 
 
 def error_body(path: str, status: int, message: str) -> dict[str, Any]:
@@ -136,6 +148,8 @@ class ErrorMiddleware:
                 # The upstream's own words go to the log only (credentials masked).
                 said = f" ({failure.detail})" if failure.detail else ""
                 log.warning("%s %s: %s%s", scope.get("method"), scope.get("path"), reason, said)
+            elif retry_after(exc):
+                log.info("%s %s: %s", scope.get("method"), scope.get("path"), reason)
             elif status == 503:
                 log.warning(
                     "%s %s: store or index failure: %s", scope.get("method"), scope.get("path"), exc
@@ -143,9 +157,12 @@ class ErrorMiddleware:
             else:
                 log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
-                await send_json(send, status, error_body(scope.get("path", ""), status, reason))
+                body = error_body(scope.get("path", ""), status, reason)
+                await send_json(send, status, body, **retry_after(exc))
             elif held is not None:
-                data = json.dumps({"status_code": status, "message": reason})
+                # A busy model's event says when to retry, as the header would.
+                retry = {k.lower().replace("-", "_"): int(v) for k, v in retry_after(exc).items()}
+                data = json.dumps({"status_code": status, "message": reason, **retry})
                 event = f"event: error\r\ndata: {data}\r\n\r\n".encode()
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             elif event_stream:  # the stream sent its own error event; end it cleanly

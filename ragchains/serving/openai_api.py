@@ -14,70 +14,131 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, model_validator
 
 from ragchains.chains.options import problem_text
 from ragchains.factory import Service
+from ragchains.serving.admission import admit, request_ticket_of
 from ragchains.serving.errors import classify, error_body
 from ragchains.serving.guards import request_json
-from ragchains.serving.requests import Route
+from ragchains.serving.requests import PLAIN_TEXT, Limits, Route, text_type
 
 
 class OpenAIContentPart(BaseModel):
+    """A text part of a message's content (the only kind read)."""
+
     model_config = ConfigDict(extra="allow")
 
-    type: str
-    text: str | None = None
+    type: Literal["text"]
+    text: Annotated[str, Field(json_schema_extra={"pattern": PLAIN_TEXT})]
 
 
-class OpenAIMessage(BaseModel):
+class _Said(BaseModel):
+    """A message whose words are read: the question, or a turn of the history."""
+
     model_config = ConfigDict(extra="allow")  # name, tool_calls, ... are accepted and unused
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    def text(self) -> str:
+        content = getattr(self, "content", None)
+        if content is None or isinstance(content, str):
+            return content or ""
+        return "".join(part.text for part in content)
+
+
+class OpenAIUserMessage(_Said):
+    role: Literal["user"]
+    content: str | list[OpenAIContentPart]
+
+
+class OpenAIAssistantMessage(_Said):
+    role: Literal["assistant"]
     content: str | list[OpenAIContentPart] | None = None
 
-    def text(self) -> str:
-        if self.content is None or isinstance(self.content, str):
-            return self.content or ""
-        if any(part.type != "text" for part in self.content):
-            raise ValueError("only text content parts are supported")
-        return "".join(part.text or "" for part in self.content)
+
+class OpenAIOtherMessage(BaseModel):
+    """Instructions and tool results: accepted and not read (the domain's prompt decides)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "tool"]
+    content: str | list[OpenAIContentPart] | None = None
 
 
-class ChatCompletionRequest(BaseModel):
-    model_config = ConfigDict(extra="allow")  # temperature, max_tokens, ...: the prompt decides
-
-    model: str = Field(description="the prompt domain, e.g. default or hr")
-    messages: list[OpenAIMessage] = Field(min_length=1)
-    stream: bool = False
-    configurable: dict[str, Any] = Field(
-        default_factory=dict,
-        description="ragchains extension: prompt versions, k, threshold (as on /chat)",
-    )
+OpenAIMessage = Annotated[
+    OpenAIUserMessage | OpenAIAssistantMessage | OpenAIOtherMessage, Field(discriminator="role")
+]
+# The question is the last user message, so there must be one (JSON Schema's ``contains``).
+_HAS_A_QUESTION: dict[str, Any] = {
+    "contains": {"type": "object", "properties": {"role": {"const": "user"}}}
+}
 
 
-def to_chat_input(messages: list[OpenAIMessage]) -> dict[str, Any]:
-    """The last message is the question; earlier user/assistant turns are the history."""
-    *earlier, last = messages
-    if last.role != "user":
-        raise ValueError("the last message must be the user's question")
+def completion_request(limits: Limits) -> type[BaseModel]:
+    """The body /v1/chat/completions reads, within ``limits``: each user message's text is
+    checked as a question, the others' as history."""
+    question = text_type("question", limits.question_chars)
+    said = text_type("message", limits.history_chars, blank=True)
+
+    class UserMessage(OpenAIUserMessage):
+        model_config = ConfigDict(title="OpenAIUserMessage")
+        content: question | list[OpenAIContentPart]  # type: ignore[valid-type]
+
+    class AssistantMessage(OpenAIAssistantMessage):
+        model_config = ConfigDict(title="OpenAIAssistantMessage")
+        content: said | list[OpenAIContentPart] | None = None  # type: ignore[valid-type]
+
+    message = Annotated[
+        UserMessage | AssistantMessage | OpenAIOtherMessage, Field(discriminator="role")
+    ]
+
+    class ChatCompletionRequest(BaseModel):
+        model_config = ConfigDict(extra="allow")  # temperature, max_tokens: the prompt decides
+
+        model: str = Field(description="the prompt domain, e.g. default or hr")
+        messages: list[message] = Field(  # type: ignore[valid-type]
+            min_length=1,
+            max_length=limits.history_messages + 1,
+            description="the conversation: its last user message is the question, the user "
+            "and assistant messages before it the history; system, developer and tool "
+            "messages, and any message after the question, are not read",
+            json_schema_extra=_HAS_A_QUESTION,
+        )
+        stream: StrictBool = False
+        configurable: dict[str, Any] = Field(
+            default_factory=dict,
+            description="ragchains extension: prompt versions, k, threshold (as on /chat)",
+        )
+
+        @model_validator(mode="after")
+        def _has_a_question(self) -> Any:
+            if not any(isinstance(m, UserMessage) for m in self.messages):
+                raise ValueError("the conversation has no user message to answer")
+            return self
+
+    return ChatCompletionRequest
+
+
+def to_chat_input(messages: list[Any]) -> dict[str, Any]:
+    """The last user message is the question; the user and assistant messages before it are
+    the history."""
+    last = max(n for n, message in enumerate(messages) if message.role == "user")
     history: list[BaseMessage] = []
-    for message in earlier:
+    for message in messages[:last]:
         if message.role == "user":
             history.append(HumanMessage(message.text()))
         elif message.role == "assistant":
             history.append(AIMessage(message.text()))
-    return {"question": last.text(), "chat_history": history}
+    return {"question": messages[last].text(), "chat_history": history}
 
 
-def openai_router(service: Service, chat: Route) -> APIRouter:
+def openai_router(service: Service, chat: Route, completion: type[BaseModel]) -> APIRouter:
     """``chat`` is the chat chain as /chat serves it, with the same checks of the input and
-    of the ``configurable`` choices."""
+    of the ``configurable`` choices; ``completion``: the body's model (``completion_request``)."""
     router = APIRouter(prefix="/v1", tags=["openai"])
 
     @router.get("/models")
@@ -100,7 +161,7 @@ def openai_router(service: Service, chat: Route) -> APIRouter:
     @router.post("/chat/completions")
     async def chat_completions(request: Request) -> Any:
         try:
-            body = ChatCompletionRequest.model_validate(await request_json(request))
+            body: Any = completion.model_validate(await request_json(request))
         except json.JSONDecodeError as exc:
             raise HTTPException(422, "the body is not valid JSON") from exc
         except ValidationError as exc:
@@ -115,6 +176,7 @@ def openai_router(service: Service, chat: Route) -> APIRouter:
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from exc
         config: Any = {"configurable": configurable, "run_name": "chat"}
+        admit(request_ticket_of(request), service.llm)  # 503 now, not in a started stream
         reply = _Reply(body.model)
         if not body.stream:
             result = await chat.runnable.ainvoke(turn, config)
@@ -159,9 +221,8 @@ class _Reply:
     def completion(self, result: dict[str, Any]) -> JSONResponse:
         message = {"role": "assistant", "content": result.get("answer", "")}
         details = {key: value for key, value in result.items() if key != "answer"}
-        frame = self._frame(
-            "chat.completion", {"message": message, "finish_reason": "stop"}, details
-        )
+        choice = {"message": message, "finish_reason": _finish_reason(result)}
+        frame = self._frame("chat.completion", choice, details)
         return JSONResponse(frame)
 
     async def chunks(
@@ -184,6 +245,12 @@ class _Reply:
             status, reason, _ = classify(exc)
             yield sse(error_body(path, status, reason))
             raise
-        end = {"delta": {}, "finish_reason": "stop"}
+        end = {"delta": {}, "finish_reason": _finish_reason(last)}
         yield sse(self._frame("chat.completion.chunk", end, last))
         yield "data: [DONE]\n\n"
+
+
+def _finish_reason(turn: dict[str, Any]) -> str:
+    """OpenAI's word for an answer cut short (the model's reply broke off or reached its
+    token limit) is "length": a client must not take the fragment for a finished answer."""
+    return "length" if turn.get("incomplete") else "stop"

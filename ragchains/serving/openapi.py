@@ -37,8 +37,9 @@ STREAMING = frozenset(BODY_KEYS) - {"invoke", "batch"}
 RUNNING = frozenset(BODY_KEYS)  # the endpoints whose bodies check_body reads
 # What a status means, as each response says it.
 MEANING = {
-    400: "Bad request: the body is not UTF-8 or nests too deep, or a domain or prompt "
-    "version that does not exist was chosen",
+    400: "Bad request: the body is not UTF-8 JSON, nests too deep, holds a number of more "
+    "than 4,300 digits or a lone surrogate escape, or a domain or prompt version that does "
+    "not exist was chosen",
     401: "Missing or wrong API key",
     408: "The request body did not arrive in time",
     413: "The request body, or a batch, is too large",
@@ -151,7 +152,7 @@ def truthful_openapi(
 
     def openapi() -> dict[str, Any]:
         now = dict(fields()) if fields is not None else None
-        if app.openapi_schema is None or built.get("fields") != now:
+        if "document" not in built or built["fields"] != now:
             app.openapi_schema = None
             try:
                 document = FastAPI.openapi(app)
@@ -163,8 +164,8 @@ def truthful_openapi(
             except BaseException:  # FastAPI cached its own document: never serve that one
                 app.openapi_schema = None
                 raise
-            built["fields"] = now
-        return app.openapi_schema
+            built["fields"], built["document"] = now, document
+        return built["document"]  # type: ignore[no-any-return]
 
     return openapi
 
@@ -234,10 +235,14 @@ def filters_schema(fields: Mapping[str, str]) -> dict[str, Any]:
     by_type: dict[str, list[str]] = {}
     for field, kind in fields.items():
         by_type.setdefault(kind, []).append(field)
-    text = {"type": "string", "maxLength": MAX_VALUE_CHARS}
+    text: dict[str, Any] = {"type": "string", "maxLength": MAX_VALUE_CHARS}
     globbed = {**text, "pattern": rf"^(?:[^*?\[]*|[\s\S]{{0,{MAX_GLOB_CHARS}}})$"}
-    values = {"number": {"type": "number"}, "boolean": {"type": "boolean"}, "string": text}
-    groups = []
+    values: dict[str, dict[str, Any]] = {
+        "number": {"type": "number"},
+        "boolean": {"type": "boolean"},
+        "string": text,
+    }
+    groups: list[tuple[str, list[str], dict[str, Any]]] = []
     for kind, names in sorted(by_type.items()):
         if kind == "string":  # shell-style patterns have a length limit of their own
             groups.append((kind, sorted(set(names) & GLOB_FIELDS), globbed))

@@ -15,6 +15,9 @@ from starlette.concurrency import run_in_threadpool
 from ragchains.factory import Service
 from ragchains.llms import LLMFailure
 from ragchains.retrievers.indexformat import IndexLoadError
+from ragchains.retrievers.live import LiveIndex
+from ragchains.retrievers.searchindex import SearchIndex
+from ragchains.serving.admission import queue_status
 from ragchains.serving.errors import STORE_UNREACHABLE
 from ragchains.serving.requests import Limits
 
@@ -62,16 +65,26 @@ def readiness(service: Service, health: Health, limits: Limits) -> dict[str, Any
     # /readyz needs no key).
     hidden = settings.keys_file is not None
     compressor = service.compressor.status()
+    reason: str | None = None
     try:
         index_info, ready = index.describe(), True
     except IndexLoadError as exc:  # a store that cannot be reached now (/readyz needs no key:
         log.warning("readiness: %s", exc)  # the reason goes to the log, not to callers)
-        index_info, ready = {"error": STORE_UNREACHABLE}, False
+        index_info, ready, reason = {"error": STORE_UNREACHABLE}, False, STORE_UNREACHABLE
+    # Damage found since the generation was loaded: a query that could not read it, or a
+    # file changed on disk (a stat per file here; a hash only of a changed one). The file's
+    # name only: its path is in the log.
+    damage = index.damage() if isinstance(index, SearchIndex | LiveIndex) else None
+    if damage is not None:
+        index_info["damage"] = {"file": damage.name, "problem": damage.problem}
+        ready = False
+        reason = f"the index is damaged: {damage.name} {damage.problem}"
     if hidden:  # counts and field names would tell of files the caller may not read
         index_info.pop("chunks", None)
         index_info.pop("fields", None)
     return {
         "ready": ready,
+        "detail": reason,  # why not ready (the chat page shows it), else None
         "degraded": bool(compressor["fallback"])
         or health.llm_failure is not None
         or "refused" in index_info,  # a newer generation committed but not served
@@ -84,6 +97,8 @@ def readiness(service: Service, health: Health, limits: Limits) -> dict[str, Any
             if settings.llm_provider == "openai"
             else None,
             "last_failure": health.llm_failure,
+            # Calls waiting for the model and the wait a request arriving now would have.
+            "queue": queue_status(service.llm, settings.model_queue_wait),
         },
         "embedder": {
             "model": service.embedder.name,

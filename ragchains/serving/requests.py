@@ -70,7 +70,10 @@ def text_type(what: str, max_chars: int, *, blank: bool = False) -> Any:
             raise ValueError(f"the {what} is empty")
         return text
 
-    published = {"maxLength": max_chars, "pattern": PLAIN_TEXT if blank else SAYS_SOMETHING}
+    published: dict[str, Any] = {
+        "maxLength": max_chars,
+        "pattern": PLAIN_TEXT if blank else SAYS_SOMETHING,
+    }
     return Annotated[
         str,
         Field(min_length=0 if blank else 1, json_schema_extra=published),
@@ -127,7 +130,7 @@ def history_type(limits: Limits) -> Any:
     conversation whose text is plain (no control characters), at most
     ``limits.history_chars`` characters in all; validated into LangChain messages."""
     words = text_type("message", limits.history_chars, blank=True)
-    no_calls = Field(default_factory=list, max_length=0, description="always empty: a turn")
+    no_calls: Any = Field(default_factory=list, max_length=0, description="always empty: a turn")
 
     class HumanTurn(BaseModel):
         """A user's turn as LangChain serialises a HumanMessage."""
@@ -361,7 +364,8 @@ class Route:
     def domain_versions(self, domain_key: str = DOMAIN_KEY) -> list[dict[str, Any]]:
         """One JSON Schema per domain: ``domain_key`` naming it (absent: the default domain)
         and each prompt version key listing the versions that domain has."""
-        keys = set(self._config_model.model_fields["configurable"].annotation.model_fields)
+        configurable = self._config_model.model_fields["configurable"].annotation
+        keys = set(_without_optional(configurable).model_fields)
         return [
             _versions_of(self.prompts, name, keys, domain_key)
             for name in sorted(self.prompts.domains)

@@ -107,10 +107,35 @@ function score(value) {
 
 // ------------------------------------------------------------------------- HTTP
 class ServerError extends Error {
-  constructor(status, message) {
+  // retryAfter: seconds the server asked to wait before trying again (a busy model's 503).
+  constructor(status, message, retryAfter = null) {
     super(message);
     this.status = status;
+    this.retryAfter = retryAfter;
   }
+}
+
+// How often a turn is sent again while the model is busy before the page gives up.
+const BUSY_RETRIES = 20;
+
+function retryAfter(value) {
+  const seconds = Number.parseInt(value ?? "", 10);
+  return Number.isFinite(seconds) && seconds >= 0 ? seconds : null;
+}
+
+// Resolves after ``ms``; rejects at once when ``signal`` aborts (the Stop button).
+function pause(ms, signal) {
+  return new Promise((resolve, reject) => {
+    const stopped = () => {
+      clearTimeout(timer);
+      reject(new DOMException("stopped", "AbortError"));
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener("abort", stopped);
+      resolve();
+    }, ms);
+    signal.addEventListener("abort", stopped, { once: true });
+  });
 }
 
 function headers() {
@@ -130,7 +155,7 @@ async function failure(response) {
   } catch {
     // not JSON: keep the status text
   }
-  return new ServerError(response.status, message);
+  return new ServerError(response.status, message, retryAfter(response.headers.get("Retry-After")));
 }
 
 // A GET on this server with the caller's key; the body as "json", "text" or "blob".
@@ -219,37 +244,27 @@ async function ask(question) {
   showRunning();
   saveTurns();
   try {
-    const response = await fetch(`/${mode}/stream`, {
-      method: "POST",
-      headers: headers(),
-      body: JSON.stringify({ input, config: { configurable: { domain } } }),
-      signal: controller.signal,
-    });
-    if (!response.ok) throw await failure(response);
-    let ended = false;
-    for await (const { event, data } of events(response, controller.signal)) {
-      if (event === "metadata") {
-        turn.runId = JSON.parse(data).run_id;
-      } else if (event === "data") {
-        const chunk = JSON.parse(data);
-        const tokenOnly = Object.keys(chunk).length === 1 && "answer" in chunk;
-        for (const [name, value] of Object.entries(chunk)) {
-          turn.out[name] = name === "answer" ? turn.out.answer + value : value;
-        }
-        if (tokenOnly) showAnswerText(turn);
-        else showTurn(turn);
-      } else if (event === "error") {
-        const error = JSON.parse(data);
-        throw new ServerError(error.status_code, error.message);
-      } else if (event === "end") {
-        ended = true;
+    // A busy model answers 503 with Retry-After (before the stream, or as its error event):
+    // the page says so and sends the turn again after that long.
+    for (let attempt = 1; ; attempt++) {
+      try {
+        await streamTurn(turn, mode, input, domain, controller);
         break;
+      } catch (error) {
+        const busy = error instanceof ServerError && error.status === 503 && error.retryAfter !== null;
+        if (!busy || attempt > BUSY_RETRIES || controller.signal.aborted) throw error;
+        turn.out = { answer: "" };
+        turn.busy = `The model is busy, retrying in ${error.retryAfter} s…`;
+        showTurn(turn);
+        $("status").textContent = turn.busy;
+        await pause(error.retryAfter * 1000, controller.signal);
+        turn.busy = null;
+        showTurn(turn);
       }
     }
-    if (controller.signal.aborted) throw new DOMException("stopped", "AbortError");
-    if (!ended) throw new ServerError(0, "the answer was cut off: the connection closed early");
     turn.status = turn.out.abstained ? "abstained" : "answered";
   } catch (error) {
+    turn.busy = null;
     if (controller.signal.aborted || error.name === "AbortError") {
       turn.status = "stopped";
       turn.stopNote = "Stopped.";
@@ -268,10 +283,47 @@ async function ask(question) {
   }
 }
 
+// One attempt at a turn: its stream, read into ``turn.out`` as it comes.
+async function streamTurn(turn, mode, input, domain, controller) {
+  const response = await fetch(`/${mode}/stream`, {
+    method: "POST",
+    headers: headers(),
+    body: JSON.stringify({ input, config: { configurable: { domain } } }),
+    signal: controller.signal,
+  });
+  if (!response.ok) throw await failure(response);
+  let ended = false;
+  for await (const { event, data } of events(response, controller.signal)) {
+    if (event === "metadata") {
+      turn.runId = JSON.parse(data).run_id;
+    } else if (event === "data") {
+      const chunk = JSON.parse(data);
+      const tokenOnly = Object.keys(chunk).length === 1 && "answer" in chunk;
+      for (const [name, value] of Object.entries(chunk)) {
+        // Added up as LangServe merges a stream: the answer's text, and notes learned while
+        // answering after those said first.
+        if (name === "answer") turn.out.answer += value;
+        else if (name === "notes") turn.out.notes = [...(turn.out.notes ?? []), ...value];
+        else turn.out[name] = value;
+      }
+      if (tokenOnly) showAnswerText(turn);
+      else showTurn(turn);
+    } else if (event === "error") {
+      const error = JSON.parse(data);
+      throw new ServerError(error.status_code, error.message, retryAfter(String(error.retry_after ?? "")));
+    } else if (event === "end") {
+      ended = true;
+      break;
+    }
+  }
+  if (controller.signal.aborted) throw new DOMException("stopped", "AbortError");
+  if (!ended) throw new ServerError(0, "the answer was cut off: the connection closed early");
+}
+
 // For screen readers: how the turn ended (the tokens themselves are not announced).
 function announce(turn) {
   const said = {
-    answered: "Answer complete.",
+    answered: turn.out.incomplete ? "Answer incomplete: the model's reply was cut short." : "Answer complete.",
     abstained: "Not in the documents.",
     stopped: "Stopped.",
     error: `Error: ${turn.error}`,
@@ -419,9 +471,21 @@ function turnNode(turn, thoughtsOpen) {
             el("small", {}, " This answer cites none of the sources: check it against them."),
           )
         : null,
+    turn.out.incomplete
+      ? el(
+          "p",
+          { class: "incomplete" },
+          el("span", { class: "badge incomplete" }, "Incomplete"),
+          el("small", {}, " The model's reply was cut short: this is the part that arrived."),
+        )
+      : null,
     el("div", { class: "answer-text" }, answerNodes(turn)),
     streaming && !turn.out.answer
-      ? el("p", { class: "waiting" }, turn.out.sources ? "Writing the answer…" : "Searching…")
+      ? el(
+          "p",
+          { class: "waiting" },
+          turn.busy ?? (turn.out.sources ? "Writing the answer…" : "Searching…"),
+        )
       : null,
     turn.status === "error"
       ? el(
