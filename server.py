@@ -152,7 +152,7 @@ def create_app(
         routes=routes,
         limits=limits,
         # With per-user access the document (open to all) does not tell the fields.
-        fields=(lambda: filterable_fields(service.index)) if keyring is None else None,
+        fields=filterable_fields(service.index) if keyring is None else None,
     )
     return app
 

@@ -55,17 +55,17 @@ ANSWER_STYLES: tuple[str, ...] = ("auto", "quote", "free")
 # One annotation object per kind, shared by every chain: LangChain merges the config specs of
 # composed runnables and refuses two specs with one id that are not equal. (LangServe checks
 # only the bare type of each; the chains and the server's request check enforce the bounds.)
-def _a_number(value: Any) -> Any:
+def a_number(value: Any) -> Any:
     """Numbers only: pydantic would take "5" and true for 5 and 1."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ValueError("must be a number (not text or true/false)")
     return value
 
 
-K_TYPE = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(_a_number)]
+K_TYPE = Annotated[int, Field(ge=1, le=MAX_K), BeforeValidator(a_number)]
 # Every scorer's scores, and so its cut, lie in [0, 1].
 THRESHOLD_TYPE = Annotated[
-    float, Field(ge=0.0, le=1.0, allow_inf_nan=False), BeforeValidator(_a_number)
+    float, Field(ge=0.0, le=1.0, allow_inf_nan=False), BeforeValidator(a_number)
 ]
 
 

@@ -294,29 +294,11 @@ def choices_for(
     )
 
 
-def whole(state: Mapping[str, Any], *keys: str) -> None:
-    """Raise CancelledError when ``state`` lacks one of ``keys``: the run it belongs to was
-    cancelled (or failed) while the state streamed in, and this stage's work is for nobody.
-
-    A stage is the mapper of a ``RunnablePassthrough.assign``, which streams (astream,
-    astream_events: LangServe's /stream, /stream_events, /stream_log) by starting the mapper
-    in a task of its own; when the run stops early (a client that goes away, an earlier
-    stage that fails), LangChain's RunnableAssign leaves that task running, never awaited
-    (langchain-ai/langchain#40508), and its input ends short. The stage then read a key
-    that never came: a KeyError nobody retrieved, in the log as "Task exception was never
-    retrieved", after the work had run on half a state. Cancelled, the task ends quietly,
-    as the run it belonged to did."""
-    missing = [key for key in keys if key not in state]
-    if missing:
-        raise asyncio.CancelledError(f"the run ended before {missing[0]!r} reached this stage")
-
-
 def retrieve_stage(searcher: Searcher) -> Runnable[Any, Retrieved]:
     """The retrieve stage over a turn's state: its ``search`` (query, filters, phrasings)
     and ``options`` (k) in, ``Retrieved`` out. The retriever's runs are its children."""
 
     def request(state: Searched) -> dict[str, Any]:
-        whole(state, "search", "options")
         search = state["search"]
         return {
             "query": search.search_query,
@@ -333,7 +315,7 @@ def retrieve_stage(searcher: Searcher) -> Runnable[Any, Retrieved]:
         request_ = request(state)
         return await searcher.asearch(request_.pop("query"), config=config, **request_)
 
-    return stage(retrieve, aretrieve, name="retrieve")
+    return stage(retrieve, aretrieve, name="retrieve", needs=("search", "options"))
 
 
 def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, Compressed]:
@@ -341,7 +323,6 @@ def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, C
     and ``options`` (threshold) in, ``Compressed`` out."""
 
     def compress_(state: Found, config: RunnableConfig) -> Compressed:
-        whole(state, "retrieved", "search", "options")
         return compress(
             compressor,
             state["retrieved"].documents,
@@ -351,7 +332,6 @@ def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, C
         )
 
     async def acompress_(state: Found, config: RunnableConfig) -> Compressed:
-        whole(state, "retrieved", "search", "options")
         return await acompress(
             compressor,
             state["retrieved"].documents,
@@ -360,7 +340,7 @@ def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, C
             config=config,
         )
 
-    return stage(compress_, acompress_, name="compress")
+    return stage(compress_, acompress_, name="compress", needs=("retrieved", "search", "options"))
 
 
 class RetrieveState(TypedDict):
@@ -374,7 +354,6 @@ class RetrieveState(TypedDict):
 
 def as_search(state: RetrieveState) -> RewriteOutput:
     """The query and phrasings as given, the domain's glossary expanded, with the filters."""
-    whole(state, "options")
     glossary = state["options"].glossary
     return RewriteOutput(
         search_query=expand_glossary(state["query"], glossary),

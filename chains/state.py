@@ -8,6 +8,7 @@ beside the data their stage adds (``chains.retrieve``: ``Searched``, ``Found``, 
 ``chains.requery``: ``Requeried``).
 """
 
+import asyncio
 from collections.abc import (
     AsyncIterable,
     AsyncIterator,
@@ -85,12 +86,34 @@ def quick(func: Callable[[In], Out], *, name: str) -> RunnableLambda[Any, Any]:
 
 
 def stage(
-    func: Callable[..., Out], afunc: Callable[..., Awaitable[Out]], *, name: str
+    func: Callable[..., Out],
+    afunc: Callable[..., Awaitable[Out]],
+    *,
+    name: str,
+    needs: tuple[str, ...] = (),
 ) -> RunnableLambda[Any, Any]:
     """A stage that waits on I/O (a model, a search pool): ``func`` for sync callers,
     ``afunc`` for async ones; both may take the run's ``config`` (LangChain passes it to a
-    parameter of that name) to hand to the runnables they call."""
-    return RunnableLambda(func, afunc=afunc, name=name)
+    parameter of that name) to hand to the runnables they call.
+
+    ``needs``: the state's keys the stage reads. A stage is the mapper of a
+    ``RunnablePassthrough.assign``, which streams by starting the mapper in a task of its
+    own; when the run stops early (a client that goes away, an earlier stage that fails),
+    LangChain leaves that task running, never awaited, on a state that ends short
+    (langchain-ai/langchain#40508). Without a key it needs, the async stage is cancelled, as
+    its run was, instead of failing on a KeyError nobody retrieves (the log's "Task
+    exception was never retrieved"). Sync runs never end short: they are left as they are.
+    """
+    if not needs:
+        return RunnableLambda(func, afunc=afunc, name=name)
+
+    async def unless_cut_short(state: Mapping[str, Any], config: RunnableConfig) -> Out:
+        missing = [key for key in needs if key not in state]
+        if missing:
+            raise asyncio.CancelledError(f"the run ended before {missing[0]!r} reached {name}")
+        return await afunc(state, config)
+
+    return RunnableLambda(func, afunc=unless_cut_short, name=name)
 
 
 def answer_stage(

@@ -348,6 +348,12 @@ class PromptRegistry:
             )
         return self.domains[name]
 
+    def versions(self, domain: str | None, name: str) -> dict[int, Prompt]:
+        """The versions of prompt ``name`` that ``domain`` answers with: its own, or the
+        default domain's when it has none."""
+        own = self.domain(domain).prompts.get(name)
+        return own or self.domains[DEFAULT_DOMAIN].prompts.get(name) or {}
+
     def get(
         self,
         domain: str | None,
@@ -360,7 +366,7 @@ class PromptRegistry:
         the latest. A version that does not exist is an error, never a silent fallback.
         """
         chosen = self.domain(domain)
-        versions = chosen.prompts.get(name) or self.domains[DEFAULT_DOMAIN].prompts.get(name)
+        versions = self.versions(chosen.name, name)
         if not versions:
             raise PromptSelectionError(f"no prompt {name!r} in domain {chosen.name!r}")
         wanted = version.get(name) if isinstance(version, Mapping) else version

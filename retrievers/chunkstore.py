@@ -23,6 +23,9 @@ from ragchains.retrievers.indexformat import (
     damaged,
 )
 
+# SQLite's result codes for a file that is not a sound database.
+_DAMAGED = frozenset({sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB})
+
 
 class ChunkStore:
     """Read-only access to the chunk table; safe to share between threads.
@@ -54,7 +57,9 @@ class ChunkStore:
             except (sqlite3.ProgrammingError, sqlite3.InterfaceError):
                 raise  # our misuse (a closed store, say), not the file's fault
             except sqlite3.DatabaseError as exc:
-                self.damage = self.damage or f"cannot be read ({exc})"
+                # Damage stays damage; a full disk or too many open files pass.
+                if getattr(exc, "sqlite_errorcode", 0) & 0xFF in _DAMAGED:  # primary code
+                    self.damage = self.damage or f"cannot be read ({exc})"
                 raise IndexDamagedError(damaged(self._where, f"{CHUNKS_FILE}: {exc}")) from exc
 
     def count(self) -> int:

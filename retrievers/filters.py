@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import math
 import re
+import sys
 from collections.abc import Callable, ItemsView, Iterable, Iterator, KeysView, Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args
 
@@ -80,11 +80,14 @@ class MetadataFilter(BaseModel):
         return f"{self.field} {self.op} {json.dumps(self.value)}"
 
     def short(self) -> str:
-        """The filter as an error message names it: a long list by its first values."""
+        """The filter as an error message names it: a long list by its first values, a
+        long value cut short."""
         if isinstance(self.value, list) and len(self.value) > 3:
             shown = ", ".join(json.dumps(v) for v in self.value[:3])
-            return f"{self.field} {self.op} [{shown}, ... ({len(self.value)} values)]"
-        return str(self)
+            text = f"{self.field} {self.op} [{shown}, ... ({len(self.value)} values)]"
+        else:
+            text = str(self)
+        return text if len(text) <= 160 else f"{text[:157]}..."
 
 
 def _scalar_problem(field_type: str, value: Any) -> str | None:
@@ -92,8 +95,9 @@ def _scalar_problem(field_type: str, value: Any) -> str | None:
     if field_type == "number":
         if isinstance(value, bool) or not isinstance(value, int | float):
             return f"expected a number, got {_shown(value)}"
-        if isinstance(value, float) and not math.isfinite(value):
-            return f"expected a finite number, got {value!r}"
+        # A float's range, as the columns hold numbers (an integer of 400 digits is not one).
+        if not -sys.float_info.max <= value <= sys.float_info.max:  # NaN is not within
+            return f"expected a finite number, got {_shown(value)}"
         return None
     if field_type == "boolean":
         return None if isinstance(value, bool) else f"expected true or false, got {_shown(value)}"
@@ -179,6 +183,63 @@ def validate_filters(
 
 def _values(flt: MetadataFilter) -> list[FilterScalar]:
     return flt.value if isinstance(flt.value, list) else [flt.value]
+
+
+def filters_schema(fields: Mapping[str, str]) -> dict[str, Any]:
+    """The JSON Schema of a filter as ``validate_filters`` accepts it over an index with
+    ``fields`` (the server's API document): a field it has, an operator for the field's
+    type, values of that type (a list for ``in``). One rule it cannot state: at most
+    ``MAX_GLOBS`` patterns in all a request's filters (it states it per list)."""
+    by_type: dict[str, list[str]] = {}
+    for field, kind in fields.items():
+        by_type.setdefault(kind, []).append(field)
+    text: dict[str, Any] = {"type": "string", "maxLength": MAX_VALUE_CHARS}
+    # A pattern (a value with *, ? or [) has a length limit of its own.
+    globbed = {**text, "anyOf": [{"pattern": r"^[^*?\[]*$"}, {"maxLength": MAX_GLOB_CHARS}]}
+    # The columns hold numbers as floats: _scalar_problem refuses what does not fit one.
+    finite = {"minimum": -sys.float_info.max, "maximum": sys.float_info.max}
+    values: dict[str, dict[str, Any]] = {
+        "number": {"type": "number", **finite},
+        "boolean": {"type": "boolean"},
+        "string": text,
+    }
+    groups: list[tuple[str, list[str], dict[str, Any]]] = []
+    for kind, names in sorted(by_type.items()):
+        if kind == "string":  # shell-style patterns have a length limit of their own
+            groups.append((kind, sorted(set(names) & GLOB_FIELDS), globbed))
+            groups.append((kind, sorted(set(names) - GLOB_FIELDS), text))
+        else:
+            groups.append((kind, sorted(names), values[kind]))
+    alternatives = []
+    for kind, names, value in groups:
+        if not names:
+            continue
+        ops = [op for op in OPERATORS_BY_TYPE[kind] if op != "in"]
+        alternatives.append(_filter(names, {"enum": ops}, value))
+        if "in" in OPERATORS_BY_TYPE[kind]:
+            listed = {"type": "array", "minItems": 1, "maxItems": MAX_IN_VALUES, "items": value}
+            if value is globbed:  # at most MAX_GLOBS patterns in a request, so in a list
+                listed.update(contains=_A_GLOB, minContains=0, maxContains=MAX_GLOBS)
+            alternatives.append(_filter(names, {"const": "in"}, listed))
+    return {
+        "title": "MetadataFilter",
+        "description": "One condition on a field of the index; a list of them is combined "
+        f"with AND. Filenames and sources take shell-style patterns (*, ?, [...]), at most "
+        f"{MAX_GLOBS} in all the filters of a request.",
+        "anyOf": alternatives,
+    }
+
+
+_A_GLOB = {"type": "string", "pattern": r"[*?\[]"}
+
+
+def _filter(names: list[str], op: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["field", "op", "value"],
+        "properties": {"field": {"type": "string", "enum": names}, "op": op, "value": value},
+    }
 
 
 def parse_cli_value(field: str, op: str, raw: str, schema: Mapping[str, str]) -> Any:
@@ -306,20 +367,13 @@ class MetadataColumns:
         vocab = self._vocab[flt.field]
         texts = [str(value) for value in _values(flt)]
         wanted = {vocab[t] for t in texts if t in vocab and not is_glob(flt.field, t)}
-        # Each distinct pattern compiled once, each distinct value tried once (until one
-        # pattern matches it). Not fnmatch's own matcher: it keeps every pattern it compiles
+        # One expression for the list's patterns (as PostgreSQL gets them), each distinct
+        # value tried once. Not fnmatch's own matcher: it keeps every pattern it compiles
         # (32,768); the re module keeps at most 512.
-        matchers = [
-            re.compile(fnmatch.translate(t)).match
-            for t in dict.fromkeys(texts)
-            if is_glob(flt.field, t)
-        ]
-        if matchers:
-            wanted.update(
-                i
-                for v, i in vocab.items()
-                if i not in wanted and any(match(v) for match in matchers)
-            )
+        globs = [fnmatch.translate(t) for t in dict.fromkeys(texts) if is_glob(flt.field, t)]
+        if globs:
+            match = re.compile("|".join(f"(?:{g})" for g in globs)).match
+            wanted.update(i for v, i in vocab.items() if i not in wanted and match(v))
         return np.array(sorted(wanted), dtype=np.int32)
 
 

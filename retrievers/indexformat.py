@@ -56,6 +56,8 @@ MANIFEST_FILE = "manifest.json"
 CHUNKS_FILE = "chunks.sqlite"
 BM25_DIR = "bm25"
 DENSE_FILE = "dense.faiss"
+# The parts every generation has: its chunks, its vectors and its BM25 folder.
+GENERATION_PARTS = (CHUNKS_FILE, DENSE_FILE, BM25_DIR)
 LOCK_FILE = ".lock"
 FILES_DIR = "files"
 BM25_LENGTHS_FILE = "doc_lengths.npy"
@@ -288,7 +290,7 @@ def recorded_checksums(index_dir: str | Path, manifest: dict[str, Any]) -> dict[
     # Every part must be covered: a list that leaves one out would vouch for it unchecked.
     uncovered = [
         part
-        for part in (CHUNKS_FILE, DENSE_FILE, f"{BM25_DIR}/")
+        for part in (f"{name}/" if name == BM25_DIR else name for name in GENERATION_PARTS)
         if not any(name == part or name.startswith(part) for name in checksums)
     ]
     if uncovered:

@@ -12,9 +12,9 @@ import faiss
 from ragchains.retrievers.chunkstore import ChunkStore
 from ragchains.retrievers.fusionfile import read_fusion
 from ragchains.retrievers.indexformat import (
-    BM25_DIR,
     CHUNKS_FILE,
     DENSE_FILE,
+    GENERATION_PARTS,
     IndexDamagedError,
     IndexLoadError,
     StoredBM25,
@@ -65,7 +65,7 @@ def verify_index(index_dir: str | Path) -> Verification:
     checksums = recorded_checksums(index_dir, manifest)
     result = Verification(root, gen.name, checksums is not None, [])
     if checksums is None:
-        for name in (CHUNKS_FILE, DENSE_FILE, BM25_DIR):
+        for name in GENERATION_PARTS:
             result.files.append(FileCheck(name, _unrecorded_problem(gen, name)))
     else:
         for name, recorded in checksums.items():

@@ -162,9 +162,8 @@ def _one(flt: MetadataFilter, kind: str, params: Params) -> sql.Composable:
     elif literals:
         found.append(sql.SQL("{} = ANY({}::text[])").format(text, params.add(literals)))
     if regexes:
-        # One expression for the whole list, compiled once per statement: PostgreSQL caches
-        # the last 32 expressions it compiled, so ``~ ANY`` over a longer list would compile
-        # each pattern again for every row.
+        # One expression for the whole list: one match per row, not one per pattern as
+        # ``~ ANY`` would make (the in-memory columns match a list the same way).
         found.append(sql.SQL("{} ~ {}").format(text, params.add(any_of(regexes))))
     if not found:
         return sql.SQL("FALSE")

@@ -27,6 +27,7 @@ from ragchains.retrievers.indexformat import (
     BM25_LENGTHS_FILE,
     CHUNKS_FILE,
     DENSE_FILE,
+    GENERATION_PARTS,
     EmbedderMismatchError,
     FileRecord,
     IndexChecksumError,
@@ -229,7 +230,7 @@ def open_generation(
 ) -> SearchIndex:
     """Open a generation's parts and check that they agree; ``legacy``: no checksum vouched
     for its vectors, so they are scanned for NaN and infinities."""
-    for name in (CHUNKS_FILE, DENSE_FILE, BM25_DIR):
+    for name in GENERATION_PARTS:
         if not (gen / name).exists():
             raise IndexDamagedError(damaged(index_dir, f"{name} is missing"))
     try:

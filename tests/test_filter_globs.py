@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import fnmatch
 import itertools
-import time
 
 import httpx
 import psycopg
@@ -117,13 +116,12 @@ def hostile_body() -> dict[str, object]:
 
 
 def test_sixteen_lists_of_a_thousand_globs_are_refused_at_once(sample_server: str) -> None:
+    """16 lists of 1,000 globs took 12-16 s over 2,000 files (bench.hostile_filters times
+    the refusal); the refusal's reason shows no glob was matched."""
     body = hostile_body()
-    start = time.monotonic()
     refused = httpx.post(f"{sample_server}/retrieve/invoke", json=body, timeout=120)
-    elapsed = time.monotonic() - start
     assert refused.status_code == 422, refused.text[:300]
     assert f"the limit is {MAX_GLOBS}" in refused.text and len(refused.text) < 1000
-    assert elapsed < 10  # "does not hang"; it took 12-16 s over 2,000 files
     # The globs a request may carry are answered, with the documents they name.
     decoys = [f"*zz{n:03d}*" for n in range(MAX_GLOBS - 2)]
     allowed = [

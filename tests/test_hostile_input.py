@@ -9,6 +9,7 @@ import contextlib
 import fnmatch
 import gc
 import json
+import re
 import socket
 import subprocess
 import threading
@@ -647,6 +648,21 @@ def test_ragchains_serve_closes_connections_that_never_finish_their_headers(
         assert b"did not arrive within 2 seconds" in (endings[0] or b"")
         assert quiet == [b""] * len(silent)  # closed without a word: nothing was asked
         assert httpx.get(f"{base}/healthz", timeout=10).status_code == 200
+        # A request answered before its body arrived (401: no key), the body after: the
+        # connection stays kept alive for the next request, with no 408 nobody asked for.
+        early = socket.create_connection(address, timeout=10)
+        early.sendall(
+            b"POST /retrieve/invoke HTTP/1.1\r\nHost: x\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 2\r\n\r\n"
+        )
+        refused = _reply(early)
+        assert refused.startswith(b"HTTP/1.1 401"), refused
+        early.sendall(b"{}")
+        time.sleep(2 * 2)  # twice the header deadline
+        early.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        again = _reply(early)
+        early.close()
+        assert again.startswith(b"HTTP/1.1 200"), again
         # Case 1 and case 8 on the served process.
         body = UNFIT_BODIES["huge integer"][0].encode()
         keyed = {"X-API-Key": "k30", "Content-Type": "application/json"}
@@ -654,6 +670,18 @@ def test_ragchains_serve_closes_connections_that_never_finish_their_headers(
         assert huge.status_code == 400 and "digits" in huge.text
         assert httpx.request("TRACE", f"{base}/healthz").status_code == 405
         assert httpx.request("TRACE", f"{base}/v1/models").status_code == 405
+
+
+def _reply(conn: socket.socket) -> bytes:
+    """One reply read from ``conn``: its head, then as many bytes as its Content-Length."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(4096)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"content-length: (\d+)", head, re.IGNORECASE)[1])  # type: ignore[index]
+    while len(body) < length:
+        body += conn.recv(4096)
+    return head + b"\r\n\r\n" + body
 
 
 def test_serve_help_names_the_header_timeout() -> None:

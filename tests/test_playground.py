@@ -91,6 +91,27 @@ def test_playground_shows_the_answer_once_with_its_citations(
     watched.assert_clean()
 
 
+def test_the_rewrite_playground_takes_a_chat_history(url: str, browser: Any) -> None:
+    """The history is LangServe's chat widget (a speaker list and the words), not a bare
+    JSON field: the widget is offered only when the kinds of turns are titled as messages.
+    A follow-up asked with the earlier turn gets its subject filled in."""
+    watched = open_page(browser, f"{url}/rewrite/playground/")
+    page = watched.page
+    field(page, "domain").select_option("hr")
+    field(page, "question").fill("And the premium one?")
+    history = page.locator(".control", has_text="Chat history")
+    history.get_by_role("button").first.click()
+    speaker = history.locator("select")
+    speaker.wait_for(timeout=15_000)
+    assert speaker.input_value() == "human"
+    history.locator("textarea").fill("What does the standard health plan cost?")
+    page.get_by_role("button", name="Start").click()
+    panel = output_panel(page)
+    panel.get_by_text('"search_query"').wait_for(timeout=120_000)
+    assert "plan" in json.loads(panel.inner_text())["search_query"].lower()
+    watched.assert_clean()
+
+
 def retrieve_in_playground(browser: Any, url: str, query: str) -> tuple[WatchedPage, str]:
     """Runs ``query`` in the /retrieve playground of the server at ``url``; the page and the
     text of its output once documents are shown."""

@@ -73,7 +73,7 @@ def test_filters_are_typed_by_the_index_fields(document: dict[str, Any], base: s
     fields = {name for names, _ in kinds for name in names}
     assert {"filename", "price", "page"} <= fields
     price = next(alt for (names, op), alt in kinds.items() if "price" in names and "in" in op)
-    assert price["properties"]["value"]["items"] == {"type": "number"}
+    assert price["properties"]["value"]["items"]["type"] == "number"
     unknown = {"question": "x", "filters": [{"field": "colour", "op": "=", "value": "red"}]}
     refused = httpx.post(f"{base}/ask/invoke", json={"input": unknown}, timeout=60)
     assert refused.status_code == 422 and "unknown filter field 'colour'" in refused.text
@@ -91,7 +91,7 @@ def test_text_fields_publish_the_pattern_they_are_checked_with(
     history = schemas["ChatRequest"]["properties"]["chat_history"]
     assert history["maxItems"] == 100
     kinds = {schema(document, ref)["title"] for ref in history["items"]["anyOf"]}
-    assert kinds == {"HumanTurn", "AITurn", "UserTurn", "AssistantTurn"}
+    assert kinds == {"HumanTurnMessage", "AITurnMessage", "UserTurnMessage", "AssistantTurnMessage"}
 
 
 # Each was accepted (200) though the document (or the question's own rule) forbids it.

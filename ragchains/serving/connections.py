@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 
+import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from ragchains.settings import Settings
@@ -39,16 +40,16 @@ class HeaderTimeoutProtocol(H11Protocol):
         self._arm()
 
     def data_received(self, data: bytes) -> None:
-        cycle = self.cycle
-        waiting = cycle is None or cycle.response_complete  # for a request's headers
-        if waiting:
-            if self._deadline is None:  # the next request on a kept-alive connection
+        super().data_received(data)
+        if self.transport.get_protocol() is not self:  # upgraded: another protocol's now
+            self._disarm()
+        elif self.conn.their_state is h11.IDLE and self.conn.trailing_data[0]:
+            # h11 holds part of a request's head: the clock runs (from the connection, or
+            # on a kept-alive one from this first byte).
+            if self._deadline is None:
                 self._arm()
             self._begun = True
-        super().data_received(data)
-        # A new cycle is a request whose headers are all in; an upgrade hands the
-        # connection to another protocol.
-        if self.cycle is not cycle or self.transport.get_protocol() is not self:
+        else:  # a head is complete (or bytes of a body, late or not): no deadline here
             self._disarm()
 
     def connection_lost(self, exc: Exception | None) -> None:

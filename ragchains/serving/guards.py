@@ -104,7 +104,6 @@ class ApiKeyMiddleware:
             or scope["method"] == "OPTIONS"
             or is_open(scope["method"], scope["path"])
             or scope["path"] in self.opened
-            or method_not_allowed(scope)
         ):
             await self.app(scope, receive, send)
             return
@@ -118,6 +117,9 @@ class ApiKeyMiddleware:
             return
         principal = self.keyring.find(given) if self.keyring is not None else None
         if principal is None:
+            if method_not_allowed(scope):  # the router's 405: no key would change it
+                await self.app(scope, receive, send)
+                return
             reason = (
                 "missing or wrong API key: send it as 'X-API-Key: <key>' or "
                 "'Authorization: Bearer <key>'"

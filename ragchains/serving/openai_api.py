@@ -26,55 +26,21 @@ from ragchains.factory import Service
 from ragchains.serving.admission import admit, request_ticket_of
 from ragchains.serving.errors import classify, error_body
 from ragchains.serving.guards import request_json
-from ragchains.serving.requests import PLAIN_TEXT, Limits, Route, text_type
+from ragchains.serving.requests import Limits, Route
+from ragchains.textrules import SAYS_SOMETHING, text_type
 
-
-class OpenAIContentPart(BaseModel):
-    """A text part of a message's content (the only kind read)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: Literal["text"]
-    text: Annotated[str, Field(json_schema_extra={"pattern": PLAIN_TEXT})]
-
-
-class _Said(BaseModel):
-    """A message whose words are read: the question, or a turn of the history."""
-
-    model_config = ConfigDict(extra="allow")  # name, tool_calls, ... are accepted and unused
-
-    def text(self) -> str:
-        content = getattr(self, "content", None)
-        if content is None or isinstance(content, str):
-            return content or ""
-        return "".join(part.text for part in content)
-
-
-class OpenAIUserMessage(_Said):
-    role: Literal["user"]
-    content: str | list[OpenAIContentPart]
-
-
-class OpenAIAssistantMessage(_Said):
-    role: Literal["assistant"]
-    content: str | list[OpenAIContentPart] | None = None
-
-
-class OpenAIOtherMessage(BaseModel):
-    """Instructions and tool results: accepted and not read (the domain's prompt decides)."""
-
-    model_config = ConfigDict(extra="allow")
-
-    role: Literal["system", "developer", "tool"]
-    content: str | list[OpenAIContentPart] | None = None
-
-
-OpenAIMessage = Annotated[
-    OpenAIUserMessage | OpenAIAssistantMessage | OpenAIOtherMessage, Field(discriminator="role")
-]
 # The question is the last user message, so there must be one (JSON Schema's ``contains``).
 _HAS_A_QUESTION: dict[str, Any] = {
     "contains": {"type": "object", "properties": {"role": {"const": "user"}}}
+}
+# A user's words as parts: one of them at least says something. (Their joined length is
+# checked as the question's, which JSON Schema cannot state.)
+_SAYS_SOMETHING: dict[str, Any] = {
+    "contains": {
+        "type": "object",
+        "properties": {"text": {"pattern": SAYS_SOMETHING}},
+        "required": ["text"],
+    }
 }
 
 
@@ -84,17 +50,35 @@ def completion_request(limits: Limits) -> type[BaseModel]:
     question = text_type("question", limits.question_chars)
     said = text_type("message", limits.history_chars, blank=True)
 
-    class UserMessage(OpenAIUserMessage):
-        model_config = ConfigDict(title="OpenAIUserMessage")
-        content: question | list[OpenAIContentPart]  # type: ignore[valid-type]
+    class ContentPart(BaseModel):
+        """A text part of a message's content (the only kind read)."""
 
-    class AssistantMessage(OpenAIAssistantMessage):
-        model_config = ConfigDict(title="OpenAIAssistantMessage")
-        content: said | list[OpenAIContentPart] | None = None  # type: ignore[valid-type]
+        model_config = ConfigDict(extra="allow", title="OpenAIContentPart")
+        type: Literal["text"]
+        text: said  # type: ignore[valid-type]
 
-    message = Annotated[
-        UserMessage | AssistantMessage | OpenAIOtherMessage, Field(discriminator="role")
-    ]
+    parts = list[ContentPart]
+    asked = Annotated[parts, Field(min_length=1, json_schema_extra=_SAYS_SOMETHING)]
+
+    class UserMessage(BaseModel):
+        model_config = ConfigDict(extra="allow")  # name, ...: accepted and unused
+        role: Literal["user"]
+        content: question | asked  # type: ignore[valid-type]
+
+    class AssistantMessage(BaseModel):
+        model_config = ConfigDict(extra="allow")  # tool_calls, ...: accepted and unused
+        role: Literal["assistant"]
+        content: said | parts | None = None  # type: ignore[valid-type]
+
+    class OtherMessage(BaseModel):
+        """Instructions and tool results: accepted and not read (the domain's prompt
+        decides)."""
+
+        model_config = ConfigDict(extra="allow")
+        role: Literal["system", "developer", "tool"]
+        content: said | parts | None = None  # type: ignore[valid-type]
+
+    message = Annotated[UserMessage | AssistantMessage | OtherMessage, Field(discriminator="role")]
 
     class ChatCompletionRequest(BaseModel):
         model_config = ConfigDict(extra="allow")  # temperature, max_tokens: the prompt decides
@@ -116,11 +100,18 @@ def completion_request(limits: Limits) -> type[BaseModel]:
 
         @model_validator(mode="after")
         def _has_a_question(self) -> Any:
-            if not any(isinstance(m, UserMessage) for m in self.messages):
+            if not any(m.role == "user" for m in self.messages):
                 raise ValueError("the conversation has no user message to answer")
             return self
 
     return ChatCompletionRequest
+
+
+def _words(content: Any) -> str:
+    """A message's text: its content, or its text parts joined."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    return "".join(part.text for part in content)
 
 
 def to_chat_input(messages: list[Any]) -> dict[str, Any]:
@@ -130,10 +121,10 @@ def to_chat_input(messages: list[Any]) -> dict[str, Any]:
     history: list[BaseMessage] = []
     for message in messages[:last]:
         if message.role == "user":
-            history.append(HumanMessage(message.text()))
+            history.append(HumanMessage(_words(message.content)))
         elif message.role == "assistant":
-            history.append(AIMessage(message.text()))
-    return {"question": messages[last].text(), "chat_history": history}
+            history.append(AIMessage(_words(message.content)))
+    return {"question": _words(messages[last].content), "chat_history": history}
 
 
 def openai_router(service: Service, chat: Route, completion: type[BaseModel]) -> APIRouter:
@@ -195,7 +186,10 @@ def openai_router(service: Service, chat: Route, completion: type[BaseModel]) ->
 
 
 def _first_problem(exc: ValidationError) -> str:
-    return problem_text(exc.errors()[0])
+    """The problem to name: for a value of several kinds (text or parts), the one in the
+    kind that was sent, not the other kind's "should be a valid ..."."""
+    errors = exc.errors()
+    return problem_text(next((e for e in errors if not e["type"].endswith("_type")), errors[0]))
 
 
 class _Reply:

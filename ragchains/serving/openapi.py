@@ -11,6 +11,7 @@ document is amended once, when first asked for.
 from __future__ import annotations
 
 import copy
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -19,14 +20,7 @@ from pydantic import BaseModel
 
 from ragchains.chains.options import DOMAIN_KEY
 from ragchains.prompts.registry import DEFAULT_DOMAIN
-from ragchains.retrievers.filters import (
-    GLOB_FIELDS,
-    MAX_GLOB_CHARS,
-    MAX_GLOBS,
-    MAX_IN_VALUES,
-    MAX_VALUE_CHARS,
-    OPERATORS_BY_TYPE,
-)
+from ragchains.retrievers.filters import filters_schema
 from ragchains.serving.errors import OPENAI_PREFIX
 from ragchains.serving.guards import is_open
 from ragchains.serving.requests import BODY_KEYS, Limits, Route
@@ -38,8 +32,8 @@ RUNNING = frozenset(BODY_KEYS)  # the endpoints whose bodies check_body reads
 # What a status means, as each response says it.
 MEANING = {
     400: "Bad request: the body is not UTF-8 JSON, nests too deep, holds a number of more "
-    "than 4,300 digits or a lone surrogate escape, or a domain or prompt version that does "
-    "not exist was chosen",
+    f"than {sys.get_int_max_str_digits():,} digits or a lone surrogate escape, or a domain or "
+    "prompt version that does not exist was chosen",
     401: "Missing or wrong API key",
     408: "The request body did not arrive in time",
     413: "The request body, or a batch, is too large",
@@ -138,20 +132,20 @@ def truthful_openapi(
     keyed: bool,
     routes: Mapping[str, Route],
     limits: Limits,
-    fields: Callable[[], Mapping[str, str]] | None,
+    fields: Mapping[str, str] | None,
 ) -> Callable[[], dict[str, Any]]:
     """``app.openapi``: FastAPI's document, amended. ``chat_request`` is the body
     /v1/chat/completions reads (its handler parses it itself, to answer in OpenAI's error
     format), whose ``model`` is one of ``domains``; ``keyed``: the server needs an API key.
     ``routes`` and ``limits``: what the LangServe routes' bodies are checked against
-    (``check_body``); ``fields``: the index's filterable fields now, or None when they are
-    not told (per-user access), whose filters the document then leaves untyped. The document
-    is built again when the fields change (an ingest adds some)."""
+    (``check_body``); ``fields``: the index's filterable fields (which follow the index), or
+    None when they are not told (per-user access), whose filters the document then leaves
+    untyped. The document is built again when the fields change (an ingest adds some)."""
     models = sorted(domains)
     built: dict[str, Any] = {}
 
     def openapi() -> dict[str, Any]:
-        now = dict(fields()) if fields is not None else None
+        now = dict(fields) if fields is not None else None
         if "document" not in built or built["fields"] != now:
             app.openapi_schema = None
             try:
@@ -227,58 +221,6 @@ def _amend_completions(body: dict[str, Any], chat: Route) -> None:
         }
         for domain in chat.domain_versions()
     ]
-
-
-def filters_schema(fields: Mapping[str, str]) -> dict[str, Any]:
-    """A filter as ``validate_filters`` accepts it over an index with ``fields``: a field it
-    has, an operator for the field's type, values of that type (a list for ``in``)."""
-    by_type: dict[str, list[str]] = {}
-    for field, kind in fields.items():
-        by_type.setdefault(kind, []).append(field)
-    text: dict[str, Any] = {"type": "string", "maxLength": MAX_VALUE_CHARS}
-    globbed = {**text, "pattern": rf"^(?:[^*?\[]*|[\s\S]{{0,{MAX_GLOB_CHARS}}})$"}
-    values: dict[str, dict[str, Any]] = {
-        "number": {"type": "number"},
-        "boolean": {"type": "boolean"},
-        "string": text,
-    }
-    groups: list[tuple[str, list[str], dict[str, Any]]] = []
-    for kind, names in sorted(by_type.items()):
-        if kind == "string":  # shell-style patterns have a length limit of their own
-            groups.append((kind, sorted(set(names) & GLOB_FIELDS), globbed))
-            groups.append((kind, sorted(set(names) - GLOB_FIELDS), text))
-        else:
-            groups.append((kind, sorted(names), values[kind]))
-    alternatives = []
-    for kind, names, value in groups:
-        if not names:
-            continue
-        ops = [op for op in OPERATORS_BY_TYPE[kind] if op != "in"]
-        alternatives.append(_filter(names, {"enum": ops}, value))
-        if "in" in OPERATORS_BY_TYPE[kind]:
-            listed = {"type": "array", "minItems": 1, "maxItems": MAX_IN_VALUES, "items": value}
-            if value is globbed:  # at most MAX_GLOBS patterns in a request, so in a list
-                listed.update(contains=_A_GLOB, minContains=0, maxContains=MAX_GLOBS)
-            alternatives.append(_filter(names, {"const": "in"}, listed))
-    return {
-        "title": "MetadataFilter",
-        "description": "One condition on a field of the index; a list of them is combined "
-        f"with AND. Filenames and sources take shell-style patterns (*, ?, [...]), at most "
-        f"{MAX_GLOBS} in all the filters of a request.",
-        "anyOf": alternatives,
-    }
-
-
-_A_GLOB = {"type": "string", "pattern": "[*?[]"}
-
-
-def _filter(names: list[str], op: dict[str, Any], value: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["field", "op", "value"],
-        "properties": {"field": {"type": "string", "enum": names}, "op": op, "value": value},
-    }
 
 
 def _amend(

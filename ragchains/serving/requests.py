@@ -5,10 +5,9 @@ choices: unknown keys and bad values 422, a domain or prompt version that does n
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
 from fastapi import HTTPException
@@ -35,8 +34,10 @@ from ragchains.chains.options import (
     Choices,
     Configure,
     OptionsError,
+    a_number,
     explain_choice,
     problem_text,
+    version_key,
 )
 from ragchains.chains.retrieve import MAX_ALTERNATIVES, RetrieveInput
 from ragchains.chains.rewrite import RewriteInput
@@ -44,41 +45,7 @@ from ragchains.factory import Service, filterable_fields
 from ragchains.prompts.registry import DEFAULT_DOMAIN, PromptRegistry, PromptSelectionError
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.settings import Settings
-
-# Characters no typed text holds (tab and line breaks aside): a NUL-only question is not one.
-CONTROL = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
-CONTROL_CHARACTERS = re.compile(f"[{CONTROL}]")
-# Text that says something: no control character and one character at least that is not
-# whitespace. Each text field publishes the pattern it is checked with (its JSON Schema
-# ``pattern``), so the API's document and the server cannot disagree about it.
-SAYS_SOMETHING = rf"^[^{CONTROL}]*[^\s{CONTROL}][^{CONTROL}]*$"
-PLAIN_TEXT = rf"^[^{CONTROL}]*$"
-_SAYS_SOMETHING = re.compile(SAYS_SOMETHING)
-
-
-def text_type(what: str, max_chars: int, *, blank: bool = False) -> Any:
-    """A text field's type: at most ``max_chars`` characters, no control characters and (unless
-    ``blank``) not empty; published with the bounds and the pattern it is checked with, each
-    problem a sentence naming ``what``."""
-
-    def check(text: str) -> str:
-        if CONTROL_CHARACTERS.search(text):
-            raise ValueError(f"the {what} holds control characters (such as NUL)")
-        if len(text) > max_chars:
-            raise ValueError(f"the {what} has {len(text)} characters; the limit is {max_chars}")
-        if not blank and not _SAYS_SOMETHING.search(text):
-            raise ValueError(f"the {what} is empty")
-        return text
-
-    published: dict[str, Any] = {
-        "maxLength": max_chars,
-        "pattern": PLAIN_TEXT if blank else SAYS_SOMETHING,
-    }
-    return Annotated[
-        str,
-        Field(min_length=0 if blank else 1, json_schema_extra=published),
-        AfterValidator(check),
-    ]
+from ragchains.textrules import text_type
 
 
 @dataclass(frozen=True)
@@ -132,44 +99,49 @@ def history_type(limits: Limits) -> Any:
     words = text_type("message", limits.history_chars, blank=True)
     no_calls: Any = Field(default_factory=list, max_length=0, description="always empty: a turn")
 
-    class HumanTurn(BaseModel):
+    # Titles end in "Message": LangServe's playground offers its chat widget (a message per
+    # row, its speaker chosen from a list) for a list whose kinds are titled so.
+    class Turn(BaseModel):
+        model_config = ConfigDict(extra="forbid")
+        content: words  # type: ignore[valid-type]
+        message: ClassVar[type[BaseMessage]]  # what the turn becomes
+
+    class LangChainTurn(Turn):
+        additional_kwargs: dict[str, Any] = Field(default_factory=dict)
+        response_metadata: dict[str, Any] = Field(default_factory=dict)
+        name: str | None = None
+        id: str | None = None
+
+    class HumanTurn(LangChainTurn):
         """A user's turn as LangChain serialises a HumanMessage."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(title="HumanTurnMessage")
         type: Literal["human"]
-        content: words  # type: ignore[valid-type]
-        additional_kwargs: dict[str, Any] = Field(default_factory=dict)
-        response_metadata: dict[str, Any] = Field(default_factory=dict)
-        name: str | None = None
-        id: str | None = None
+        message = HumanMessage
 
-    class AITurn(BaseModel):
+    class AITurn(LangChainTurn):
         """The assistant's turn as LangChain serialises an AIMessage (without tool calls)."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(title="AITurnMessage")
         type: Literal["ai"]
-        content: words  # type: ignore[valid-type]
-        additional_kwargs: dict[str, Any] = Field(default_factory=dict)
-        response_metadata: dict[str, Any] = Field(default_factory=dict)
-        name: str | None = None
-        id: str | None = None
+        message = AIMessage
         tool_calls: list[dict[str, Any]] = no_calls
         invalid_tool_calls: list[dict[str, Any]] = no_calls
         usage_metadata: dict[str, Any] | None = None
 
-    class UserTurn(BaseModel):
+    class UserTurn(Turn):
         """A user's turn as OpenAI writes it."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(title="UserTurnMessage")
         role: Literal["user"]
-        content: words  # type: ignore[valid-type]
+        message = HumanMessage
 
-    class AssistantTurn(BaseModel):
+    class AssistantTurn(Turn):
         """The assistant's turn as OpenAI writes it."""
 
-        model_config = ConfigDict(extra="forbid")
+        model_config = ConfigDict(title="AssistantTurnMessage")
         role: Literal["assistant"]
-        content: words  # type: ignore[valid-type]
+        message = AIMessage
 
     turn: Any = HumanTurn | AITurn | UserTurn | AssistantTurn
     # Which model a turn is read as: by its ``type`` (LangChain's) or else its ``role``.
@@ -199,6 +171,11 @@ def history_type(limits: Limits) -> Any:
         """Each turn checked, a problem named by its position."""
         if not isinstance(value, list):
             raise ValueError("chat_history must be a list of messages")
+        if len(value) > limits.history_messages:  # before checking each of them
+            raise ValueError(
+                f"the chat history has {len(value)} messages; the limit is "
+                f"{limits.history_messages}"
+            )
         checked = []
         for n, item in enumerate(value):
             try:
@@ -215,10 +192,7 @@ def history_type(limits: Limits) -> Any:
             raise ValueError(
                 f"the chat history has {chars} characters; the limit is {limits.history_chars}"
             )
-        return [
-            HumanMessage(t.content) if isinstance(t, HumanTurn | UserTurn) else AIMessage(t.content)
-            for t in checked
-        ]
+        return [t.message(t.content) for t in checked]
 
     return Annotated[
         list[turn],
@@ -361,15 +335,18 @@ class Route:
         schema["properties"]["configurable"] = published
         return schema
 
-    def domain_versions(self, domain_key: str = DOMAIN_KEY) -> list[dict[str, Any]]:
-        """One JSON Schema per domain: ``domain_key`` naming it (absent: the default domain)
-        and each prompt version key listing the versions that domain has."""
-        configurable = self._config_model.model_fields["configurable"].annotation
-        keys = set(_without_optional(configurable).model_fields)
-        return [
-            _versions_of(self.prompts, name, keys, domain_key)
-            for name in sorted(self.prompts.domains)
-        ]
+    def domain_versions(self) -> list[dict[str, Any]]:
+        """One JSON Schema per domain: ``domain`` naming it (absent: the default domain) and
+        each of the chain's prompt version keys listing the versions that domain has."""
+        schemas = []
+        for domain in sorted(self.prompts.domains):
+            properties: dict[str, Any] = {DOMAIN_KEY: {"const": domain}}
+            for name in self._choices.prompt_names:
+                versions = sorted(self.prompts.versions(domain, name))
+                properties[version_key(name)] = {"enum": [LATEST, *(f"v{v}" for v in versions)]}
+            required = [DOMAIN_KEY] if domain != DEFAULT_DOMAIN else []
+            schemas.append({"properties": properties, "required": required})
+        return schemas
 
     def check(self, configurable: Any) -> dict[str, Any]:
         """A request's ``configurable``, checked in full before any work: the one check the
@@ -399,25 +376,6 @@ class Route:
 def _without_optional(annotation: Any) -> type[BaseModel]:
     """The model in ``Model | None``."""
     return next(a for a in getattr(annotation, "__args__", (annotation,)) if a is not type(None))
-
-
-def _versions_of(
-    prompts: PromptRegistry, domain: str, keys: set[str], domain_key: str
-) -> dict[str, Any]:
-    properties: dict[str, Any] = {domain_key: {"const": domain}}
-    for key in sorted(keys):
-        name = key.removesuffix("_version")
-        if name == key:
-            continue
-        # A domain without the prompt uses the default domain's (PromptRegistry.get).
-        numbers = prompts.domains[domain].prompts.get(name) or prompts.domains[
-            DEFAULT_DOMAIN
-        ].prompts.get(name, {})
-        properties[key] = {"enum": [LATEST, *(f"v{v}" for v in sorted(numbers))]}
-    schema: dict[str, Any] = {"properties": properties}
-    if domain != DEFAULT_DOMAIN:
-        schema["required"] = [domain_key]
-    return schema
 
 
 def served_routes(
@@ -457,14 +415,8 @@ BODY_KEYS: dict[str, frozenset[str]] = {
 }
 
 
-def _an_integer(value: Any) -> Any:
-    """JSON's integers only (2.0 is one): pydantic would take "2" and true for 2 and 1."""
-    if isinstance(value, bool | str):
-        raise ValueError("must be an integer (not text or true/false)")
-    return value
-
-
-AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(_an_integer)]
+# JSON's integers only (2.0 is one): pydantic would take "2" and true for 2 and 1.
+AtLeastOne = Annotated[int, Field(ge=1), BeforeValidator(a_number)]
 
 
 class RunOptions(BaseModel):
