@@ -61,6 +61,7 @@ from typing_extensions import TypedDict
 
 from ragchains.chains.compress import compressor_score
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
+from ragchains.chains.modelqueue import FIRST_TOKEN_TAG
 from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
 from ragchains.chains.quote import (
     QUOTE_SENTENCES,
@@ -339,7 +340,8 @@ class Answerer:
     ) -> None:
         if answer_style not in ANSWER_STYLES:
             raise ValueError(f"answer_style must be auto, quote or free, not {answer_style!r}")
-        self.llm = llm
+        # Its model calls start answers: in the model's queue they keep to arrival order.
+        self.llm = llm.tagged(FIRST_TOKEN_TAG)
         self.history_tokens = history_tokens
         self.answer_style = answer_style
 

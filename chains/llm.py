@@ -8,6 +8,7 @@ constrains decoding, as llama.cpp does).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -50,6 +51,9 @@ class LLM:
     # The keyword arguments that send one call's max_tokens and grammar: a server may want
     # the grammar in its own field of the request body (``ragchains.llms``).
     call_options: Callable[[int, str | None], dict[str, Any]] = grammar_keyword
+    # Tags of every model run made through ``bound`` (a stage saying what its calls are for:
+    # ``chains.modelqueue.FIRST_TOKEN_TAG``), not inherited by the stages around it.
+    tags: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, model: Any, **kwargs: Any) -> LLM:
@@ -61,6 +65,10 @@ class LLM:
         if callable(counter):
             kwargs.setdefault("count_tokens", counter)
         return cls(model=model, name=kwargs.pop("name", type(model).__name__), **kwargs)
+
+    def tagged(self, *tags: str) -> LLM:
+        """This model, its runs through ``bound`` carrying ``tags`` too."""
+        return dataclasses.replace(self, tags=(*self.tags, *tags))
 
     def bound(
         self,
@@ -76,7 +84,9 @@ class LLM:
             # Tools or a grammar, not both: a server that takes both applies one to the other.
             model, grammar = model.bind_tools(tools), None
         options = self.call_options(max_tokens, grammar if self.grammar else None)
-        return model.bind(temperature=temperature, **options)
+        model = model.bind(temperature=temperature, **options)
+        # On the outermost binding: bind_tools through a binding would drop its config.
+        return model.with_config(tags=list(self.tags)) if self.tags else model
 
     def prompted(
         self,

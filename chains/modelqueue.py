@@ -7,16 +7,25 @@ once (rewrite, answer, maybe a re-query), and if each call queued at the back, e
 answer would wait behind every later turn's rewrite. By arrival, the first request in gets
 its first answer token first, and the queue's order is the order of arrival.
 
+Arrival order alone does not make first tokens come in order: while an earlier request is
+still retrieving (after a re-query, say) and calls no model, a free slot would serve a later
+request's answer. So a call that starts an answer (its run tagged ``FIRST_TOKEN_TAG``) gets a
+slot only once every earlier request admitted here and still open has had its own answer
+call granted, or has finished (the *answer gate*). Other calls take any free slot in order.
+
 A request is a ``Ticket`` in a context variable (``request_ticket``): asyncio tasks and
 LangChain's runs (its executor threads copy the context) see the one their request
-opened. A call made outside any request is a request of its own, arriving as it is made.
+opened. A call made outside any request is a request of its own, arriving as it is made,
+with no bound and no gate.
 
-A ticket's ``max_wait`` bounds the time its request spends waiting for the model, all of
-its calls together: a call that would wait beyond it stops waiting and raises
-``ModelBusy``, which says when to try again. Before a request starts, ``ModelQueue.admit``
-estimates its wait (the model work of the requests ahead, spread over the slots, at the
-recent time per request) and refuses it at once with ``ModelBusy`` when the estimate is
-over the bound: a server answers that with 503 and Retry-After before any stream starts.
+A ticket's ``max_wait`` bounds the time its request spends waiting for the model: the wall
+time during which at least one of its calls waits (a batch's calls wait side by side, and
+that is one wait, not one per call), the answer gate included. A call that would wait
+beyond it stops waiting and raises ``ModelBusy``, which says when to try again. Before a
+request starts, ``ModelQueue.admit`` estimates its wait (the model work of the requests
+ahead, spread over the slots, at the recent time per request, a batch's per input) and
+refuses it at once with ``ModelBusy`` when the estimate is over the bound: a server answers
+that with 503 and Retry-After before any stream starts.
 
 The queue belongs with the model (``TakesTurns``): whoever composes the model in process
 gets the same order and bounds as the server. Only async calls queue; sync ones (``invoke``
@@ -40,11 +49,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
+from langchain_core.language_models import LanguageModelInput
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
+from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import Field
 
+# The tag of a model run that starts an answer: its call waits at the answer gate.
+FIRST_TOKEN_TAG = "ragchains:first-token"
+# How TakesTurns.astream tells its _astream that the run carries FIRST_TOKEN_TAG: LangChain's
+# astream opens the run with the config's tags but calls _astream without its run manager.
+_FIRST_TOKEN_KEYWORD = "ragchains_first_token"
 # How many recent waits (per call, per request) the queue keeps for its status.
 RECENT = 200
 # Weight of the newest sample in the running means of service time.
@@ -63,16 +79,43 @@ class ModelBusy(Exception):
 @dataclass(eq=False)
 class Ticket:
     """One request's place in the model's queues: when it arrived, how long it may wait
-    for the model in all (None: as long as it takes), and how long it has waited."""
+    for the model in all (None: as long as it takes), how many inputs it runs (a batch's
+    each do a request's work) and how long it has waited."""
 
     arrived: float = field(default_factory=time.monotonic)
     max_wait: float | None = None
-    waited: float = 0.0
+    inputs: int = 1
+    waited: float = 0.0  # ended spans of waiting; ``waiting_time`` adds the ongoing one
     queues: list[ModelQueue] = field(default_factory=list)  # those that admitted it
     gave_up: bool = False  # a call stopped waiting: its request did not finish its work
+    _calls_waiting: int = field(default=0, init=False, repr=False)
+    _since: float = field(default=0.0, init=False, repr=False)  # start of the ongoing span
+    # Its calls may wait in more than one queue (a fallback's), under each queue's lock.
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
-    def time_left(self) -> float | None:
-        return None if self.max_wait is None else self.max_wait - self.waited
+    def waiting_time(self, now: float | None = None) -> float:
+        """Seconds during which at least one of its calls waited, up to ``now``."""
+        with self._lock:
+            if self._calls_waiting == 0:
+                return self.waited
+            return self.waited + (now if now is not None else time.monotonic()) - self._since
+
+    def time_left(self, now: float | None = None) -> float | None:
+        return None if self.max_wait is None else self.max_wait - self.waiting_time(now)
+
+    def call_waits(self, since: float) -> None:
+        """One of its calls starts waiting at ``since``."""
+        with self._lock:
+            if self._calls_waiting == 0:
+                self._since = since
+            self._calls_waiting += 1
+
+    def call_waited(self, until: float) -> None:
+        """One of its calls stops waiting at ``until``."""
+        with self._lock:
+            self._calls_waiting -= 1
+            if self._calls_waiting == 0:
+                self.waited += max(0.0, until - self._since)
 
     def close(self) -> None:
         """The request is over: the queues that admitted it stop counting its work."""
@@ -117,6 +160,7 @@ class _Mean:
 class _Waiter:
     key: tuple[float, int]  # (arrival of its request, order of the call)
     ticket: Ticket | None
+    first_token: bool  # starts an answer: waits at the answer gate
     wake: Callable[[], None]
     since: float = field(default_factory=time.monotonic)
     hold: _Hold | None = None  # set when granted a slot
@@ -131,46 +175,52 @@ class _Hold:
     since: float = field(default_factory=time.monotonic)
 
 
-class ModelQueue:
-    """``slots`` calls at once; the others wait in order of their request's arrival (see the
-    module's docstring). ``max_wait``: the bound for calls made outside a request that set
-    its own. Safe across threads and event loops (one model may serve several loops)."""
+@dataclass
+class _Request:
+    """An admitted request's work here: model seconds held so far, and whether its answer
+    call has been granted (the answer gate opens for later requests' answers)."""
 
-    def __init__(self, slots: int = 1, *, max_wait: float | None = None) -> None:
+    held: float = 0.0
+    answering: bool = False
+
+
+class ModelQueue:
+    """``slots`` calls at once; the others wait in order of their request's arrival, answer
+    calls behind the answer gate (see the module's docstring). Safe across threads and event
+    loops (one model may serve several loops)."""
+
+    def __init__(self, slots: int = 1) -> None:
         if slots < 1:
             raise ValueError(f"a model queue needs at least one slot, not {slots}")
-        if max_wait is not None and max_wait < 0:
-            raise ValueError(f"max_wait must be 0 or more seconds, not {max_wait}")
         self.slots = slots
-        self.max_wait = max_wait
         self._lock = threading.Lock()
         self._order = itertools.count()
         self._waiting: list[_Waiter] = []  # sorted: first to be served first
         self._holds: set[_Hold] = set()
-        # Admitted requests not yet finished -> model seconds they have held so far.
-        self._requests: dict[Ticket, float] = {}
+        self._requests: dict[Ticket, _Request] = {}  # admitted, not yet finished
         self._call_seconds = _Mean()  # one call's hold of a slot
         self._request_seconds = _Mean()  # one request's holds, all its calls together
         self._call_waits: deque[float] = deque(maxlen=RECENT)
         self._request_waits: deque[float] = deque(maxlen=RECENT)
         # Counters, for metrics: calls served, seconds they waited, requests refused at
         # admission, calls that gave up waiting.
-        self.calls = 0
-        self.wait_seconds = 0.0
-        self.refused = 0
-        self.gave_up = 0
+        self._calls = 0
+        self._wait_seconds = 0.0
+        self._refused = 0
+        self._gave_up = 0
 
     # ------------------------------------------------------------------ taking a turn
     @contextlib.asynccontextmanager
-    async def turn(self) -> AsyncIterator[None]:
-        """Hold one slot for the block, after waiting for it in order."""
-        hold = await self._acquire(current_ticket())
+    async def turn(self, *, first_token: bool = False) -> AsyncIterator[None]:
+        """Hold one slot for the block, after waiting for it in order (``first_token``: the
+        call starts an answer, and waits at the answer gate too)."""
+        hold = await self._acquire(current_ticket(), first_token)
         try:
             yield
         finally:
             self._release(hold)
 
-    async def _acquire(self, ticket: Ticket | None) -> _Hold:
+    async def _acquire(self, ticket: Ticket | None, first_token: bool) -> _Hold:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
 
@@ -178,99 +228,130 @@ class ModelQueue:
             loop.call_soon_threadsafe(_resolve, future)
 
         with self._lock:
-            if len(self._holds) < self.slots:
-                self._record_wait(ticket, 0.0)
-                return self._take(ticket)
+            # Free slots have no eligible waiter (``_grant`` runs after every change).
+            if len(self._holds) < self.slots and self._may_start(ticket, first_token):
+                self._count_wait(0.0)
+                hold = self._take(ticket, first_token)
+                self._grant()  # an answer started: later answers may now start too
+                return hold
             arrived = ticket.arrived if ticket is not None else time.monotonic()
-            waiter = _Waiter((arrived, next(self._order)), ticket, wake)
+            waiter = _Waiter((arrived, next(self._order)), ticket, first_token, wake)
             bisect.insort(self._waiting, waiter)
-            left = self._time_left(ticket)
+            if ticket is not None:
+                ticket.call_waits(waiter.since)
+            left = ticket.time_left(waiter.since) if ticket is not None else None
         try:
             if left is not None and left <= 0:
                 raise TimeoutError
-            await asyncio.wait_for(future, left)
+            # Not wait_for: Python 3.11's returns the result of a future done as the waiting
+            # task is cancelled, and a caller that went away would use the slot after all.
+            async with asyncio.timeout(left):
+                await future
         except BaseException as exc:
             with self._lock:
-                waited = time.monotonic() - waiter.since
                 if waiter.hold is not None:  # granted as it gave up: pass the slot on
-                    self._hand_on(waiter.hold)
-                else:
+                    self._end(waiter.hold, counted=False)
+                elif waiter in self._waiting:
                     self._waiting.remove(waiter)
-                self._record_wait(ticket, waited)
+                    self._stop_waiting(waiter, time.monotonic())
                 if isinstance(exc, TimeoutError):
-                    self.gave_up += 1
+                    self._gave_up += 1
                     if ticket is not None:
                         ticket.gave_up = True
                     raise self._busy(ticket) from None
             raise
         assert waiter.hold is not None  # set before the future was resolved
-        with self._lock:
-            self._record_wait(ticket, waiter.hold.since - waiter.since)
         return waiter.hold
 
-    def _take(self, ticket: Ticket | None) -> _Hold:
+    def _may_start(self, ticket: Ticket | None, first_token: bool) -> bool:
+        """The answer gate (lock held): a call that starts an answer only once every request
+        admitted here before its own has started its answer or finished."""
+        if not first_token or ticket is None or ticket not in self._requests:
+            return True
+        return all(
+            request.answering
+            for other, request in self._requests.items()
+            if other.arrived < ticket.arrived
+        )
+
+    def _take(self, ticket: Ticket | None, first_token: bool) -> _Hold:
         hold = _Hold(ticket)
         self._holds.add(hold)
+        request = self._requests.get(ticket) if ticket is not None else None
+        if first_token and request is not None:
+            request.answering = True
         return hold
 
-    def _release(self, hold: _Hold) -> None:
-        with self._lock:
-            self._hand_on(hold)
-
-    def _hand_on(self, hold: _Hold) -> None:
-        """``hold`` ends (lock held): its time is counted, its slot goes to the first waiter."""
-        held = time.monotonic() - hold.since
-        self._holds.discard(hold)
-        self._call_seconds.add(held)
-        if hold.ticket is not None and hold.ticket in self._requests:
-            self._requests[hold.ticket] += held
-        while self._waiting:
-            waiter = self._waiting.pop(0)
-            waiter.hold = self._take(waiter.ticket)
+    def _grant(self) -> None:
+        """Free slots go to the first waiters that may start (lock held)."""
+        while len(self._holds) < self.slots:
+            waiter = next(
+                (w for w in self._waiting if self._may_start(w.ticket, w.first_token)), None
+            )
+            if waiter is None:
+                return
+            self._waiting.remove(waiter)
+            now = time.monotonic()
+            self._stop_waiting(waiter, now)
+            waiter.hold = self._take(waiter.ticket, waiter.first_token)
             try:
                 waiter.wake()
-                return
             except RuntimeError:  # its event loop is closed: nobody is waiting there
                 self._holds.discard(waiter.hold)
                 waiter.hold = None
 
-    def _time_left(self, ticket: Ticket | None) -> float | None:
-        if ticket is not None and ticket.max_wait is not None:
-            return ticket.time_left()
-        return self.max_wait
+    def _release(self, hold: _Hold) -> None:
+        with self._lock:
+            self._end(hold)
 
-    def _record_wait(self, ticket: Ticket | None, waited: float) -> None:
-        self.calls += 1
-        self.wait_seconds += waited
+    def _end(self, hold: _Hold, *, counted: bool = True) -> None:
+        """``hold`` ends (lock held): its time counts (unless ``counted`` is False: a slot
+        granted as its caller gave up was not used), its slot goes on."""
+        self._holds.discard(hold)
+        if counted:
+            held = time.monotonic() - hold.since
+            self._call_seconds.add(held)
+            request = self._requests.get(hold.ticket) if hold.ticket is not None else None
+            if request is not None:
+                request.held += held
+        self._grant()
+
+    def _stop_waiting(self, waiter: _Waiter, now: float) -> None:
+        self._count_wait(now - waiter.since)
+        if waiter.ticket is not None:
+            waiter.ticket.call_waited(now)
+
+    def _count_wait(self, waited: float) -> None:
+        self._calls += 1
+        self._wait_seconds += waited
         self._call_waits.append(waited)
-        if ticket is not None:
-            ticket.waited += waited
 
     # ------------------------------------------------------------------ admission
     def admit(self, ticket: Ticket) -> None:
         """Count ``ticket``'s request in, or refuse it with ``ModelBusy`` when its estimated
-        wait is over its bound. Its work counts in later requests' estimates until
-        ``ticket.close()``."""
+        wait is over its bound. Its work counts in later requests' estimates (and its answer
+        in the answer gate) until ``ticket.close()``."""
         with self._lock:
             if ticket in self._requests:
                 return
-            limit = self._bound(ticket)
-            if limit is not None:
+            if ticket.max_wait is not None:
                 ahead = self._work_ahead(ticket.arrived, ticket)
-                if ahead > limit:
-                    self.refused += 1
-                    raise ModelBusy(self._busy_message(ahead), _retry_after(ahead, limit))
-            self._requests[ticket] = 0.0
+                if ahead > ticket.max_wait:
+                    self._refused += 1
+                    retry = _retry_after(ahead, ticket.max_wait)
+                    raise ModelBusy(self._busy_message(ahead), retry)
+            self._requests[ticket] = _Request()
             ticket.queues.append(self)
 
     def finished(self, ticket: Ticket) -> None:
         with self._lock:
-            held = self._requests.pop(ticket, None)
-            if held is None:
+            request = self._requests.pop(ticket, None)
+            if request is None:
                 return
             if not ticket.gave_up:  # a request cut short would make the next estimates low
-                self._request_seconds.add(held)
-            self._request_waits.append(ticket.waited)
+                self._request_seconds.add(request.held / max(1, ticket.inputs))
+            self._request_waits.append(ticket.waiting_time())
+            self._grant()  # the answer gate may open
 
     def _work_ahead(self, arrived: float, ticket: Ticket | None = None) -> float:
         """Seconds a request arriving at ``arrived`` is expected to wait (lock held): the
@@ -282,9 +363,10 @@ class ModelQueue:
         for hold in self._holds:
             holding[hold.ticket] = holding.get(hold.ticket, 0.0) + now - hold.since
         due = 0.0
-        for other, held in self._requests.items():
+        for other, request in self._requests.items():
             if other is not ticket and other.arrived <= arrived:
-                due += max(0.0, per_request - held - holding.get(other, 0.0))
+                owed = per_request * other.inputs - request.held - holding.get(other, 0.0)
+                due += max(0.0, owed)
         # Calls of no admitted request: each waiting one costs a call.
         due += per_call * sum(
             1
@@ -295,15 +377,10 @@ class ModelQueue:
 
     def _busy(self, ticket: Ticket | None) -> ModelBusy:
         """The error of a call that waited as long as its request may (lock held)."""
-        bound = self._bound(ticket) or 0.0
+        bound = ticket.max_wait if ticket is not None and ticket.max_wait is not None else 0.0
         ahead = self._work_ahead(time.monotonic())
         message = f"the chat model is busy: no turn within {bound:g} s of waiting"
         return ModelBusy(message, _retry_after(ahead, bound))
-
-    def _bound(self, ticket: Ticket | None) -> float | None:
-        if ticket is not None and ticket.max_wait is not None:
-            return ticket.max_wait
-        return self.max_wait
 
     def _busy_message(self, ahead: float) -> str:
         waiting = len(self._requests)
@@ -314,7 +391,8 @@ class ModelQueue:
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
-        """What the queue is doing now, and what it has done lately."""
+        """What the queue is doing now, and what it has done lately (and in all: calls
+        served, seconds they waited, requests refused, calls that gave up waiting)."""
         with self._lock:
             now = time.monotonic()
             oldest = min((w.since for w in self._waiting), default=None)
@@ -329,8 +407,10 @@ class ModelQueue:
                 "request_wait_s": _summary(self._request_waits),
                 "seconds_per_call": _rounded(self._call_seconds.value),
                 "seconds_per_request": _rounded(self._request_seconds.value),
-                "refused": self.refused,
-                "gave_up": self.gave_up,
+                "calls": self._calls,
+                "wait_seconds": round(self._wait_seconds, 3),
+                "refused": self._refused,
+                "gave_up": self._gave_up,
             }
 
 
@@ -361,10 +441,37 @@ def _resolve(future: asyncio.Future[None]) -> None:
 # ----------------------------------------------------------------------------- models
 class TakesTurns(BaseChatModel):
     """A chat model whose async calls take turns in its ``queue`` (a mixin: put it before
-    the model's class, ``class Mine(TakesTurns, SomeChatModel)``). The wait comes before
-    the call: a deadline the model sets on its call starts when its turn does."""
+    the model's class, ``class Mine(TakesTurns, SomeChatModel)``, a model that streams:
+    implements ``_stream`` or ``_astream``). The wait comes before the call: a deadline the
+    model sets on its call starts when its turn does. A call whose run carries
+    ``FIRST_TOKEN_TAG`` (its config's tags) waits at the answer gate too."""
 
     queue: ModelQueue = Field(default_factory=ModelQueue, exclude=True)
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        # Overriding _astream tells LangChain the model streams: one that does not would
+        # fail in astream (the default _astream runs the missing _stream) instead of
+        # answering in one piece.
+        if cls._stream is BaseChatModel._stream and super()._astream is BaseChatModel._astream:
+            raise TypeError(
+                f"{cls.__name__}: TakesTurns queues a model that streams; its model "
+                "implements neither _stream nor _astream"
+            )
+
+    async def astream(
+        self,
+        input: LanguageModelInput,
+        config: RunnableConfig | None = None,
+        *,
+        stop: list[str] | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[AIMessageChunk]:
+        if FIRST_TOKEN_TAG in (ensure_config(config).get("tags") or ()):
+            kwargs[_FIRST_TOKEN_KEYWORD] = True
+        async for chunk in super().astream(input, config, stop=stop, **kwargs):
+            yield chunk
 
     async def _agenerate(
         self,
@@ -373,7 +480,7 @@ class TakesTurns(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        async with self.queue.turn():
+        async with self.queue.turn(first_token=_starts_answer(run_manager, kwargs)):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
 
     async def _astream(
@@ -383,9 +490,18 @@ class TakesTurns(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async with self.queue.turn():
+        async with self.queue.turn(first_token=_starts_answer(run_manager, kwargs)):
             async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
                 yield chunk
+
+
+def _starts_answer(
+    run_manager: AsyncCallbackManagerForLLMRun | None, kwargs: dict[str, Any]
+) -> bool:
+    """Whether the call's run carries ``FIRST_TOKEN_TAG``: its run manager's tags (ainvoke),
+    or what ``TakesTurns.astream`` read in its config (taken out of the model's arguments)."""
+    said = bool(kwargs.pop(_FIRST_TOKEN_KEYWORD, False))
+    return said or (run_manager is not None and FIRST_TOKEN_TAG in (run_manager.tags or ()))
 
 
 def model_queues(model: Any) -> list[ModelQueue]:
@@ -406,9 +522,15 @@ def model_queues(model: Any) -> list[ModelQueue]:
     return found
 
 
-def model_busy(exc: BaseException) -> ModelBusy | None:
-    """The ``ModelBusy`` that ``exc`` is, groups (anyio's task groups raise those) or was
-    caused by; None if none."""
+def first_queue(model: Any) -> ModelQueue | None:
+    """The queue a request waits in first: its first model's (a fallback, sharing a server
+    or not, is asked only when that one failed)."""
+    queues = model_queues(model)
+    return queues[0] if queues else None
+
+
+def causes(exc: BaseException) -> Iterator[BaseException]:
+    """``exc``, the members of exception groups (anyio task groups raise those) and causes."""
     seen: set[int] = set()
     pending = [exc]
     while pending:
@@ -416,10 +538,13 @@ def model_busy(exc: BaseException) -> ModelBusy | None:
         if id(error) in seen:
             continue
         seen.add(id(error))
-        if isinstance(error, ModelBusy):
-            return error
+        yield error
         if isinstance(error, BaseExceptionGroup):
             pending.extend(error.exceptions)
         if error.__cause__ is not None:
             pending.append(error.__cause__)
-    return None
+
+
+def model_busy(exc: BaseException) -> ModelBusy | None:
+    """The ``ModelBusy`` that ``exc`` is, groups or was caused by; None if none."""
+    return next((error for error in causes(exc) if isinstance(error, ModelBusy)), None)

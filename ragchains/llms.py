@@ -23,7 +23,7 @@ from langchain_core.exceptions import ModelError
 from pydantic import SecretStr
 
 from ragchains.chains.llm import LLM, approximate_tokens
-from ragchains.chains.modelqueue import ModelQueue, TakesTurns
+from ragchains.chains.modelqueue import ModelQueue, TakesTurns, causes
 
 log = logging.getLogger(__name__)
 
@@ -414,7 +414,7 @@ def explain_failure(exc: BaseException) -> LLMFailure | None:
     import httpx
     import openai
 
-    for error in _causes(exc):
+    for error in causes(exc):
         if isinstance(
             error, openai.APITimeoutError | httpx.TimeoutException | ModelDeadlineExceeded
         ):
@@ -444,22 +444,6 @@ _CREDENTIALS = re.compile(r"(?i)(bearer\s+|api[_-]?key[\"']?\s*[:=]\s*[\"']?)\S+
 def masked(text: str) -> str:
     """``text`` with credentials it may hold replaced by ``***``."""
     return _CREDENTIALS.sub(lambda m: (m.group(1) or "") + "***", text)
-
-
-def _causes(exc: BaseException) -> Iterator[BaseException]:
-    """``exc``, the members of exception groups (anyio task groups raise those) and causes."""
-    seen: set[int] = set()
-    pending = [exc]
-    while pending:
-        error = pending.pop(0)
-        if id(error) in seen:
-            continue
-        seen.add(id(error))
-        yield error
-        if isinstance(error, BaseExceptionGroup):
-            pending.extend(error.exceptions)
-        if error.__cause__ is not None:
-            pending.append(error.__cause__)
 
 
 def _short(error: object, limit: int = 200) -> str:

@@ -1,23 +1,31 @@
 """The model's queue (chains.modelqueue) with a fake chat model: order by the arrival of the
-request a call serves, the bound on a request's wait, admission, and the context reaching
-LangChain's runs. Events, not timings, decide what happens when; bounds are generous."""
+request a call serves, the answer gate (first tokens in order of arrival), the bound on a
+request's wait (a batch's too), admission, and the context reaching LangChain's runs.
+Events, not timings, decide what happens when; bounds are generous."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import AsyncIterator
 from typing import Any
+from uuid import UUID
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langchain_core.prompts import ChatPromptTemplate
+from langchain_core.runnables import RunnableLambda
 from pydantic import PrivateAttr
 
+from ragchains.chains.answer import create_answer_chain
 from ragchains.chains.llm import LLM
 from ragchains.chains.modelqueue import (
+    FIRST_TOKEN_TAG,
     ModelBusy,
     ModelQueue,
     TakesTurns,
@@ -216,6 +224,7 @@ def test_admission_refuses_a_request_whose_wait_would_be_over_its_bound() -> Non
     # A request that arrived earlier is not counted in for one that arrived before it.
     first = Ticket(arrived=ahead[2].arrived - 1, max_wait=0.0)
     queue.admit(first)
+    assert queue.status()["requests"] == 3 and queue.status()["refused"] == 1
 
 
 def test_slots_serve_that_many_calls_at_once() -> None:
@@ -298,3 +307,230 @@ def test_busy_is_found_inside_groups_and_causes() -> None:
 def test_settings_refuse_a_queue_without_slots() -> None:
     with pytest.raises(ValueError, match="slot"):
         ModelQueue(0)
+
+
+# ----------------------------------------------------------------------------- a batch
+PAUSE = 0.3  # seconds each call of the batch test holds the model
+
+
+def test_a_batch_on_an_idle_queue_waits_once_and_counts_as_its_inputs() -> None:
+    """A batch is one request whose turns run side by side: its wait is the time during which
+    any of its calls waits, not the waits of its calls added up (4 turns of 2 calls waited
+    4.8 s "in all" in 2.1 s and went past a 3 s bound on an idle queue). In the estimates,
+    each of its inputs is a request's work."""
+    model = Queued(queue=ModelQueue(1), free=True, pause=PAUSE)
+    turns = 4
+    bound = 1.25 * turns * 2 * PAUSE  # over the batch's own model time: it never waits that
+
+    async def turn(name: str) -> str:
+        await call(model, f"{name}-rewrite")
+        return await call(model, f"{name}-answer")
+
+    async def run() -> tuple[list[str], Ticket, float]:
+        with request_ticket(max_wait=bound) as ticket:
+            ticket.inputs = turns
+            model.queue.admit(ticket)
+            start = time.monotonic()
+            replies = await RunnableLambda(turn).abatch([f"t{n}" for n in range(turns)])
+            return replies, ticket, time.monotonic() - start
+
+    replies, ticket, wall = asyncio.run(run())
+    assert replies == [f"reply to t{n}-answer" for n in range(turns)]
+    assert 0 < ticket.waited <= wall  # the calls' waits overlap: counted once
+    status = model.queue.status()
+    assert status["calls"] == 2 * turns and status["gave_up"] == 0
+    # The batch's model time over its inputs: a turn's two calls, not all eight.
+    assert status["seconds_per_request"] < 4 * status["seconds_per_call"], status
+
+
+# ----------------------------------------------------------------------------- answer gate
+def answering(model: Any) -> Any:
+    """``model`` as the answer stage calls it: its runs tagged as starting an answer."""
+    return LLM(model=model, name="gated").tagged(FIRST_TOKEN_TAG).bound(temperature=0, max_tokens=8)
+
+
+async def admitted_request(
+    model: Any, name: str, retrieved: asyncio.Event | None = None, *, answer: bool = True
+) -> None:
+    """A chat turn: rewrite, retrieve (until ``retrieved`` is set: no model call), answer."""
+    with request_ticket(max_wait=GUARD) as ticket:
+        model.queue.admit(ticket)
+        await call(model, f"{name}-rewrite")
+        if retrieved is not None:
+            await retrieved.wait()
+        if answer:
+            await call(answering(model), f"{name}-answer")
+
+
+def test_an_answer_waits_until_earlier_requests_start_theirs_other_calls_do_not() -> None:
+    """While an earlier request retrieves (calls no model), a later one's rewrite takes the
+    free model, but its answer waits at the gate until the earlier answer has started:
+    first tokens in order of arrival. A call of no admitted request is not gated."""
+    model = Queued(queue=ModelQueue(1))
+
+    async def run() -> tuple[list[str], dict[str, Any]]:
+        retrieved = asyncio.Event()
+        early = asyncio.create_task(admitted_request(model, "E", retrieved))
+        await until(lambda: model._started == ["E-rewrite"], "E rewrites")
+        model.release("E-rewrite")
+        await until(lambda: model.queue.status()["busy"] == 0, "E retrieves")
+        late = asyncio.create_task(admitted_request(model, "L"))
+        await until(lambda: model._started[-1:] == ["L-rewrite"], "L's rewrite runs meanwhile")
+        model.release("L-rewrite")
+        await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
+        gated = model.queue.status()
+        outsider = asyncio.create_task(call(answering(model), "outsider"))
+        await until(lambda: model._started[-1:] == ["outsider"], "no request: not gated")
+        model.release("outsider")
+        await outsider
+        assert "L-answer" not in model._started
+        retrieved.set()
+        await until(lambda: model._started[-1:] == ["E-answer"], "E answers")
+        model.release("E-answer")
+        await until(lambda: model._started[-1:] == ["L-answer"], "then L")
+        model.release("L-answer")
+        await asyncio.wait_for(asyncio.gather(early, late), GUARD)
+        return model._started, gated
+
+    started, gated = asyncio.run(run())
+    assert started == ["E-rewrite", "L-rewrite", "outsider", "E-answer", "L-answer"]
+    assert gated["busy"] == 0 and gated["waiting"] == 1  # the model free, the answer held
+
+
+def test_the_gate_opens_when_an_earlier_request_ends_without_an_answer() -> None:
+    model = Queued(queue=ModelQueue(1))
+
+    async def run() -> list[str]:
+        gone = asyncio.Event()
+        early = asyncio.create_task(admitted_request(model, "E", gone, answer=False))
+        await until(lambda: model._started == ["E-rewrite"], "E rewrites")
+        model.release("E-rewrite")
+        late = asyncio.create_task(admitted_request(model, "L"))
+        await until(lambda: model._started[-1:] == ["L-rewrite"], "L rewrites")
+        model.release("L-rewrite")
+        await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
+        gone.set()  # E ends (its ticket closes) without answering: L's answer goes
+        await until(lambda: model._started[-1:] == ["L-answer"], "L answers")
+        model.release("L-answer")
+        await asyncio.wait_for(asyncio.gather(early, late), GUARD)
+        return model._started
+
+    assert asyncio.run(run()) == ["E-rewrite", "L-rewrite", "L-answer"]
+
+
+def test_an_answer_started_on_a_free_slot_opens_the_gate_for_the_next() -> None:
+    """Two slots: the earlier answer takes one without waiting, and the later answer, held
+    at the gate, starts beside it at once."""
+    model = Queued(queue=ModelQueue(2))
+
+    async def run() -> dict[str, Any]:
+        retrieved = asyncio.Event()
+        early = asyncio.create_task(admitted_request(model, "E", retrieved))
+        await until(lambda: model._started == ["E-rewrite"], "E rewrites")
+        model.release("E-rewrite")
+        late = asyncio.create_task(admitted_request(model, "L"))
+        await until(lambda: model._started[-1:] == ["L-rewrite"], "L rewrites")
+        model.release("L-rewrite")
+        await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
+        retrieved.set()
+        await until(lambda: {"E-answer", "L-answer"} <= set(model._started), "both answer")
+        both = model.queue.status()
+        model.release("E-answer")
+        model.release("L-answer")
+        await asyncio.wait_for(asyncio.gather(early, late), GUARD)
+        return both
+
+    assert asyncio.run(run())["busy"] == 2
+
+
+def test_time_at_the_gate_counts_toward_the_bound() -> None:
+    """An earlier request that never gets to its answer does not hold a later one's answer
+    beyond its bound: the later one gets ModelBusy (a server's 503), not a silent wait."""
+    model = Queued(queue=ModelQueue(1))
+
+    async def run() -> tuple[Ticket, dict[str, Any]]:
+        early = Ticket(max_wait=GUARD)
+        model.queue.admit(early)  # admitted, retrieving for ever
+        with request_ticket(max_wait=0.2) as late, pytest.raises(ModelBusy):
+            model.queue.admit(late)
+            await call(answering(model), "L-answer")
+        status = model.queue.status()
+        early.close()
+        return late, status
+
+    late, status = asyncio.run(run())
+    assert late.waited >= 0.2 and late.gave_up
+    assert status["gave_up"] == 1 and status["waiting"] == 0 and "L-answer" not in model._started
+
+
+def test_a_slot_granted_as_its_caller_gives_up_is_passed_on_uncounted() -> None:
+    """The gate opens (the earlier request closes) and in the same step the waiting caller
+    is cancelled: the slot it was granted goes back, and its unused hold is no sample of a
+    call's model time."""
+    model = Queued(queue=ModelQueue(1))
+
+    async def run() -> dict[str, Any]:
+        early = Ticket(max_wait=GUARD)
+        model.queue.admit(early)
+        late = asyncio.create_task(admitted_request(model, "L"))
+        await until(lambda: model._started == ["L-rewrite"], "L rewrites")
+        model.release("L-rewrite")
+        await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
+        before = model.queue.status()["seconds_per_call"]
+        early.close()  # grants L's answer a slot ...
+        late.cancel()  # ... as it goes away
+        with pytest.raises(asyncio.CancelledError):
+            await late
+        after = model.queue.status()
+        assert after["seconds_per_call"] == before
+        return after
+
+    status = asyncio.run(run())
+    assert status["busy"] == 0 and status["waiting"] == 0 and "L-answer" not in model._started
+
+
+class _TagsSeen(BaseCallbackHandler):
+    """Records whether each chat model run was tagged as starting an answer."""
+
+    def __init__(self) -> None:
+        self.runs: list[bool] = []
+
+    def on_chat_model_start(
+        self, serialized: Any, messages: Any, *, run_id: UUID, tags: Any = None, **kw: Any
+    ) -> None:
+        self.runs.append(FIRST_TOKEN_TAG in (tags or []))
+
+
+def test_only_the_answer_stages_model_runs_carry_the_tag() -> None:
+    """One LLM shared by a stage before the answer (here a rewrite-like prompt) and the
+    answer stage, in one run: only the answer's model run is tagged (tags pass to child
+    runs, so the tag sits on the answer's model binding, not on a stage around it)."""
+    from ragchains.chains.rewrite import create_rewrite_chain
+    from tests.fakes import RecordingModel
+
+    model = RecordingModel(responses=["plan cost", "It costs 40 [plan.md]."])
+    llm = LLM(model=model, name="recording")
+    documents = [Document("The plan costs 40 a month.", metadata={"source": "plan.md"})]
+    chain = (
+        create_rewrite_chain(llm=llm)
+        | RunnableLambda(lambda out: {"question": "plan cost", "documents": documents})
+        | create_answer_chain(llm=llm, answer_style="free")
+    )
+    seen = _TagsSeen()
+    asyncio.run(chain.ainvoke({"question": "what does the plan cost?"}, {"callbacks": [seen]}))
+    assert seen.runs == [False, True]
+
+
+def test_a_model_that_does_not_stream_cannot_take_turns() -> None:
+    class OnlyGenerates(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "generates"
+
+        def _generate(self, *args: Any, **kwargs: Any) -> ChatResult:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage("x"))])
+
+    with pytest.raises(TypeError, match="neither _stream nor _astream"):
+
+        class Queued(TakesTurns, OnlyGenerates):
+            pass

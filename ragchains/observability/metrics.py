@@ -45,7 +45,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragchains.chains.graph import PROMPTS_USED
-from ragchains.chains.modelqueue import model_queues
+from ragchains.chains.modelqueue import first_queue
 from ragchains.chains.requery import RequeryReport
 from ragchains.ingest.report import read_ingest_log
 from ragchains.llms import LLMFailure
@@ -392,10 +392,9 @@ class ServiceCollector(Collector):
             )
 
     def _model_queue(self) -> Iterator[Metric]:
-        queues = model_queues(self.service.llm.model)
-        if not queues:
+        queue = first_queue(self.service.llm.model)  # a fallback shares it, or idles
+        if queue is None:
             return
-        queue = queues[0]  # the one a request waits in first (a fallback shares it, or idles)
         status = queue.status()
         gauges = (
             ("slots", "slots", "Calls the chat model serves at once"),
@@ -419,8 +418,8 @@ class ServiceCollector(Collector):
         yield SummaryMetricFamily(
             "ragchains_model_queue_wait_seconds",
             "Time each chat model call waited for its turn",
-            count_value=queue.calls,
-            sum_value=queue.wait_seconds,
+            count_value=status["calls"],
+            sum_value=status["wait_seconds"],
         )
         busy = CounterMetricFamily(
             "ragchains_model_busy",
@@ -428,8 +427,8 @@ class ServiceCollector(Collector):
             "(admission) or after waiting as long as they may (waiting)",
             labels=["when"],
         )
-        busy.add_metric(["admission"], queue.refused)
-        busy.add_metric(["waiting"], queue.gave_up)
+        busy.add_metric(["admission"], status["refused"])
+        busy.add_metric(["waiting"], status["gave_up"])
         yield busy
 
 

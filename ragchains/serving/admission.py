@@ -22,14 +22,7 @@ from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
 from ragchains.chains.llm import LLM
-from ragchains.chains.modelqueue import (
-    REQUEST,
-    ModelBusy,
-    ModelQueue,
-    Ticket,
-    model_queues,
-    request_ticket,
-)
+from ragchains.chains.modelqueue import REQUEST, ModelBusy, Ticket, first_queue, request_ticket
 from ragchains.serving.guards import request_json
 from ragchains.serving.requests import BODY_KEYS, Route
 
@@ -57,17 +50,10 @@ class ModelTickets:
             await self.app(scope, receive, send)
 
 
-def admission_queue(llm: LLM) -> ModelQueue | None:
-    """The queue a request waits in first: its first model's (a fallback, sharing a server
-    or not, is asked only when that one failed)."""
-    queues = model_queues(llm.model)
-    return queues[0] if queues else None
-
-
 def check_in(ticket: Ticket | None, llm: LLM) -> None:
     """Count ``ticket``'s request in to ``llm``'s queue; ``ModelBusy`` when its estimated
     wait is over its bound."""
-    queue = admission_queue(llm)
+    queue = first_queue(llm.model)
     if ticket is not None and queue is not None:
         queue.admit(ticket)
 
@@ -97,14 +83,28 @@ def langserve_admission(route: Route, llm: LLM) -> Any:
         endpoint = request.url.path.rsplit("/", 1)[-1]
         if request.method != "POST" or endpoint not in BODY_KEYS:
             return
+        ticket = request_ticket_of(request)
+        if endpoint == "batch" and ticket is not None:
+            ticket.inputs = await _batch_size(request)
         try:
-            admit(request_ticket_of(request), llm)
+            admit(ticket, llm)
         except HTTPException:
             if endpoint != "batch" and not await _valid_input(request, route):
                 return
             raise
 
     return check
+
+
+async def _batch_size(request: Request) -> int:
+    """How many inputs a batch runs (its body was checked before: ``requests.check_body``);
+    each is a request's work for the model."""
+    try:
+        body = await request_json(request)
+    except ValueError:
+        return 1
+    inputs = body.get("inputs") if isinstance(body, dict) else None
+    return max(1, len(inputs)) if isinstance(inputs, list) else 1
 
 
 async def _valid_input(request: Request, route: Route) -> bool:
@@ -137,7 +137,7 @@ def tool_ticket(request: Request | None, max_wait: float) -> Iterator[Ticket]:
 def queue_status(llm: LLM, max_wait: float) -> dict[str, Any] | None:
     """The model queue's state for /readyz: slots, calls in service and waiting, requests
     in progress, the wait a request arriving now is expected to have, recent waits."""
-    queue = admission_queue(llm)
+    queue = first_queue(llm.model)
     if queue is None:
         return None
     return {**queue.status(), "max_wait_s": max_wait}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -37,25 +37,35 @@ STORE_UNREACHABLE = "the document store cannot be reached; the server log has th
 INDEX_UNREADABLE = "the index cannot be read; the server log has the details"
 
 
-def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
+class Failed(NamedTuple):
+    """The reply to a failed run: its status and one-line reason, the chat model's failure
+    when that is what failed, and when to try again when the model was too busy (seconds,
+    for Retry-After)."""
+
+    status: int
+    reason: str
+    failure: LLMFailure | None = None
+    retry_after: int | None = None
+
+
+def failed(exc: BaseException) -> Failed:
     busy = model_busy(exc)
     if busy is not None:  # waited for the model as long as the request may: try later
-        return 503, str(busy), None
+        return Failed(503, str(busy), retry_after=busy.retry_after)
     if isinstance(exc, StoreError):  # the database is down or unreachable: not the caller's
-        return 503, STORE_UNREACHABLE, None
+        return Failed(503, STORE_UNREACHABLE)
     if isinstance(exc, IndexLoadError):  # damage found by a query (the log names the file)
-        return 503, INDEX_UNREADABLE, None
+        return Failed(503, INDEX_UNREADABLE)
     failure = explain_failure(exc)
     if failure is None:
-        return 500, "internal error; the server log has the details", None
-    return (504 if failure.timed_out else 502), failure.message, failure
+        return Failed(500, "internal error; the server log has the details")
+    return Failed(504 if failure.timed_out else 502, failure.message, failure)
 
 
-def retry_after(exc: BaseException) -> dict[str, str]:
-    """The Retry-After header of the reply to ``exc``: when a busy model is likely to have
-    a turn for a request (none for other failures)."""
-    busy = model_busy(exc)
-    return {"Retry-After": str(busy.retry_after)} if busy is not None else {}
+def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
+    """``failed(exc)`` without the retry hint, for callers that give none."""
+    status, reason, failure, _ = failed(exc)
+    return status, reason, failure
 
 
 def error_body(path: str, status: int, message: str) -> dict[str, Any]:
@@ -142,13 +152,14 @@ class ErrorMiddleware:
         try:
             await self.app(scope, receive, watched_send)
         except Exception as exc:
-            status, reason, failure = classify(exc)
+            status, reason, failure, retry_after = failed(exc)
+            retry = {"Retry-After": str(retry_after)} if retry_after is not None else {}
             if failure is not None:
                 self.on_llm_failure(failure)
                 # The upstream's own words go to the log only (credentials masked).
                 said = f" ({failure.detail})" if failure.detail else ""
                 log.warning("%s %s: %s%s", scope.get("method"), scope.get("path"), reason, said)
-            elif retry_after(exc):
+            elif retry_after is not None:
                 log.info("%s %s: %s", scope.get("method"), scope.get("path"), reason)
             elif status == 503:
                 log.warning(
@@ -158,11 +169,11 @@ class ErrorMiddleware:
                 log.error("%s %s failed", scope.get("method"), scope.get("path"), exc_info=exc)
             if not started:
                 body = error_body(scope.get("path", ""), status, reason)
-                await send_json(send, status, body, **retry_after(exc))
+                await send_json(send, status, body, **retry)
             elif held is not None:
                 # A busy model's event says when to retry, as the header would.
-                retry = {k.lower().replace("-", "_"): int(v) for k, v in retry_after(exc).items()}
-                data = json.dumps({"status_code": status, "message": reason, **retry})
+                hint = {"retry_after": retry_after} if retry_after is not None else {}
+                data = json.dumps({"status_code": status, "message": reason, **hint})
                 event = f"event: error\r\ndata: {data}\r\n\r\n".encode()
                 await send({"type": "http.response.body", "body": event, "more_body": False})
             elif event_stream:  # the stream sent its own error event; end it cleanly

@@ -40,7 +40,7 @@ from starlette.requests import Request
 
 from ragchains import __version__
 from ragchains.chains.answer import Citation
-from ragchains.chains.modelqueue import ModelBusy
+from ragchains.chains.modelqueue import Ticket
 from ragchains.chains.options import problem_text
 from ragchains.chains.retrieve import Source, to_source
 from ragchains.factory import Service, filterable_fields
@@ -50,7 +50,7 @@ from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.filters import OPERATORS
 from ragchains.serving.admission import check_in, tool_ticket
 from ragchains.serving.collection import DomainSummary, domain_summaries
-from ragchains.serving.errors import classify
+from ragchains.serving.errors import failed
 from ragchains.serving.guards import CALLER_GROUPS
 from ragchains.serving.requests import Limits, Route, served_routes
 
@@ -284,11 +284,8 @@ class RagTools:
         # The model's queue takes the call in order of its HTTP request's arrival, or
         # refuses it now when the wait would be too long.
         with tool_ticket(self._request(), self.service.settings.model_queue_wait) as ticket:
-            try:
-                check_in(ticket, self.service.llm)
-            except ModelBusy as exc:
-                raise ToolProblem(f"{exc}; try again in {exc.retry_after} s") from exc
-            output = await self._run(route, given.model_dump(exclude={"domain"}), configurable)
+            inputs = given.model_dump(exclude={"domain"})
+            output = await self._run(route, inputs, configurable, admit=ticket)
         sources = [_chunk(Source.model_validate(s)) for s in output.get("sources", [])]
         return AskResult(
             answer=output["answer"],
@@ -317,14 +314,28 @@ class RagTools:
             raise ToolProblem(str(exc.detail)) from exc
         return chosen
 
-    async def _run(self, route: Route, inputs: dict[str, Any], configurable: dict[str, Any]) -> Any:
+    async def _run(
+        self,
+        route: Route,
+        inputs: dict[str, Any],
+        configurable: dict[str, Any],
+        *,
+        admit: Ticket | None = None,
+    ) -> Any:
+        """The route's run, its failure told as the HTTP routes tell it; ``admit``'s request
+        checked in to the model's queue first (``ModelBusy`` when it would wait too long)."""
         try:
+            if admit is not None:
+                check_in(admit, self.service.llm)
             return await route.runnable.ainvoke(inputs, {"configurable": configurable})
         except Exception as exc:
-            status, reason, failure = classify(exc)
+            status, reason, failure, retry_after = failed(exc)
             if failure is not None:
                 self.on_llm_failure(failure)
                 log.warning("MCP %s: %s (%s)", route.name, reason, failure.detail)
+            elif retry_after is not None:
+                log.info("MCP %s: %s", route.name, reason)
+                reason = f"{reason}; try again in {retry_after} s"
             elif status >= 500 and status != 503:
                 log.error("MCP %s failed", route.name, exc_info=exc)
             else:
