@@ -170,10 +170,9 @@ def main() -> None:
 
 
 def retrieve_run(docs: Path, index: Path, seconds: float) -> None:
-    args = argparse.Namespace(seconds=seconds)
     serve = [str(Path(sys.executable).parent / "ragchains"), "serve", "--index", str(index)]
     with Server(index, command=[*serve, "--port", "{port}"]) as server:
-        result = asyncio.run(soak(server.url, server.process.pid, docs, index, args.seconds))
+        result = asyncio.run(soak(server.url, server.process.pid, docs, index, seconds))
     statuses, times, memory = result["statuses"], result["times"], result["memory"]
     total = sum(statuses.values())
     errors = total - statuses.get("200", 0)
@@ -187,7 +186,7 @@ def retrieve_run(docs: Path, index: Path, seconds: float) -> None:
         machine_line(),
         "",
         f"{CLIENTS} concurrent clients posting `/retrieve/invoke` back to back for "
-        f"{args.seconds:.0f} s (one httpx client process) against `ragchains serve` "
+        f"{seconds:.0f} s (one httpx client process) against `ragchains serve` "
         "in its own process, over a fresh index of samples/; at "
         f"{switch['at']:.0f} s a `ragchains ingest` adds a document to the served folder. "
         "Each query is new (no cache answers it). The latencies are mostly queueing: 200 "

@@ -1,5 +1,6 @@
 """The chat page when the model is busy (issue 30, case 4): a turn refused with 503 and
-Retry-After says "busy, retrying", is sent again after that long, and then answers. A real
+Retry-After says "busy, retrying" (also to screen readers, until it is sent again), is sent
+again after that long, and then answers. A real
 browser (Debian's Chromium) against the real app; the model is the OpenAI-compatible
 provider over a local upstream whose every call takes 1.5 s, one call at a time."""
 
@@ -61,6 +62,15 @@ def test_the_page_says_busy_retrying_and_then_answers(
         busy = turn.get_by_text("busy, retrying", exact=False)
         busy.wait_for(timeout=60_000)
         assert "The model is busy, retrying in" in busy.inner_text()
+        status = chat.page.locator("#status")
+        assert "busy, retrying" in status.inner_text()
+        # The turn sent again is answering (a turn takes about 3 s): no longer "busy".
+        chat.page.wait_for_event(
+            "response",
+            predicate=lambda r: r.url.endswith("/stream") and r.status == 200,
+            timeout=90_000,
+        )
+        assert "busy" not in status.inner_text()
         answer = chat.wait_done(turn)
         holder.join(120)
         assert "answer from slow" in answer.inner_text()

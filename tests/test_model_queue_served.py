@@ -211,6 +211,31 @@ def test_a_request_that_outwaits_its_bound_ends_with_503_and_retry_after(
     assert queue["gave_up"] >= 3 and queue["waiting"] == 0
 
 
+def test_a_batch_on_an_idle_server_is_one_request_of_its_inputs(
+    serve_upstream: Callable[..., AbstractContextManager[str]],
+) -> None:
+    """/chat/batch runs its turns side by side on one ticket: on an idle server, with a bound
+    over the batch's own model time, it answers (its calls' waits overlap and count once;
+    added up they went past the bound: 503), and its model time counts per input."""
+    turns, call_seconds = 3, 1.5  # the "slow" upstream: each call takes 1.5 s
+    bound = round(1.1 * turns * 2 * call_seconds)
+    changes = {
+        "openai_model": "slow",
+        "model_concurrency": 1,
+        "model_queue_wait": bound,
+        "requery": False,
+    }
+    with serve_upstream(**changes) as base:
+        inputs = [{"question": QUESTION} for _ in range(turns)]
+        reply = httpx.post(f"{base}/chat/batch", json={"inputs": inputs}, timeout=GUARD)
+        queue = httpx.get(f"{base}/readyz").json()["llm"]["queue"]
+    assert reply.status_code == 200, reply.text
+    assert [bool(out["answer"]) for out in reply.json()["output"]] == [True] * turns
+    assert queue["gave_up"] == 0 and queue["request_wait_s"]["max"] <= bound, queue
+    # A turn's two calls per input, not the batch's six.
+    assert queue["seconds_per_request"] < 4 * queue["seconds_per_call"], queue
+
+
 # ----------------------------------------------------------------------------- as a user runs it
 def test_ragchains_serve_refuses_what_would_wait_too_long_and_tells_of_its_queue(
     sample_index: Path, upstream: FakeOpenAI

@@ -259,6 +259,7 @@ async function ask(question) {
         $("status").textContent = turn.busy;
         await pause(error.retryAfter * 1000, controller.signal);
         turn.busy = null;
+        $("status").textContent = "";
         showTurn(turn);
       }
     }
@@ -310,7 +311,7 @@ async function streamTurn(turn, mode, input, domain, controller) {
       else showTurn(turn);
     } else if (event === "error") {
       const error = JSON.parse(data);
-      throw new ServerError(error.status_code, error.message, retryAfter(String(error.retry_after ?? "")));
+      throw new ServerError(error.status_code, error.message, retryAfter(error.retry_after));
     } else if (event === "end") {
       ended = true;
       break;
@@ -445,39 +446,29 @@ function showTurn(turn) {
   keepScrolled();
 }
 
+// A badge and what it means, above an answer: an abstention, uncited, incomplete.
+function notice(kind, label, text) {
+  return el("p", { class: kind }, el("span", { class: `badge ${kind}` }, label), text ? el("small", {}, text) : null);
+}
+
 function turnNode(turn, thoughtsOpen) {
   const streaming = turn.status === "streaming";
   const answer = el(
     "article",
     { class: `answer is-${turn.status}`, "aria-label": "Answer", "aria-busy": streaming ? "true" : null },
     turn.out.abstained
-      ? el(
-          "p",
-          { class: "abstention" },
-          el("span", { class: "badge abstained" }, "Not in the documents"),
+      ? notice(
+          "abstention",
+          "Not in the documents",
           turn.out.best_score != null && turn.out.compressor?.threshold != null
-            ? el(
-                "small",
-                {},
-                ` best match ${score(turn.out.best_score)}, under the ${turn.out.compressor.threshold} needed`,
-              )
+            ? ` best match ${score(turn.out.best_score)}, under the ${turn.out.compressor.threshold} needed`
             : null,
         )
       : turn.out.uncited
-        ? el(
-            "p",
-            { class: "uncited" },
-            el("span", { class: "badge uncited" }, "Uncited"),
-            el("small", {}, " This answer cites none of the sources: check it against them."),
-          )
+        ? notice("uncited", "Uncited", " This answer cites none of the sources: check it against them.")
         : null,
     turn.out.incomplete
-      ? el(
-          "p",
-          { class: "incomplete" },
-          el("span", { class: "badge incomplete" }, "Incomplete"),
-          el("small", {}, " The model's reply was cut short: this is the part that arrived."),
-        )
+      ? notice("incomplete", "Incomplete", " The model's reply was cut short: this is the part that arrived.")
       : null,
     el("div", { class: "answer-text" }, answerNodes(turn)),
     streaming && !turn.out.answer
