@@ -370,7 +370,8 @@ def model_run(index: Path, seconds: float) -> None:
         f"{percentile_ms(first, 50) / 1000:.1f} / {max(first, default=0.0):.1f} |",
         "",
         f"- Waits against the bound ({limit:g} s), as the server measured them: a request's "
-        f"wait for the model, its calls together, over its last {waits['count']} admitted "
+        "wait for the model (the time during which any of its calls waited, at the answer gate "
+        f"too), over its last {waits['count']} admitted "
         f"requests: median {waits['median']:.1f} s, max {waits['max']:.1f} s "
         f"({'within' if not over else 'OVER'} the bound); the longest a waiting call had "
         f"waited at any 1 s reading: {longest:.1f} s; the highest wait estimated for a "
@@ -378,6 +379,12 @@ def model_run(index: Path, seconds: float) -> None:
         f"- Outcomes: {', '.join(f'{k}: {v}' for k, v in sorted(outcomes.items()))}; "
         f"target 0 cut streams: {'meets' if cut == 0 else 'misses'}; first tokens in order "
         f"of arrival: {'yes' if swapped == 0 else f'{swapped} inversions'}.",
+        "- First tokens follow arrival through the queue's answer gate: a turn's answer call "
+        "starts only once every earlier turn still open has started its own (the model may "
+        "idle meanwhile; other calls are served in arrival order as the model frees). An "
+        "admitted turn whose wait outgrows the bound all the same (the estimate at admission "
+        "counts the model work ahead, not time at the gate) ends with a 503 error event "
+        "carrying its Retry-After: the 503 mid-stream column.",
         "- Before issue 30 (the probe of the issue): 32 streams for 60 s gave 0 errors but a "
         "first token at a median of 95 s (max 145 s), in no particular order, with only "
         "keep-alive pings meanwhile.",
