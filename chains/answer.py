@@ -44,7 +44,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, 
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from langchain_core.documents import Document
 from langchain_core.exceptions import ModelError
@@ -98,6 +98,16 @@ class AnswerInput(BaseModel):
     documents: list[Document] = Field(default_factory=list)
 
 
+# Said by the answer stage's output and by every turn's that carries it.
+IncompleteFlag = Annotated[
+    bool,
+    Field(
+        description="the model's reply was cut short (its stream broke off, or it reached its "
+        "token limit): the answer is what arrived, not a finished one; a note says why"
+    ),
+]
+
+
 class AnswerOutput(BaseModel):
     """What ``invoke`` returns (as a dict): the stream's events merged."""
 
@@ -107,11 +117,7 @@ class AnswerOutput(BaseModel):
     uncited: bool = Field(
         False, description="the model answered without citing any of the sources: not grounded"
     )
-    incomplete: bool = Field(
-        False,
-        description="the model's reply was cut short (its stream broke off, or it reached its "
-        "token limit): the answer is what arrived, not a finished one; a note says why",
-    )
+    incomplete: IncompleteFlag = False
     answer_style: Literal["quote", "free"] = Field(description="the style that answered")
     notes: list[str] = Field(default_factory=list)
     prompt: str | None = None  # "domain/answer@vN", None when no LLM was called
@@ -257,8 +263,8 @@ def _token_limited(piece: Any) -> bool:
 
 
 class _Written:
-    """The answer as it streams: the model's reply read piece by piece (a message chunk's
-    text, or text), shown as ``shown`` renders it (None: as written), leading blanks
+    """The answer as it streams: the model's reply read piece by piece (its message chunks'
+    text), shown as ``shown`` renders it (None: as written), leading blanks
     dropped, the whole text kept for citations; and why the reply was cut short, if it was
     (``cut``: the note that says so)."""
 
@@ -272,8 +278,8 @@ class _Written:
         """One piece of the model's reply: the part of the answer it adds, if any."""
         if _token_limited(piece):
             self.cut = TOKEN_LIMIT_NOTE
-        said = piece if isinstance(piece, str) else piece.text
-        self.said = self.said or bool(said)
+        said = piece.text
+        self.said = self.said or bool(said.strip())
         return self.add(self.shown.add(said) if self.shown else said)
 
     def broke_off(self, error: ModelError) -> None:

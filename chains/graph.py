@@ -36,7 +36,7 @@ from langchain_core.runnables import (
 from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
-from ragchains.chains.answer import Answerer, Citation, create_answer_chain
+from ragchains.chains.answer import Answerer, Citation, IncompleteFlag, create_answer_chain
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import AnswerStyle, Choices
 from ragchains.chains.requery import Requery, RequeryPolicy, RequeryReport
@@ -122,11 +122,7 @@ class ChatOutput(BaseModel):
         description="the answer cites none of the sources (the model ignored the instruction "
         "to cite): shown, but not as a grounded answer",
     )
-    incomplete: bool = Field(
-        False,
-        description="the model's reply was cut short (its stream broke off, or it reached its "
-        "token limit): the answer is what arrived, not a finished one; a note says why",
-    )
+    incomplete: IncompleteFlag = False
     prompts: dict[str, str]
     timings: dict[str, float] = Field(description="seconds per stage, and total")
 
