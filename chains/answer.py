@@ -36,7 +36,6 @@ and in ``answer_style``: the style may come from a domain file or a server setti
 caller does not control, and an answer with a note serves them better than an error.
 """
 
-import dataclasses
 import json
 import logging
 import re
@@ -61,7 +60,6 @@ from typing_extensions import TypedDict
 
 from ragchains.chains.compress import compressor_score
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
-from ragchains.chains.modelqueue import FIRST_TOKEN_TAG
 from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
 from ragchains.chains.quote import (
     QUOTE_SENTENCES,
@@ -347,7 +345,7 @@ class Answerer:
         if answer_style not in ANSWER_STYLES:
             raise ValueError(f"answer_style must be auto, quote or free, not {answer_style!r}")
         # Its model calls start answers: in the model's queue they keep to arrival order.
-        self.llm = llm.tagged(FIRST_TOKEN_TAG)
+        self.llm = llm.answering()
         self.history_tokens = history_tokens
         self.answer_style = answer_style
 
@@ -374,10 +372,10 @@ class Answerer:
             if not offered:  # nothing quotable (headings only): nothing to answer from
                 return _Plan(None, {}, documents, None, style, notes)
             # Greedy decoding whatever the prompt file says: a quote is copied, not sampled.
-            greedy = prompt.model_parameters.model_copy(update={"temperature": 0.0})
             chain = self.llm.prompted(
-                dataclasses.replace(prompt, model_parameters=greedy),
+                prompt,
                 grammar=quote_grammar(offered, DONT_KNOW, sentences=QUOTE_SENTENCES),
+                temperature=0.0,
             )
             # Best last, next to the question, where small models look most.
             variables["context"] = format_quotes(offered[::-1])

@@ -20,6 +20,7 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BeforeValidator
 
+from ragchains.chains.modelqueue import FIRST_TOKEN, takes_turns
 from ragchains.prompts.registry import Prompt
 
 ChatRunnable = Runnable[LanguageModelInput, BaseMessage] | Runnable[LanguageModelInput, Any]
@@ -51,9 +52,9 @@ class LLM:
     # The keyword arguments that send one call's max_tokens and grammar: a server may want
     # the grammar in its own field of the request body (``ragchains.llms``).
     call_options: Callable[[int, str | None], dict[str, Any]] = grammar_keyword
-    # Tags of every model run made through ``bound`` (a stage saying what its calls are for:
-    # ``chains.modelqueue.FIRST_TOKEN_TAG``), not inherited by the stages around it.
-    tags: tuple[str, ...] = ()
+    # Calls through ``bound`` start an answer: they wait at the model queue's answer gate
+    # (``chains.modelqueue``; set by ``answering``, for models that take turns).
+    first_token: bool = False
 
     @classmethod
     def of(cls, model: Any, **kwargs: Any) -> LLM:
@@ -66,9 +67,11 @@ class LLM:
             kwargs.setdefault("count_tokens", counter)
         return cls(model=model, name=kwargs.pop("name", type(model).__name__), **kwargs)
 
-    def tagged(self, *tags: str) -> LLM:
-        """This model, its runs through ``bound`` carrying ``tags`` too."""
-        return dataclasses.replace(self, tags=(*self.tags, *tags))
+    def answering(self) -> LLM:
+        """This model as a stage that answers calls it: its calls start answers, which a
+        model that takes turns orders by its requests' arrival (a model that does not, say
+        one of a caller's own, gets no such option)."""
+        return dataclasses.replace(self, first_token=takes_turns(self.model))
 
     def bound(
         self,
@@ -84,9 +87,9 @@ class LLM:
             # Tools or a grammar, not both: a server that takes both applies one to the other.
             model, grammar = model.bind_tools(tools), None
         options = self.call_options(max_tokens, grammar if self.grammar else None)
-        model = model.bind(temperature=temperature, **options)
-        # On the outermost binding: bind_tools through a binding would drop its config.
-        return model.with_config(tags=list(self.tags)) if self.tags else model
+        if self.first_token:
+            options[FIRST_TOKEN] = True
+        return model.bind(temperature=temperature, **options)
 
     def prompted(
         self,
@@ -94,19 +97,18 @@ class LLM:
         *,
         tools: list[dict[str, Any]] | None = None,
         grammar: str | None = None,
+        temperature: float | None = None,
     ) -> Runnable[dict[str, Any], Any]:
         """``prompt | model``: the prompt's template piped into the model bound to the
-        prompt's own parameters (and ``tools`` or ``grammar``); the model's reply out."""
-        return (prompt.template | self._for(prompt, tools, grammar)).with_config(
-            _run_config(prompt)
-        )
+        prompt's own parameters (and ``tools`` or ``grammar``; ``temperature`` overrides the
+        prompt's); the model's reply out."""
+        model = self._for(prompt, tools, grammar, temperature)
+        return (prompt.template | model).with_config(_run_config(prompt))
 
-    def text(
-        self, prompt: Prompt, *, grammar: str | None = None, temperature: float | None = None
-    ) -> Runnable[dict[str, Any], str]:
+    def text(self, prompt: Prompt, *, grammar: str | None = None) -> Runnable[dict[str, Any], str]:
         """``prompt | model | StrOutputParser()``: the reply's text (streamed: each chunk's
-        text); ``temperature`` overrides the prompt's."""
-        model = self._for(prompt, None, grammar, temperature)
+        text)."""
+        model = self._for(prompt, None, grammar)
         return (prompt.template | model | StrOutputParser()).with_config(_run_config(prompt))
 
     def _for(

@@ -9,9 +9,10 @@ its first answer token first, and the queue's order is the order of arrival.
 
 Arrival order alone does not make first tokens come in order: while an earlier request is
 still retrieving (after a re-query, say) and calls no model, a free slot would serve a later
-request's answer. So a call that starts an answer (its run tagged ``FIRST_TOKEN_TAG``) gets a
-slot only once every earlier request admitted here and still open has had its own answer
-call granted, or has finished (the *answer gate*). Other calls take any free slot in order.
+request's answer. So a call that starts an answer (its ``FIRST_TOKEN`` option set) gets a
+slot only while the free slots leave one for every earlier request admitted here and still
+open that has not had its own answer call granted (the *answer gate*): with one slot, after
+them all; with slots to spare, at once. Other calls take any free slot in order.
 
 A request is a ``Ticket`` in a context variable (``request_ticket``): asyncio tasks and
 LangChain's runs (its executor threads copy the context) see the one their request
@@ -48,19 +49,16 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun
-from langchain_core.language_models import LanguageModelInput
+from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import AIMessageChunk, BaseMessage
+from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from langchain_core.runnables import RunnableConfig, ensure_config
 from pydantic import Field
 
-# The tag of a model run that starts an answer: its call waits at the answer gate.
-FIRST_TOKEN_TAG = "ragchains:first-token"
-# How TakesTurns.astream tells its _astream that the run carries FIRST_TOKEN_TAG: LangChain's
-# astream opens the run with the config's tags but calls _astream without its run manager.
-_FIRST_TOKEN_KEYWORD = "ragchains_first_token"
+# The call option of a model call that starts an answer (``LLM.answering`` binds it on the
+# models that take turns): it waits at the answer gate. An option, not a run tag: LangChain's
+# astream hands _astream no run manager to read tags from.
+FIRST_TOKEN = "ragchains_first_token"
 # How many recent waits (per call, per request) the queue keeps for its status.
 RECENT = 200
 # Weight of the newest sample in the running means of service time.
@@ -264,15 +262,19 @@ class ModelQueue:
         return waiter.hold
 
     def _may_start(self, ticket: Ticket | None, first_token: bool) -> bool:
-        """The answer gate (lock held): a call that starts an answer only once every request
-        admitted here before its own has started its answer or finished."""
+        """The answer gate (lock held, a slot free): a call that starts an answer takes a
+        slot only if the free ones leave one for each request admitted here before its own
+        that has neither started its answer nor finished. One slot: it waits for them all;
+        many (an OpenAI-compatible server): it waits only when taking a slot would hold up
+        an earlier answer, so a model with room to spare is never left idle."""
         if not first_token or ticket is None or ticket not in self._requests:
             return True
-        return all(
-            request.answering
+        owed = sum(
+            not request.answering
             for other, request in self._requests.items()
             if other.arrived < ticket.arrived
         )
+        return self.slots - len(self._holds) - 1 >= owed
 
     def _take(self, ticket: Ticket | None, first_token: bool) -> _Hold:
         hold = _Hold(ticket)
@@ -443,35 +445,46 @@ class TakesTurns(BaseChatModel):
     """A chat model whose async calls take turns in its ``queue`` (a mixin: put it before
     the model's class, ``class Mine(TakesTurns, SomeChatModel)``, a model that streams:
     implements ``_stream`` or ``_astream``). The wait comes before the call: a deadline the
-    model sets on its call starts when its turn does. A call whose run carries
-    ``FIRST_TOKEN_TAG`` (its config's tags) waits at the answer gate too."""
+    model sets on its call starts when its turn does. A call with the ``FIRST_TOKEN`` option
+    waits at the answer gate too; the option never reaches the model's own code."""
 
     queue: ModelQueue = Field(default_factory=ModelQueue, exclude=True)
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
-        # Overriding _astream tells LangChain the model streams: one that does not would
-        # fail in astream (the default _astream runs the missing _stream) instead of
+        # Overriding _stream tells LangChain the model streams: one that does not would fail
+        # in stream and astream (the default _astream runs the missing _stream) instead of
         # answering in one piece.
-        if cls._stream is BaseChatModel._stream and super()._astream is BaseChatModel._astream:
+        below = cls.__mro__[cls.__mro__.index(TakesTurns) + 1 :]
+        if not any(
+            "_stream" in vars(c) or "_astream" in vars(c) for c in below if c is not BaseChatModel
+        ):
             raise TypeError(
                 f"{cls.__name__}: TakesTurns queues a model that streams; its model "
                 "implements neither _stream nor _astream"
             )
 
-    async def astream(
+    def _generate(
         self,
-        input: LanguageModelInput,
-        config: RunnableConfig | None = None,
-        *,
+        messages: list[BaseMessage],
         stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
-    ) -> AsyncIterator[AIMessageChunk]:
-        if FIRST_TOKEN_TAG in (ensure_config(config).get("tags") or ()):
-            kwargs[_FIRST_TOKEN_KEYWORD] = True
-        async for chunk in super().astream(input, config, stop=stop, **kwargs):
-            yield chunk
+    ) -> ChatResult:
+        kwargs.pop(FIRST_TOKEN, None)  # sync calls do not queue (see the module)
+        # A mixin: the model after it in the MRO implements _generate.
+        return super()._generate(messages, stop, run_manager, **kwargs)  # type: ignore[safe-super]
+
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        kwargs.pop(FIRST_TOKEN, None)
+        return super()._stream(messages, stop, run_manager, **kwargs)
 
     async def _agenerate(
         self,
@@ -480,7 +493,7 @@ class TakesTurns(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        async with self.queue.turn(first_token=_starts_answer(run_manager, kwargs)):
+        async with self.queue.turn(first_token=bool(kwargs.pop(FIRST_TOKEN, False))):
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
 
     async def _astream(
@@ -490,35 +503,41 @@ class TakesTurns(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async with self.queue.turn(first_token=_starts_answer(run_manager, kwargs)):
+        async with self.queue.turn(first_token=bool(kwargs.pop(FIRST_TOKEN, False))):
             async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
                 yield chunk
 
 
-def _starts_answer(
-    run_manager: AsyncCallbackManagerForLLMRun | None, kwargs: dict[str, Any]
-) -> bool:
-    """Whether the call's run carries ``FIRST_TOKEN_TAG``: its run manager's tags (ainvoke),
-    or what ``TakesTurns.astream`` read in its config (taken out of the model's arguments)."""
-    said = bool(kwargs.pop(_FIRST_TOKEN_KEYWORD, False))
-    return said or (run_manager is not None and FIRST_TOKEN_TAG in (run_manager.tags or ()))
+def takes_turns(model: Any) -> bool:
+    """Whether every chat model in ``model`` (a binding, a model with fallbacks) takes turns:
+    only then may a call carry the ``FIRST_TOKEN`` option."""
+    models = list(_chat_models(model))
+    return bool(models) and all(isinstance(m, TakesTurns) for m in models)
+
+
+def _chat_models(model: Any) -> Iterator[BaseChatModel]:
+    """The chat models in a runnable around chat models (bindings, fallbacks)."""
+    pending = [model]
+    while pending:
+        item = pending.pop(0)
+        if isinstance(item, BaseChatModel):
+            yield item
+            continue
+        for name in ("bound", "runnable"):
+            inner = getattr(item, name, None)
+            if inner is not None:
+                pending.append(inner)
+        pending.extend(getattr(item, "fallbacks", None) or [])
 
 
 def model_queues(model: Any) -> list[ModelQueue]:
     """The queues of a chat model, or of a runnable around chat models (a binding, a model
     with fallbacks), first model's first."""
     found: list[ModelQueue] = []
-    pending = [model]
-    while pending:
-        item = pending.pop(0)
-        queue = getattr(item, "queue", None)
+    for chat_model in _chat_models(model):
+        queue = getattr(chat_model, "queue", None)
         if isinstance(queue, ModelQueue) and queue not in found:
             found.append(queue)
-        for name in ("bound", "runnable"):
-            inner = getattr(item, name, None)
-            if inner is not None:
-                pending.append(inner)
-        pending.extend(getattr(item, "fallbacks", None) or [])
     return found
 
 

@@ -31,6 +31,7 @@ from tests.servers import CUT_SHORT, FakeOpenAI, ragchains_serve
 from tests.test_answer_chain import DOCS
 from tests.test_chat_page import ChatPage, fact
 from tests.test_mcp import call, over_http, structured
+from tests.test_prometheus import moved, scrape
 
 pytestmark = pytest.mark.slow
 
@@ -93,6 +94,7 @@ def test_a_reply_that_breaks_off_is_answered_incomplete_on_invoke_and_stream(
     """The words that arrived, flagged with the note, status 200; a stream ends with its
     ending event and `end`, not an error event nor a clean finished answer. It was a 502 on
     invoke and an error event after the words on stream."""
+    before = scrape(served, {})
     with behaving(upstream, "cut"):
         for route in ("chat", "ask"):
             assert_incomplete(invoked(served, route), "cut")
@@ -102,6 +104,10 @@ def test_a_reply_that_breaks_off_is_answered_incomplete_on_invoke_and_stream(
     finished = invoked(served, "chat")  # the upstream answers whole again
     assert finished["incomplete"] is False
     assert not set(CUT_NOTES.values()) & set(finished["notes"])
+    # No longer an error: a model that keeps breaking off shows in the metrics.
+    after = scrape(served, {})
+    for chain in ("chat", "ask"):
+        assert moved(before, after, "ragchains_incomplete_answers_total", chain=chain) == 2
 
 
 def test_an_upstream_token_limit_is_an_incomplete_answer(served: str, upstream: FakeOpenAI) -> None:

@@ -10,10 +10,8 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from typing import Any
-from uuid import UUID
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
@@ -25,7 +23,7 @@ from pydantic import PrivateAttr
 from ragchains.chains.answer import create_answer_chain
 from ragchains.chains.llm import LLM
 from ragchains.chains.modelqueue import (
-    FIRST_TOKEN_TAG,
+    FIRST_TOKEN,
     ModelBusy,
     ModelQueue,
     TakesTurns,
@@ -345,8 +343,8 @@ def test_a_batch_on_an_idle_queue_waits_once_and_counts_as_its_inputs() -> None:
 
 # ----------------------------------------------------------------------------- answer gate
 def answering(model: Any) -> Any:
-    """``model`` as the answer stage calls it: its runs tagged as starting an answer."""
-    return LLM(model=model, name="gated").tagged(FIRST_TOKEN_TAG).bound(temperature=0, max_tokens=8)
+    """``model`` as the answer stage calls it: its calls start an answer."""
+    return LLM(model=model, name="gated").answering().bound(temperature=0, max_tokens=8)
 
 
 async def admitted_request(
@@ -418,12 +416,13 @@ def test_the_gate_opens_when_an_earlier_request_ends_without_an_answer() -> None
     assert asyncio.run(run()) == ["E-rewrite", "L-rewrite", "L-answer"]
 
 
-def test_an_answer_started_on_a_free_slot_opens_the_gate_for_the_next() -> None:
-    """Two slots: the earlier answer takes one without waiting, and the later answer, held
-    at the gate, starts beside it at once."""
+def test_with_slots_to_spare_an_answer_starts_keeping_one_for_each_earlier_request() -> None:
+    """Two slots, E still retrieving: L's answer starts at once (the other slot is kept for
+    E's), M's waits until E's answer has started; then M's gets the slot L's frees. A model
+    with room to spare is never left idle, and no later answer holds up an earlier one."""
     model = Queued(queue=ModelQueue(2))
 
-    async def run() -> dict[str, Any]:
+    async def run() -> list[str]:
         retrieved = asyncio.Event()
         early = asyncio.create_task(admitted_request(model, "E", retrieved))
         await until(lambda: model._started == ["E-rewrite"], "E rewrites")
@@ -431,16 +430,22 @@ def test_an_answer_started_on_a_free_slot_opens_the_gate_for_the_next() -> None:
         late = asyncio.create_task(admitted_request(model, "L"))
         await until(lambda: model._started[-1:] == ["L-rewrite"], "L rewrites")
         model.release("L-rewrite")
-        await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
+        await until(lambda: model._started[-1:] == ["L-answer"], "L answers at once")
+        third = asyncio.create_task(admitted_request(model, "M"))
+        await until(lambda: model._started[-1:] == ["M-rewrite"], "M rewrites")
+        model.release("M-rewrite")
+        await until(lambda: model.queue.status()["waiting"] == 1, "M's answer waits for E's")
         retrieved.set()
-        await until(lambda: {"E-answer", "L-answer"} <= set(model._started), "both answer")
-        both = model.queue.status()
-        model.release("E-answer")
+        await until(lambda: model._started[-1:] == ["E-answer"], "E answers")
+        assert "M-answer" not in model._started  # both slots are taken
         model.release("L-answer")
-        await asyncio.wait_for(asyncio.gather(early, late), GUARD)
-        return both
+        await until(lambda: model._started[-1:] == ["M-answer"], "M answers")
+        model.release("E-answer")
+        model.release("M-answer")
+        await asyncio.wait_for(asyncio.gather(early, late, third), GUARD)
+        return [name for name in model._started if name.endswith("-answer")]
 
-    assert asyncio.run(run())["busy"] == 2
+    assert asyncio.run(run()) == ["L-answer", "E-answer", "M-answer"]
 
 
 def test_time_at_the_gate_counts_toward_the_bound() -> None:
@@ -489,36 +494,46 @@ def test_a_slot_granted_as_its_caller_gives_up_is_passed_on_uncounted() -> None:
     assert status["busy"] == 0 and status["waiting"] == 0 and "L-answer" not in model._started
 
 
-class _TagsSeen(BaseCallbackHandler):
-    """Records whether each chat model run was tagged as starting an answer."""
+class _SeenQueue(ModelQueue):
+    """Records whether each turn asked for was one that starts an answer."""
 
     def __init__(self) -> None:
-        self.runs: list[bool] = []
+        super().__init__(1)
+        self.first_tokens: list[bool] = []
 
-    def on_chat_model_start(
-        self, serialized: Any, messages: Any, *, run_id: UUID, tags: Any = None, **kw: Any
-    ) -> None:
-        self.runs.append(FIRST_TOKEN_TAG in (tags or []))
+    def turn(self, *, first_token: bool = False) -> Any:
+        self.first_tokens.append(first_token)
+        return super().turn(first_token=first_token)
 
 
-def test_only_the_answer_stages_model_runs_carry_the_tag() -> None:
-    """One LLM shared by a stage before the answer (here a rewrite-like prompt) and the
-    answer stage, in one run: only the answer's model run is tagged (tags pass to child
-    runs, so the tag sits on the answer's model binding, not on a stage around it)."""
+def test_only_the_answer_stages_model_calls_start_an_answer() -> None:
+    """One LLM shared by a stage before the answer (here the rewriter) and the answer stage,
+    in one run: only the answer's call waits at the gate, and the option never reaches the
+    model's own code; a model that takes no turns gets no such option."""
     from ragchains.chains.rewrite import create_rewrite_chain
     from tests.fakes import RecordingModel
 
-    model = RecordingModel(responses=["plan cost", "It costs 40 [plan.md]."])
-    llm = LLM(model=model, name="recording")
+    class Recording(TakesTurns, RecordingModel):
+        pass
+
     documents = [Document("The plan costs 40 a month.", metadata={"source": "plan.md"})]
-    chain = (
-        create_rewrite_chain(llm=llm)
-        | RunnableLambda(lambda out: {"question": "plan cost", "documents": documents})
-        | create_answer_chain(llm=llm, answer_style="free")
-    )
-    seen = _TagsSeen()
-    asyncio.run(chain.ainvoke({"question": "what does the plan cost?"}, {"callbacks": [seen]}))
-    assert seen.runs == [False, True]
+
+    def chain(model: Any) -> Any:
+        llm = LLM(model=model, name="recording")
+        return (
+            create_rewrite_chain(llm=llm)
+            | RunnableLambda(lambda out: {"question": "plan cost", "documents": documents})
+            | create_answer_chain(llm=llm, answer_style="free")
+        )
+
+    queue = _SeenQueue()
+    model = Recording(responses=["plan cost", "It costs 40 [plan.md]."], queue=queue)
+    asyncio.run(chain(model).ainvoke({"question": "what does the plan cost?"}))
+    assert queue.first_tokens == [False, True]
+    assert not [kw for kw in model.kwargs if FIRST_TOKEN in kw]
+    plain = RecordingModel(responses=["plan cost", "It costs 40 [plan.md]."])
+    asyncio.run(chain(plain).ainvoke({"question": "what does the plan cost?"}))
+    assert not [kw for kw in plain.kwargs if FIRST_TOKEN in kw]
 
 
 def test_a_model_that_does_not_stream_cannot_take_turns() -> None:

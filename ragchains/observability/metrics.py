@@ -108,6 +108,13 @@ class Metrics:
             ["chain"],
             registry=registry,
         )
+        self.incomplete = Counter(
+            "ragchains_incomplete_answers",
+            "Turns whose answer the model cut short (its stream broke off, or it reached its "
+            "token limit): a model that keeps breaking off shows here, not as errors",
+            ["chain"],
+            registry=registry,
+        )
         self.requeries = Counter(
             "ragchains_requeries",
             "Re-queries asked of the model after weak results, by outcome (adopted: the new "
@@ -140,6 +147,7 @@ class Metrics:
         for chain in TURN_CHAINS:
             self.turns.labels(chain)
             self.abstentions.labels(chain)
+            self.incomplete.labels(chain)
             self.chunks_served.labels(chain)
         self.chunks_served.labels("retrieve")
         for outcome in REQUERY_OUTCOMES:
@@ -245,6 +253,8 @@ class StageMetrics(RunFollower):
             self.metrics.chunks_served.labels(chain).inc(len(outputs.get("sources") or ()))
             if outputs.get("abstained"):
                 self.metrics.abstentions.labels(chain).inc()
+            if outputs.get("incomplete"):
+                self.metrics.incomplete.labels(chain).inc()
         elif stage == "requery":  # the turn's state; a report only when a re-query was asked
             outcome = requery_outcome(outputs.get("requery"))
             if outcome is not None:

@@ -62,12 +62,6 @@ def failed(exc: BaseException) -> Failed:
     return Failed(504 if failure.timed_out else 502, failure.message, failure)
 
 
-def classify(exc: BaseException) -> tuple[int, str, LLMFailure | None]:
-    """``failed(exc)`` without the retry hint, for callers that give none."""
-    status, reason, failure, _ = failed(exc)
-    return status, reason, failure
-
-
 def error_body(path: str, status: int, message: str) -> dict[str, Any]:
     """FastAPI's ``{"detail": ...}``, or OpenAI's error object under /v1/ so SDKs read it."""
     if path.startswith(OPENAI_PREFIX):

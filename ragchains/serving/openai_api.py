@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from ragchains.chains.options import problem_text
 from ragchains.factory import Service
 from ragchains.serving.admission import admit, request_ticket_of
-from ragchains.serving.errors import classify, error_body
+from ragchains.serving.errors import error_body, failed
 from ragchains.serving.guards import request_json
 from ragchains.serving.requests import Limits, Route
 from ragchains.textrules import SAYS_SOMETHING, text_type
@@ -236,8 +236,8 @@ class _Reply:
                 last.update({k: v for k, v in event.items() if k != "answer"})
         except Exception as exc:
             # Headers are sent: the error travels as an event, which OpenAI SDKs raise.
-            status, reason, _ = classify(exc)
-            yield sse(error_body(path, status, reason))
+            failure = failed(exc)
+            yield sse(error_body(path, failure.status, failure.reason))
             raise
         end = {"delta": {}, "finish_reason": _finish_reason(last)}
         yield sse(self._frame("chat.completion.chunk", end, last))

@@ -44,7 +44,7 @@ MEANING = {
     504: "The chat model timed out",
 }
 BODY_CHECKS = (400, 408, 413, 415, 422)  # BodyMiddleware and the routes' own checks
-MODEL_FAILURES = (502, 504)  # serving.errors.classify: the chat model failed, timed out
+MODEL_FAILURES = (502, 504)  # serving.errors.failed: the chat model failed, timed out
 MODEL_FREE = frozenset({"retrieve"})  # routes whose chain calls no model
 
 PROBLEM = {
