@@ -40,6 +40,7 @@ from ragchains.retrievers.filters import (
 from ragchains.serving import guards
 from ragchains.serving.guards import PARSE_OFF_LOOP, PARSED_BODY, BodyMiddleware
 from tests.servers import RAGCHAINS, FakeOpenAI, ragchains_serve
+from tests.test_filter_globs import hostile_body
 
 pytestmark = pytest.mark.slow
 
@@ -668,6 +669,11 @@ def test_ragchains_serve_closes_connections_that_never_finish_their_headers(
         keyed = {"X-API-Key": "k30", "Content-Type": "application/json"}
         huge = httpx.post(f"{base}/retrieve/invoke", content=body, headers=keyed)
         assert huge.status_code == 400 and "digits" in huge.text
+        # Case 2 on the served process: 16 lists of 1,000 globs are refused at once.
+        globs = httpx.post(
+            f"{base}/retrieve/invoke", json=hostile_body(), headers={"X-API-Key": "k30"}
+        )
+        assert globs.status_code == 422 and "glob patterns" in globs.text
         assert httpx.request("TRACE", f"{base}/healthz").status_code == 405
         assert httpx.request("TRACE", f"{base}/v1/models").status_code == 405
 
