@@ -45,8 +45,14 @@ from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
-from ragchains.serving.admission import MODEL_ROUTES, ModelTickets, langserve_admission
+from ragchains.serving.admission import (
+    MODEL_ROUTES,
+    ModelTickets,
+    end_model_work,
+    langserve_admission,
+)
 from ragchains.serving.collection import collection_router
+from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
 from ragchains.serving.guards import add_guards, request_json
@@ -138,6 +144,11 @@ def create_app(
     # Innermost: each request's ticket for the model's queue, from the arrival of its whole
     # body (a slow sender does not jump the queue) to its last byte.
     app.add_middleware(ModelTickets, max_wait=settings.model_queue_wait)
+    # Around it: a request whose client goes ends there, its ticket (and the model's work for
+    # it) with it.
+    app.add_middleware(
+        CancelOnDisconnect, watched=_ends_with_its_client, on_departure=end_model_work
+    )
     add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=on_llm_failure)
     # Outermost (Starlette runs the last added first): every request is counted and traced,
     # those refused by the guards too.
@@ -155,6 +166,14 @@ def create_app(
         fields=filterable_fields(service.index) if keyring is None else None,
     )
     return app
+
+
+# The routes that run chains: their work is for the client alone, and stops when it goes.
+_CHAIN_PATHS = (*(f"/{name}/" for name in ROUTES), "/v1/chat/completions", "/mcp")
+
+
+def _ends_with_its_client(path: str) -> bool:
+    return path.startswith(_CHAIN_PATHS)
 
 
 def _service(
@@ -202,7 +221,9 @@ def _lifespan(service: Service, settings: Settings, mcp: McpEndpoint) -> Callabl
         # pool of its own); the loop's default pool runs what has no async path: a sync-only
         # model, retriever or callback handler, which may block a thread each for seconds.
         pool = ThreadPoolExecutor(settings.worker_threads, thread_name_prefix="ragchains")
-        asyncio.get_running_loop().set_default_executor(pool)
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(pool)
+        loop.set_exception_handler(quiet_departed_work)
         # Everything loaded so far (models, index, libraries: millions of objects) lives as
         # long as the process. Left in the collector's oldest generation, each full
         # collection scans all of it with the event loop stopped: 0.8 s, once in every

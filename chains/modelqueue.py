@@ -43,17 +43,30 @@ import math
 import statistics
 import threading
 import time
+import weakref
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import (
+    AsyncGenerator,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Iterable,
+    Iterator,
+)
+from concurrent.futures import Executor, ThreadPoolExecutor
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar, TypeVar, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
 from langchain_core.messages import BaseMessage
 from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import Field
+
+from ragchains.chains.modelrelay import Handoff, produce_in_task, produce_in_thread
+
+T = TypeVar("T")
 
 # The call option of a model call that starts an answer (``LLM.answering`` binds it on the
 # models that take turns): it waits at the answer gate. An option, not a run tag: LangChain's
@@ -63,6 +76,16 @@ FIRST_TOKEN = "ragchains_first_token"
 RECENT = 200
 # Weight of the newest sample in the running means of service time.
 SMOOTHING = 0.2
+
+
+class RequestEnded(Exception):
+    """The request a model call serves has ended (its client has gone, or it was answered):
+    the call does not start, or stops where it is. Only work left running for a request that
+    has ended sees it (an orphaned task: the request's own was cancelled). An exception, not
+    a cancellation: LangChain's ``agenerate`` reads a cancelled call's result as a reply."""
+
+    def __init__(self, message: str = "the request has ended: its client has gone") -> None:
+        super().__init__(message)
 
 
 class ModelBusy(Exception):
@@ -86,6 +109,10 @@ class Ticket:
     waited: float = 0.0  # ended spans of waiting; ``waiting_time`` adds the ongoing one
     queues: list[ModelQueue] = field(default_factory=list)  # those that admitted it
     gave_up: bool = False  # a call stopped waiting: its request did not finish its work
+    closed: bool = False  # the request is over: no model work is done for it any more
+    _on_close: dict[object, Callable[[], None]] = field(
+        default_factory=dict, init=False, repr=False
+    )
     _calls_waiting: int = field(default=0, init=False, repr=False)
     _since: float = field(default=0.0, init=False, repr=False)  # start of the ongoing span
     # Its calls may wait in more than one queue (a fallback's), under each queue's lock.
@@ -115,8 +142,31 @@ class Ticket:
             if self._calls_waiting == 0:
                 self.waited += max(0.0, until - self._since)
 
+    def on_close(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` when the request ends (at once if it has): it stops model work
+        done for the request. Returns what takes the callback back (that work has ended)."""
+        key = object()
+        with self._lock:
+            if not self.closed:
+                self._on_close[key] = callback
+                return lambda: self._forget(key)
+        callback()
+        return _nothing
+
+    def _forget(self, key: object) -> None:
+        with self._lock:
+            self._on_close.pop(key, None)
+
     def close(self) -> None:
-        """The request is over: the queues that admitted it stop counting its work."""
+        """The request is over (answered, or its client has gone): model work still running
+        for it stops, a call of it still waiting leaves the queue, and the queues that
+        admitted it stop counting its work."""
+        with self._lock:  # once: a request may end as its client leaves, then unwind
+            self.closed = True
+            callbacks = list(self._on_close.values())
+            self._on_close.clear()
+        for callback in callbacks:
+            callback()
         queues, self.queues = self.queues, []
         for queue in queues:
             queue.finished(self)
@@ -142,6 +192,10 @@ def current_ticket() -> Ticket | None:
     return REQUEST.get()
 
 
+def _nothing() -> None:
+    return None
+
+
 class _Mean:
     """An exponentially weighted running mean (None before the first sample)."""
 
@@ -162,6 +216,7 @@ class _Waiter:
     wake: Callable[[], None]
     since: float = field(default_factory=time.monotonic)
     hold: _Hold | None = None  # set when granted a slot
+    ended: bool = False  # its request ended while it waited
 
     def __lt__(self, other: _Waiter) -> bool:
         return self.key < other.key
@@ -210,22 +265,92 @@ class ModelQueue:
     # ------------------------------------------------------------------ taking a turn
     @contextlib.asynccontextmanager
     async def turn(self, *, first_token: bool = False) -> AsyncIterator[None]:
-        """Hold one slot for the block, after waiting for it in order (``first_token``: the
-        call starts an answer, and waits at the answer gate too)."""
-        hold = await self._acquire(current_ticket(), first_token)
+        """Hold one slot for the block (see ``acquire``)."""
+        hold = await self.acquire(first_token=first_token)
         try:
             yield
         finally:
-            self._release(hold)
+            self.release(hold)
 
-    async def _acquire(self, ticket: Ticket | None, first_token: bool) -> _Hold:
+    @contextlib.contextmanager
+    def held(self, *, first_token: bool = False) -> Iterator[None]:
+        """``turn`` for a thread: it blocks while it waits."""
+        hold = self.acquire_blocking(first_token=first_token)
+        try:
+            yield
+        finally:
+            self.release(hold)
+
+    async def acquire(self, *, first_token: bool = False) -> _Hold:
+        """One slot, after waiting for it in order (``first_token``: the call starts an
+        answer, and waits at the answer gate too), for the request of ``current_ticket()``;
+        ``release`` it once the call is done. ``ModelBusy`` when the wait would outgrow the
+        request's bound, ``RequestEnded`` when the request ends first."""
+        ticket = current_ticket()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[None] = loop.create_future()
 
         def wake() -> None:
             loop.call_soon_threadsafe(_resolve, future)
 
+        arrived = self._arrive(ticket, first_token, wake)
+        if isinstance(arrived, _Hold):
+            return arrived
+        waiter = arrived
+        left = ticket.time_left(waiter.since) if ticket is not None else None
+        untie = ticket.on_close(lambda: self._evict(waiter)) if ticket is not None else _nothing
+        try:
+            if left is not None and left <= 0:
+                raise TimeoutError
+            # Not wait_for: Python 3.11's returns the result of a future done as the waiting
+            # task is cancelled, and a caller that went away would use the slot after all.
+            async with asyncio.timeout(left):
+                await future
+        except BaseException as exc:
+            error = self._left_waiting(waiter, exc)
+            if error is exc:
+                raise
+            raise error from None
+        finally:
+            untie()
+        return self._granted(waiter)
+
+    def acquire_blocking(self, *, first_token: bool = False) -> _Hold:
+        """``acquire`` for a thread (``invoke`` and ``batch`` from threads, the command line):
+        the same order, gate and bound; the thread blocks while it waits."""
+        ticket = current_ticket()
+        woken = threading.Event()
+        arrived = self._arrive(ticket, first_token, woken.set)
+        if isinstance(arrived, _Hold):
+            return arrived
+        waiter = arrived
+        left = ticket.time_left(waiter.since) if ticket is not None else None
+        untie = ticket.on_close(lambda: self._evict(waiter)) if ticket is not None else _nothing
+        try:
+            if (left is not None and left <= 0) or not woken.wait(left):
+                raise TimeoutError
+        except BaseException as exc:  # Ctrl-C too
+            error = self._left_waiting(waiter, exc)
+            if error is exc:
+                raise
+            raise error from None
+        finally:
+            untie()
+        return self._granted(waiter)
+
+    def release(self, hold: _Hold) -> None:
+        """The call holding ``hold`` is done: its slot goes to the next waiter. Safe on any
+        thread."""
         with self._lock:
+            self._end(hold)
+
+    def _arrive(
+        self, ticket: Ticket | None, first_token: bool, wake: Callable[[], None]
+    ) -> _Hold | _Waiter:
+        """A call arrives: a slot at once, or its place among the waiters."""
+        with self._lock:
+            if ticket is not None and ticket.closed:
+                raise RequestEnded()
             # Free slots have no eligible waiter (``_grant`` runs after every change).
             if len(self._holds) < self.slots and self._may_start(ticket, first_token):
                 self._count_wait(0.0)
@@ -237,29 +362,41 @@ class ModelQueue:
             bisect.insort(self._waiting, waiter)
             if ticket is not None:
                 ticket.call_waits(waiter.since)
-            left = ticket.time_left(waiter.since) if ticket is not None else None
-        try:
-            if left is not None and left <= 0:
-                raise TimeoutError
-            # Not wait_for: Python 3.11's returns the result of a future done as the waiting
-            # task is cancelled, and a caller that went away would use the slot after all.
-            async with asyncio.timeout(left):
-                await future
-        except BaseException as exc:
-            with self._lock:
-                if waiter.hold is not None:  # granted as it gave up: pass the slot on
-                    self._end(waiter.hold, counted=False)
-                elif waiter in self._waiting:
-                    self._waiting.remove(waiter)
-                    self._stop_waiting(waiter, time.monotonic())
-                if isinstance(exc, TimeoutError):
-                    self._gave_up += 1
-                    if ticket is not None:
-                        ticket.gave_up = True
-                    raise self._busy(ticket) from None
-            raise
-        assert waiter.hold is not None  # set before the future was resolved
+            return waiter
+
+    def _left_waiting(self, waiter: _Waiter, exc: BaseException) -> BaseException:
+        """``waiter`` stopped waiting on ``exc`` (its bound, or its caller went): it leaves
+        the queue. What its caller raises: ``ModelBusy`` for the bound, else ``exc``."""
+        with self._lock:
+            if waiter.hold is not None:  # granted as it gave up: pass the slot on
+                self._end(waiter.hold, counted=False)
+            elif waiter in self._waiting:
+                self._waiting.remove(waiter)
+                self._stop_waiting(waiter, time.monotonic())
+            if not isinstance(exc, TimeoutError):
+                return exc
+            self._gave_up += 1
+            if waiter.ticket is not None:
+                waiter.ticket.gave_up = True
+            return self._busy(waiter.ticket)
+
+    @staticmethod
+    def _granted(waiter: _Waiter) -> _Hold:
+        if waiter.ended:
+            raise RequestEnded()
+        assert waiter.hold is not None  # set before it was woken
         return waiter.hold
+
+    def _evict(self, waiter: _Waiter) -> None:
+        """``waiter``'s request has ended: it leaves the queue, and its caller is told."""
+        with self._lock:
+            if waiter not in self._waiting:  # granted already (its caller sees the end)
+                return
+            self._waiting.remove(waiter)
+            self._stop_waiting(waiter, time.monotonic())
+            waiter.ended = True
+        with contextlib.suppress(RuntimeError):  # its event loop is closed: nobody waits
+            waiter.wake()
 
     def _may_start(self, ticket: Ticket | None, first_token: bool) -> bool:
         """The answer gate (lock held, a slot free): a call that starts an answer takes a
@@ -301,10 +438,6 @@ class ModelQueue:
             except RuntimeError:  # its event loop is closed: nobody is waiting there
                 self._holds.discard(waiter.hold)
                 waiter.hold = None
-
-    def _release(self, hold: _Hold) -> None:
-        with self._lock:
-            self._end(hold)
 
     def _end(self, hold: _Hold, *, counted: bool = True) -> None:
         """``hold`` ends (lock held): its time counts (unless ``counted`` is False: a slot
@@ -442,29 +575,69 @@ def _resolve(future: asyncio.Future[None]) -> None:
 
 # ----------------------------------------------------------------------------- models
 class TakesTurns(BaseChatModel):
-    """A chat model whose async calls take turns in its ``queue`` (a mixin: put it before
-    the model's class, ``class Mine(TakesTurns, SomeChatModel)``, a model that streams:
-    implements ``_stream`` or ``_astream``). The wait comes before the call: a deadline the
-    model sets on its call starts when its turn does. A call with the ``FIRST_TOKEN`` option
-    waits at the answer gate too; the option never reaches the model's own code."""
+    """A chat model whose calls take turns in its ``queue`` (a mixin: put it before the
+    model's class, ``class Mine(TakesTurns, SomeChatModel)``, a model that streams:
+    implements ``_stream`` or ``_astream``). Sync and async calls alike wait in it, in order,
+    within their request's bound. A call with the ``FIRST_TOKEN`` option waits at the answer
+    gate too; the option never reaches the model's own code.
+
+    Each call, once its turn comes, is run by a producer that holds the turn until the call
+    ends (``chains.modelrelay``): a task for a model with an async path of its own (an
+    upstream server: cancelling it closes the connection), else a thread of ``_producers``
+    (``_in_producer`` wraps its work there: the embedded model's way to be interrupted). The
+    caller reads the chunks; when it goes, or its request ends, the call is stopped. The
+    wait comes before the call: a deadline the model sets on its call starts with its turn.
+    """
 
     queue: ModelQueue = Field(default_factory=ModelQueue, exclude=True)
+    # Whether the model below implements LangChain's async hooks itself (else: its sync ones
+    # run in a producer thread, never LangChain's default of a sync stream advanced from
+    # executor threads, which nobody closes when its reader goes).
+    _async_stream: ClassVar[bool] = False
+    _async_generate: ClassVar[bool] = False
+    _producer_pools: ClassVar[weakref.WeakKeyDictionary[ModelQueue, ThreadPoolExecutor]] = (
+        weakref.WeakKeyDictionary()
+    )
+    _pools_lock: ClassVar[threading.Lock] = threading.Lock()
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
         super().__pydantic_init_subclass__(**kwargs)
+        below = [
+            c for c in cls.__mro__[cls.__mro__.index(TakesTurns) + 1 :] if c is not BaseChatModel
+        ]
         # Overriding _stream tells LangChain the model streams: one that does not would fail
         # in stream and astream (the default _astream runs the missing _stream) instead of
         # answering in one piece.
-        below = cls.__mro__[cls.__mro__.index(TakesTurns) + 1 :]
-        if not any(
-            "_stream" in vars(c) or "_astream" in vars(c) for c in below if c is not BaseChatModel
-        ):
+        if not any("_stream" in vars(c) or "_astream" in vars(c) for c in below):
             raise TypeError(
                 f"{cls.__name__}: TakesTurns queues a model that streams; its model "
                 "implements neither _stream nor _astream"
             )
+        cls._async_stream = any("_astream" in vars(c) for c in below)
+        cls._async_generate = any("_agenerate" in vars(c) for c in below)
 
+    # ------------------------------------------------------------------ where calls run
+    def _producers(self) -> Executor:
+        """The threads that run the calls of a model without an async path (one each per
+        slot of its queue, made as needed; a model with one context has its own)."""
+        with TakesTurns._pools_lock:
+            pool = TakesTurns._producer_pools.get(self.queue)
+            if pool is None:
+                pool = ThreadPoolExecutor(self.queue.slots, thread_name_prefix="model-call")
+                TakesTurns._producer_pools[self.queue] = pool
+            return pool
+
+    def _in_producer(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
+        """``work`` as the producer thread runs it (a model may wrap it to be interrupted
+        when ``handoff`` is stopped)."""
+        return work
+
+    def _call_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """A call's options as the model below takes them (the ``FIRST_TOKEN`` option gone)."""
+        return kwargs
+
+    # ------------------------------------------------------------------ LangChain's hooks
     def _generate(
         self,
         messages: list[BaseMessage],
@@ -472,9 +645,13 @@ class TakesTurns(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        kwargs.pop(FIRST_TOKEN, None)  # sync calls do not queue (see the module)
-        # A mixin: the model after it in the MRO implements _generate.
-        return super()._generate(messages, stop, run_manager, **kwargs)  # type: ignore[safe-super]
+        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
+        kwargs = self._call_options(kwargs)
+        below = super()._generate  # type: ignore[safe-super]  # a mixin: the model's own
+        if _PRODUCING.get():  # LangChain's own path within a call that has its turn
+            return below(messages, stop, run_manager, **kwargs)
+        work = _producing(lambda: iter([below(messages, stop, run_manager, **kwargs)]))
+        return _only(self._in_thread(work, self.queue.acquire_blocking(first_token=first_token)))
 
     def _stream(
         self,
@@ -483,8 +660,18 @@ class TakesTurns(BaseChatModel):
         run_manager: CallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> Iterator[ChatGenerationChunk]:
-        kwargs.pop(FIRST_TOKEN, None)
-        return super()._stream(messages, stop, run_manager, **kwargs)
+        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
+        kwargs = self._call_options(kwargs)
+        below = super()._stream
+        if _PRODUCING.get():
+            yield from below(messages, stop, run_manager, **kwargs)
+            return
+        work = _producing(lambda: below(messages, stop, run_manager, **kwargs))
+        chunks = self._in_thread(work, self.queue.acquire_blocking(first_token=first_token))
+        try:
+            yield from chunks
+        finally:
+            chunks.stop()  # the reader has gone (its generator closed) or read all
 
     async def _agenerate(
         self,
@@ -493,8 +680,27 @@ class TakesTurns(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> ChatResult:
-        async with self.queue.turn(first_token=bool(kwargs.pop(FIRST_TOKEN, False))):
+        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
+        kwargs = self._call_options(kwargs)
+        if _PRODUCING.get():
             return await super()._agenerate(messages, stop, run_manager, **kwargs)
+        reader: Handoff[ChatResult]
+        if self._async_generate:
+            call = super()._agenerate
+
+            async def produce(handoff: Handoff[ChatResult]) -> None:
+                _PRODUCING.set(True)
+                async with self.queue.turn(first_token=first_token):
+                    handoff.put(await call(messages, stop, run_manager, **kwargs))
+
+            reader = self._in_task(produce)
+        else:
+            below = super()._generate  # type: ignore[safe-super]
+            manager = run_manager.get_sync() if run_manager else None  # for its sync hook
+            work = _producing(lambda: iter([below(messages, stop, manager, **kwargs)]))
+            hold = await self.queue.acquire(first_token=first_token)
+            reader = self._in_thread(work, hold, asynchronous=True)
+        return _only([result async for result in reader])
 
     async def _astream(
         self,
@@ -503,9 +709,93 @@ class TakesTurns(BaseChatModel):
         run_manager: AsyncCallbackManagerForLLMRun | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
-        async with self.queue.turn(first_token=bool(kwargs.pop(FIRST_TOKEN, False))):
+        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
+        kwargs = self._call_options(kwargs)
+        if _PRODUCING.get():
             async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
                 yield chunk
+            return
+        reader: Handoff[ChatGenerationChunk]
+        if self._async_stream:
+            call = super()._astream
+
+            async def produce(handoff: Handoff[ChatGenerationChunk]) -> None:
+                _PRODUCING.set(True)
+                # The model's stream is closed when the task is cancelled: an upstream's
+                # connection with it.
+                async with (
+                    self.queue.turn(first_token=first_token),
+                    contextlib.aclosing(
+                        cast(AsyncGenerator[Any, None], call(messages, stop, run_manager, **kwargs))
+                    ) as chunks,
+                ):
+                    async for chunk in chunks:
+                        if not handoff.put(chunk):
+                            return
+
+            reader = self._in_task(produce)
+        else:
+            below = super()._stream
+            manager = run_manager.get_sync() if run_manager else None  # for its sync hook
+            work = _producing(lambda: below(messages, stop, manager, **kwargs))
+            hold = await self.queue.acquire(first_token=first_token)
+            reader = self._in_thread(work, hold, asynchronous=True)
+        try:
+            async for chunk in reader:
+                yield chunk
+        finally:
+            reader.stop()  # the reader has gone (cancelled, closed) or has read all
+
+    # ------------------------------------------------------------------ producers
+    def _in_thread(
+        self, work: Iterator[T], hold: _Hold, *, asynchronous: bool = False
+    ) -> Handoff[T]:
+        """The chunks of ``work`` run in a producer thread that holds ``hold`` until it ends;
+        for a reader here (``for``) or, ``asynchronous``, on this event loop (``async for``)."""
+        loop = asyncio.get_running_loop() if asynchronous else None
+        handoff: Handoff[T] = Handoff(loop)
+        untie = _stopped_with_request(handoff)
+
+        def ended() -> None:
+            untie()
+            self.queue.release(hold)
+
+        produce_in_thread(
+            self._producers(), self._in_producer(work, handoff), handoff, on_end=ended
+        )
+        return handoff
+
+    def _in_task(self, produce: Callable[[Handoff[T]], Awaitable[None]]) -> Handoff[T]:
+        """The chunks ``produce`` hands over from a task of its own (which takes the turn)."""
+        handoff: Handoff[T] = Handoff(asyncio.get_running_loop())
+        untie = _stopped_with_request(handoff)
+        produce_in_task(produce, handoff).add_done_callback(lambda _: untie())
+        return handoff
+
+
+# Set in a producer's context: the hooks LangChain calls from within a call that has its turn
+# (its default async hooks run the sync ones) take no second turn.
+_PRODUCING: ContextVar[bool] = ContextVar("ragchains_model_producing", default=False)
+
+
+def _producing(make: Callable[[], Iterator[T]]) -> Iterator[T]:
+    """``make()``'s items, made in the producer (the call starts there, not here), marked as
+    a call that has its turn."""
+    _PRODUCING.set(True)  # in the producer thread's copy of the caller's context
+    yield from make()
+
+
+def _stopped_with_request(handoff: Handoff[Any]) -> Callable[[], None]:
+    """Stop ``handoff``'s producer when the current request ends; what unties the two."""
+    ticket = current_ticket()
+    if ticket is None:
+        return _nothing
+    return ticket.on_close(lambda: handoff.stop(RequestEnded()))
+
+
+def _only(items: Iterable[T]) -> T:
+    (item,) = items
+    return item
 
 
 def takes_turns(model: Any) -> bool:

@@ -7,20 +7,19 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import logging
 import threading
 import warnings
 from collections.abc import Iterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, ClassVar
 
-from langchain_core.callbacks import CallbackManagerForLLMRun
-from langchain_core.language_models.chat_models import generate_from_stream
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM
 from ragchains.chains.modelqueue import TakesTurns
+from ragchains.chains.modelrelay import Handoff
 from ragchains.llms import LLMConfigError
 
 with warnings.catch_warnings():
@@ -53,55 +52,38 @@ def _compile_grammar(text: str) -> Any:
     return LlamaGrammar.from_string(text, verbose=False)
 
 
-class LockedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
-    """ChatLlamaCpp that is safe to share between threads and takes grammars as text.
+class QueuedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
+    """ChatLlamaCpp shared by every caller of a process, taking grammars as text.
 
-    One llama.cpp context cannot decode two sequences at once; concurrent requests (batch,
-    the server's thread pool) queue on a lock instead of corrupting each other. The lock is
-    held while a stream is consumed and released when it ends or is abandoned. It is a plain
-    Lock, not an RLock: LangChain's async streaming advances a sync stream from whichever
-    executor thread is free, so the thread that releases may not be the one that acquired.
-
-    Async callers (the server) first wait for their turn in the model's queue (one slot:
-    ``chains.modelqueue``), as coroutines, in order of their request's arrival and within
-    its bound on waiting: only the call that has the model occupies a worker thread, the
-    others hold none, so the pool stays free for every other turn's work while they queue.
+    One llama.cpp context decodes one sequence at a time. Calls wait for it in the model's
+    first-come queue (one slot: ``chains.modelqueue``), sync and async callers alike, and
+    each runs on the one thread that owns the context (``ContextOwner``), which holds the
+    slot until the call ends. The caller reads the tokens as they come; a caller who goes
+    (a client that disconnects, Stop, Ctrl-C) or whose request ends stops the decoding within
+    a token or a micro-batch of the prompt, and the slot passes on at once.
     """
 
-    _lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
     # Takes ``grammar=<GBNF text>`` per call (see chains.llm.LLM.of).
     accepts_grammar: ClassVar[bool] = True
+    _owner: ContextOwner | None = PrivateAttr(default=None)
+    _owner_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    @staticmethod
-    def _with_grammar(kwargs: dict[str, Any]) -> dict[str, Any]:
+    def _producers(self) -> Executor:
+        return self._context_owner().thread
+
+    def _in_producer(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
+        return self._context_owner().running(work, handoff)
+
+    def _call_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
         if isinstance(kwargs.get("grammar"), str):
             kwargs = {**kwargs, "grammar": _compile_grammar(kwargs["grammar"])}
         return kwargs
 
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        if self.streaming and not kwargs.get("tool_choice"):
-            return generate_from_stream(self._stream(messages, stop, run_manager, **kwargs))
-        with self._lock:
-            return super()._generate(messages, stop, run_manager, **self._with_grammar(kwargs))
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        with self._lock:
-            yield from super()._stream(messages, stop, run_manager, **self._with_grammar(kwargs))
-
-    # The async calls are TakesTurns': a turn in the queue, then LangChain's defaults
-    # (_generate in a worker thread; _stream advanced in one, a token at a time).
+    def _context_owner(self) -> ContextOwner:
+        with self._owner_lock:
+            if self._owner is None:
+                self._owner = ContextOwner(getattr(self, "client", None))
+            return self._owner
 
     def count_tokens(self, text: str) -> int:
         return len(self.client.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -109,6 +91,64 @@ class LockedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
     def get_num_tokens(self, text: str) -> int:
         # The default would fetch GPT-2's tokenizer from the hub; this model has its own.
         return self.count_tokens(text)
+
+
+def _abort_now(_data: Any) -> bool:
+    return True
+
+
+class ContextOwner:
+    """The one thread that runs a llama.cpp context, and the way to stop its call at once.
+
+    Between two tokens a stopped call ends when its next token is handed over; a prompt is
+    evaluated in micro-batches (``n_ubatch``), and a stop installs llama.cpp's abort callback,
+    which it checks when it starts the next one: the decode returns "aborted", and the
+    prompt's tokens evaluated so far are dropped from the context by the next call. The
+    callback is only there while a stop is pending: llama.cpp calls it for each node of the
+    compute graph, and a Python callback would take the GIL hundreds of times per token.
+    """
+
+    def __init__(self, llama: Any) -> None:
+        import llama_cpp
+
+        # llama.cpp logs an aborted decode as an error ("decode: removing memory module
+        # entries ..."): a reader pressing Stop is no error. Its real failures while
+        # decoding reach us as exceptions; those of loading a model were logged before.
+        logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
+        self._set_abort_callback = llama_cpp.llama_set_abort_callback
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="llama.cpp")
+        self._context = getattr(llama, "ctx", None)  # None: a stand-in without a model file
+        self._lock = threading.Lock()
+        self._running: Handoff[Any] | None = None
+        # llama.cpp keeps only the pointers: the callbacks live as long as this object.
+        self._abort = llama_cpp.ggml_abort_callback(_abort_now)
+        self._no_abort = llama_cpp.ggml_abort_callback()
+
+    def running(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
+        """``work`` as this thread runs it: interrupted when ``handoff`` is stopped."""
+        handoff.on_stop(lambda: self._interrupt(handoff))
+        return self._as_running(work, handoff)
+
+    def _as_running(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
+        with self._lock:
+            self._running = handoff
+            self._set_abort(handoff.stopped.is_set())  # stopped as it was about to start
+        try:
+            yield from work
+        finally:
+            with self._lock:
+                self._running = None
+                self._set_abort(False)
+
+    def _interrupt(self, handoff: Handoff[Any]) -> None:
+        with self._lock:
+            if self._running is handoff:
+                self._set_abort(True)
+
+    def _set_abort(self, abort: bool) -> None:
+        if self._context is not None:
+            callback = self._abort if abort else self._no_abort
+            self._set_abort_callback(self._context, callback, None)
 
 
 def embedded_llm(
@@ -127,10 +167,13 @@ def embedded_llm(
     if not path.is_file():
         raise LLMConfigError(f"model file {path} does not exist")
     try:
-        model = LockedChatLlamaCpp(
+        model = QueuedChatLlamaCpp(
             model_path=str(path),
             n_ctx=context_tokens,
             n_batch=512,  # the wrapper's default of 8 makes reading a prompt ~10x slower
+            # A stop takes effect between two micro-batches of a prompt: 64 tokens take about
+            # a quarter of a second here, and read as fast as 512.
+            model_kwargs={"n_ubatch": 64},
             n_threads=threads,
             seed=seed,
             streaming=True,

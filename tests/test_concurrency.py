@@ -29,7 +29,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM
-from ragchains.embedded_llm import ChatLlamaCpp, LockedChatLlamaCpp
+from ragchains.embedded_llm import ChatLlamaCpp, QueuedChatLlamaCpp
 from ragchains.factory import Service, build_service
 from ragchains.prompts.registry import default_registry
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -242,7 +242,7 @@ class _FakeDecoding(ChatLlamaCpp):
             yield ChatGenerationChunk(message=AIMessageChunk(word + " "))
 
 
-class _LockedFake(LockedChatLlamaCpp, _FakeDecoding):  # type: ignore[misc]
+class _LockedFake(QueuedChatLlamaCpp, _FakeDecoding):  # type: ignore[misc]
     """The embedded model's locking over fake decoding."""
 
 

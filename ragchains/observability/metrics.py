@@ -51,6 +51,7 @@ from ragchains.ingest.report import read_ingest_log
 from ragchains.llms import LLMFailure
 from ragchains.observability.stages import STAGES, RunFollower, StageTracker
 from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.serving.departures import CLIENT_GONE, CLIENT_GONE_STATUS
 
 if TYPE_CHECKING:
     from ragchains.factory import Service
@@ -307,6 +308,8 @@ class RequestMetrics:
         try:
             await self.app(scope, receive, sent)
         finally:
+            if scope.get("state", {}).get(CLIENT_GONE):  # not a failure: nobody waited
+                status = CLIENT_GONE_STATUS
             method = scope["method"]
             self.metrics.request(
                 route_label(scope),

@@ -50,6 +50,14 @@ class ModelTickets:
             await self.app(scope, receive, send)
 
 
+def end_model_work(scope: dict[str, Any]) -> None:
+    """The request's client has gone: its ticket ends now, and with it the model work still
+    running or waiting for the request, wherever it runs (``Ticket.close``)."""
+    ticket = scope.get("state", {}).get(TICKET)
+    if isinstance(ticket, Ticket):
+        ticket.close()
+
+
 def check_in(ticket: Ticket | None, llm: LLM) -> None:
     """Count ``ticket``'s request in to ``llm``'s queue; ``ModelBusy`` when its estimated
     wait is over its bound."""
