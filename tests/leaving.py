@@ -1,0 +1,186 @@
+"""Clients that leave mid-turn, for the tests of issue 39 (``test_leaving*.py``): a turn on a
+streamed route cut at points spread over it, and what a server must show after each cut: the
+model's queue idle within a second (``/readyz``), and a normal question answered in full
+within three times its usual time.
+
+Deadlines, not timed assertions: a second for the queue, three times the usual answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+QUESTION = "How many vacation days do employees get?"  # the turn that is cut
+NEXT = "What does the standard health plan cost the employee per month?"  # asked after
+POINTS = 10
+SEED = 39
+IDLE_WITHIN = 1.0  # seconds from the disconnect to an idle queue
+ALLOWANCE = 3.0  # the question after a cut, against its usual time
+GUARD = 300.0  # seconds: only a hang comes near it
+
+
+@dataclass(frozen=True)
+class Route:
+    """A streamed route as a client calls it, and how its stream says it ended well."""
+
+    name: str
+    path: str
+    body: Callable[[str], dict[str, Any]]
+    ended: Callable[[list[str]], bool]
+
+
+def _langserve_ended(lines: list[str]) -> bool:
+    events = [line.split(":", 1)[1].strip() for line in lines if line.startswith("event:")]
+    answered = any(line.startswith("data:") and '"answer"' in line for line in lines)
+    return events[-1:] == ["end"] and "error" not in events and answered
+
+
+def _openai_ended(lines: list[str]) -> bool:
+    data = [line[5:].strip() for line in lines if line.startswith("data:")]
+    if data[-1:] != ["[DONE]"]:
+        return False
+    frames = [json.loads(d) for d in data[:-1]]
+    text = "".join(f["choices"][0]["delta"].get("content") or "" for f in frames if "choices" in f)
+    return bool(text.strip()) and all("error" not in f for f in frames)
+
+
+ROUTES = [
+    Route(
+        "chat",
+        "/chat/stream",
+        lambda q: {"input": {"question": q, "chat_history": []}},
+        _langserve_ended,
+    ),
+    Route("ask", "/ask/stream", lambda q: {"input": {"question": q}}, _langserve_ended),
+    Route(
+        "v1",
+        "/v1/chat/completions",
+        lambda q: {
+            "model": "default",
+            "messages": [{"role": "user", "content": q}],
+            "stream": True,
+        },
+        _openai_ended,
+    ),
+]
+
+
+@dataclass(frozen=True)
+class Turn:
+    seconds: float
+    first_token: float  # seconds to the answer's first token
+
+
+async def full_turn(client: httpx.AsyncClient, route: Route, question: str) -> Turn:
+    """One complete turn, timed. Fails unless it answered in full."""
+    started = time.monotonic()
+    first_token = None
+    lines = []
+    async with client.stream("POST", route.path, json=route.body(question)) as response:
+        async for line in response.aiter_lines():
+            lines.append(line)
+            if first_token is None and _has_answer_text(line):
+                first_token = time.monotonic() - started
+    assert response.status_code == 200 and route.ended(lines), (route.name, lines[-6:])
+    assert first_token is not None
+    return Turn(time.monotonic() - started, first_token)
+
+
+def _has_answer_text(line: str) -> bool:
+    """Whether an event's data carries answer text (LangServe's chunk or OpenAI's delta)."""
+    if not line.startswith("data:") or line.strip() == "data: [DONE]":
+        return False
+    data = json.loads(line[5:])
+    if "choices" in data:
+        return bool(data["choices"][0].get("delta", {}).get("content"))
+    return isinstance(data, dict) and bool(data.get("answer"))
+
+
+async def cut_turn(client: httpx.AsyncClient, route: Route, after: float) -> float:
+    """A turn whose client disconnects ``after`` seconds in (its connection closed, as a
+    closed tab or Stop does); when it did (monotonic)."""
+    try:
+        async with asyncio.timeout(after):
+            async with client.stream("POST", route.path, json=route.body(QUESTION)) as response:
+                async for _ in response.aiter_lines():
+                    pass
+    except TimeoutError:
+        pass
+    return time.monotonic()
+
+
+async def queue_idle_after(client: httpx.AsyncClient, since: float) -> float:
+    """Seconds from ``since`` until /readyz shows the model's queue idle (nothing held,
+    waiting or in progress), and still idle a moment later (no late arrival)."""
+    while True:
+        queue = (await client.get("/readyz")).json()["llm"]["queue"]
+        if queue["busy"] == queue["waiting"] == queue["requests"] == 0:
+            seen = time.monotonic() - since
+            await asyncio.sleep(0.3)
+            queue = (await client.get("/readyz")).json()["llm"]["queue"]
+            if queue["busy"] == queue["waiting"] == queue["requests"] == 0:
+                return seen
+        assert time.monotonic() - since < GUARD, f"the queue stayed busy: {queue}"
+        await asyncio.sleep(0.025)
+
+
+def cut_points(seconds: float, rng: random.Random) -> list[float]:
+    """``POINTS`` moments over a turn of ``seconds``: one at random in each tenth of it."""
+    return [seconds * (n + rng.random()) / POINTS for n in range(POINTS)]
+
+
+@dataclass
+class Cut:
+    route: str
+    after: float
+    idle: float  # seconds from the disconnect to an idle queue
+    next_seconds: float  # the normal question after it
+    usual: float
+
+
+def leave_at_every_point(
+    base: str,
+    route: Route,
+    rng: random.Random,
+    after_cut: Callable[[Turn, float, float], None] | None = None,
+) -> list[Cut]:
+    """The route's turn cut at ``POINTS`` points; after each, the queue's idle time, then
+    ``after_cut(turn, after, when)`` (more checks: an upstream's state), then a normal
+    question (``/ask``: the model is free for every reader, whatever route was cut); at the
+    end a whole turn on the route itself."""
+    follow_up = ROUTES[1]
+
+    async def run() -> list[Cut]:
+        async with httpx.AsyncClient(base_url=base, timeout=GUARD) as client:
+            turn = await full_turn(client, route, QUESTION)
+            # The usual time of the question asked after each cut, after a turn of the cut
+            # question (what precedes it in the model's context, as after a cut).
+            usual = []
+            for _ in range(2):
+                await full_turn(client, route, QUESTION)
+                usual.append((await full_turn(client, follow_up, NEXT)).seconds)
+            cuts = []
+            for after in cut_points(turn.seconds, rng):
+                gone = await cut_turn(client, route, after)
+                idle = await queue_idle_after(client, gone)
+                if after_cut is not None:
+                    await asyncio.to_thread(after_cut, turn, after, gone)
+                next_seconds = (await full_turn(client, follow_up, NEXT)).seconds
+                cuts.append(Cut(route.name, round(after, 2), idle, next_seconds, max(usual)))
+            await full_turn(client, route, QUESTION)
+            return cuts
+
+    return asyncio.run(run())
+
+
+def assert_freed(cuts: list[Cut]) -> None:
+    late = [c for c in cuts if c.idle > IDLE_WITHIN or c.next_seconds > ALLOWANCE * c.usual]
+    assert not late, "\n".join(map(str, late))

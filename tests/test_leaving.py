@@ -1,0 +1,109 @@
+"""A reader who leaves frees the embedded model for everyone at once (issue 39), against
+`ragchains serve` as a user starts it (a subprocess, the embedded SmolLM2).
+
+For chat, ask and ``/v1/chat/completions``, all streamed, a client disconnects at ten points
+spread over a turn (seeded, one in each tenth of the turn's own time: rewrite, retrieval, the
+answer's prompt and its tokens); after each, ``/readyz`` shows the queue idle within a
+second and a normal question answers in full within three times its usual time (measured
+here). In the chat page: reader A presses Stop mid-answer, reader B in another browser
+context gets a cited answer, then A asks again and gets one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import re
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.browser import open_page
+from tests.leaving import (
+    IDLE_WITHIN,
+    NEXT,
+    QUESTION,
+    ROUTES,
+    SEED,
+    Route,
+    assert_freed,
+    leave_at_every_point,
+    queue_idle_after,
+)
+from tests.servers import ragchains_serve
+
+pytestmark = [pytest.mark.slow, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def embedded(sample_index: Path) -> Iterator[str]:
+    with ragchains_serve("--index", str(sample_index)) as base:
+        yield base
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
+def test_a_client_that_leaves_at_any_point_frees_the_embedded_model_at_once(
+    embedded: str, route: Route
+) -> None:
+    rng = random.Random(f"{SEED}-{route.name}")
+    assert_freed(leave_at_every_point(embedded, route, rng))
+
+
+# ----------------------------------------------------------------------------- the page
+PLACEHOLDER = "Ask a question about your documents"
+MODEL_WAIT = 180_000  # ms: the embedded model on a busy machine
+
+
+def ask(page: Any, question: str) -> Any:
+    """Send ``question`` as a reader does; the answer it adds."""
+    page.get_by_placeholder(PLACEHOLDER).fill(question)
+    page.get_by_role("button", name="Send", exact=True).click()
+    return page.locator(".turn").last.get_by_role("article", name="Answer")
+
+
+def cited_answer(page: Any, answer: Any) -> str:
+    """The answer once it is complete, which must cite a source."""
+    page.get_by_role("button", name="Send", exact=True).wait_for(timeout=MODEL_WAIT)
+    assert answer.get_attribute("aria-busy") is None
+    answer.locator(".answer-text a.cite").first.wait_for()
+    return str(answer.locator(".answer-text").inner_text())
+
+
+def test_stop_in_the_chat_page_frees_the_model_for_the_next_reader(
+    embedded: str, browser: Any
+) -> None:
+    """Reader A presses Stop while the answer is being written; reader B, in another
+    browser context, asks and gets a cited answer; then A asks again and gets one."""
+    contexts = [browser.new_context(), browser.new_context()]
+    try:
+        reader_a, reader_b = (open_page(context, embedded) for context in contexts)
+        for reader in (reader_a, reader_b):
+            reader.page.locator("#domain option[value='hr']").wait_for(state="attached")
+        a, b = reader_a.page, reader_b.page
+        answer = ask(a, QUESTION)
+        writing = answer.locator(".answer-text")
+        answer.and_(a.locator("article[aria-busy='true']")).wait_for(timeout=MODEL_WAIT)
+        writing.filter(has_text=re.compile(r"\w")).wait_for(timeout=MODEL_WAIT)
+        a.get_by_role("button", name="Stop").click()
+        stopped = time.monotonic()
+        answer.get_by_text("Stopped.").wait_for()
+        with ThreadPoolExecutor(1) as thread:  # Playwright's sync API holds this thread's loop
+            idle = thread.submit(asyncio.run, idle_after(embedded, stopped)).result()
+        assert idle <= IDLE_WITHIN, f"the queue was busy {idle:.2f} s after Stop"
+        assert cited_answer(b, ask(b, NEXT))
+        assert cited_answer(a, ask(a, NEXT))
+        reader_a.assert_clean()
+        reader_b.assert_clean()
+    finally:
+        for context in contexts:
+            context.close()
+
+
+async def idle_after(base: str, since: float) -> float:
+    async with httpx.AsyncClient(base_url=base, timeout=60) as client:
+        return await queue_idle_after(client, since)
