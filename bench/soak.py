@@ -11,9 +11,17 @@ does. Reported: whether first answer tokens come in order of arrival (inversions
 tau), the waits against the configured bound (``model_queue_wait``), the 503s (on arrival,
 mid-stream) and cut streams (target 0).
 
-    python -m bench.soak                 # both runs; each writes its section of bench/RESULTS.md
+The churn run (issue 39): 48 ``/chat/stream`` turns arriving at seeded random times over 3
+minutes against ``ragchains serve`` with the embedded model, a third of them cut by their
+client at a random point (waiting, reading, writing the answer), as readers who close the tab
+or press Stop. Reported: stuck requests (target 0: the server's queue idle once the clients
+are done, and no turn left hanging), whether every turn not cut ended with an intact answer,
+the readers' waits (p50, p95), and the server's resident memory before and after.
+
+    python -m bench.soak                 # all runs; each writes its section of bench/RESULTS.md
     python -m bench.soak --run model     # the model run only (CPU heavy: minutes)
-    python -m bench.soak --seconds 20    # shorter runs (the report says so)
+    python -m bench.soak --run churn     # the churn run only (3 minutes and the tail)
+    python -m bench.soak --seconds 20    # shorter retrieve and model runs (the report says so)
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ import argparse
 import asyncio
 import itertools
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -160,13 +169,15 @@ async def soak(url: str, pid: int, docs: Path, index: Path, seconds: float) -> d
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--seconds", type=float, default=SECONDS)
-    parser.add_argument("--run", choices=("both", "retrieve", "model"), default="both")
+    parser.add_argument("--run", choices=("all", "retrieve", "model", "churn"), default="all")
     args = parser.parse_args()
     docs, index = prepare()
-    if args.run in ("both", "retrieve"):
+    if args.run in ("all", "retrieve"):
         retrieve_run(docs, index, args.seconds)
-    if args.run in ("both", "model"):
+    if args.run in ("all", "model"):
         model_run(index, args.seconds)
+    if args.run in ("all", "churn"):
+        churn_run(index)
 
 
 def retrieve_run(docs: Path, index: Path, seconds: float) -> None:
@@ -237,9 +248,17 @@ class Turn:
     first_token: float | None = None
     finished: float | None = None
     outcome: str = ""  # complete, refused (503 before streaming), busy (503 event), cut, error
+    answer: str = ""
+    incomplete: bool = False  # the server marked its answer cut short
+    left: str = ""  # a client that left on purpose: where (waiting, reading, answering)
+    events: int = 0
 
 
-async def chat_turn(http: httpx.AsyncClient, question: str, start: float) -> Turn:
+async def chat_turn(
+    http: httpx.AsyncClient, question: str, start: float, *, leave_after: float | None = None
+) -> Turn:
+    """One turn as its reader sees it; ``leave_after``: the reader leaves (closes the
+    connection) that many seconds after its request was admitted."""
     turn = Turn(sent=time.perf_counter() - start)
     try:
         async with http.stream(
@@ -254,24 +273,44 @@ async def chat_turn(http: httpx.AsyncClient, question: str, start: float) -> Tur
                 await reply.aread()
                 turn.finished = time.perf_counter() - start
                 return turn
-            event = ""
-            async for line in reply.aiter_lines():
-                if line.startswith("event:"):
-                    event = line.split(":", 1)[1].strip()
-                    if event == "end":
-                        turn.outcome = "complete"
-                elif line.startswith("data:") and event == "data" and turn.first_token is None:
-                    if json.loads(line[5:]).get("answer"):
-                        turn.first_token = time.perf_counter() - start
-                elif line.startswith("data:") and event == "error":
-                    said = json.loads(line[5:])
-                    turn.outcome = "busy" if said.get("status_code") == 503 else "error"
-                    turn.retry_after = said.get("retry_after")
+            try:
+                async with asyncio.timeout(leave_after):
+                    await _read_turn(reply, turn, start)
+            except TimeoutError:
+                turn.outcome = "left"
+                turn.left = (
+                    "answering"
+                    if turn.first_token is not None
+                    else "reading"
+                    if turn.events
+                    else "waiting"
+                )
     except httpx.HTTPError as exc:
         turn.outcome = f"cut ({type(exc).__name__})"
     turn.outcome = turn.outcome or "cut"
     turn.finished = time.perf_counter() - start
     return turn
+
+
+async def _read_turn(reply: httpx.Response, turn: Turn, start: float) -> None:
+    event = ""
+    async for line in reply.aiter_lines():
+        if line.startswith("event:"):
+            event = line.split(":", 1)[1].strip()
+            turn.events += 1
+            if event == "end":
+                turn.outcome = "complete"
+        elif line.startswith("data:") and event == "data":
+            data = json.loads(line[5:])
+            if data.get("answer"):
+                turn.answer += data["answer"]
+                if turn.first_token is None:
+                    turn.first_token = time.perf_counter() - start
+            turn.incomplete = turn.incomplete or bool(data.get("incomplete"))
+        elif line.startswith("data:") and event == "error":
+            said = json.loads(line[5:])
+            turn.outcome = "busy" if said.get("status_code") == 503 else "error"
+            turn.retry_after = said.get("retry_after")
 
 
 async def model_soak(url: str, seconds: float) -> dict[str, Any]:
@@ -390,6 +429,137 @@ def model_run(index: Path, seconds: float) -> None:
         "keep-alive pings meanwhile.",
     ]
     write_section("soak_model", "\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- churn run
+CHURN_STREAMS = 48
+CHURN_SECONDS = 180.0
+CHURN_SEED = 39
+TURN_GUARD = 300.0  # seconds: a turn that takes longer is stuck
+
+
+async def churn(url: str, pid: int) -> dict[str, Any]:
+    """``CHURN_STREAMS`` turns arriving at random over ``CHURN_SECONDS``; a third of their
+    readers leave at a random point. A turn refused on arrival (503) is asked again after its
+    Retry-After, as the chat page does; a reader who leaves leaves its first admitted try."""
+    rng = random.Random(CHURN_SEED)
+    arrivals = sorted(rng.uniform(0, CHURN_SECONDS) for _ in range(CHURN_STREAMS))
+    leaving = set(rng.sample(range(CHURN_STREAMS), CHURN_STREAMS // 3))
+    limits = httpx.Limits(max_connections=CHURN_STREAMS + 2)
+    async with (
+        httpx.AsyncClient(base_url=url, timeout=TURN_GUARD, limits=limits) as http,
+        httpx.AsyncClient(base_url=url, timeout=60) as control,
+    ):
+        warm = await chat_turn(http, CHAT_QUESTIONS[0], time.perf_counter())
+        await asyncio.sleep(2)
+        rss_before = rss_mb(pid)
+        # A reader leaves somewhere in a turn: waiting, reading or writing (a turn alone
+        # takes ``warm.finished`` seconds; waiting in the queue adds to it).
+        leave_after = {n: rng.uniform(0.1, 2.0 * (warm.finished or 5.0)) for n in leaving}
+        start = time.perf_counter()
+
+        async def reader(n: int) -> list[Turn]:
+            await asyncio.sleep(arrivals[n])
+            question = f"{CHAT_QUESTIONS[n % len(CHAT_QUESTIONS)]} ({n})"
+            tries = []
+            while True:
+                try:
+                    async with asyncio.timeout(TURN_GUARD):
+                        turn = await chat_turn(
+                            http, question, start, leave_after=leave_after.get(n)
+                        )
+                except TimeoutError:
+                    turn = Turn(sent=0.0, outcome="stuck")
+                tries.append(turn)
+                if turn.outcome != "refused" or not turn.retry_after:
+                    return tries
+                await asyncio.sleep(turn.retry_after)
+
+        tries = await asyncio.gather(*(reader(n) for n in range(CHURN_STREAMS)))
+        wall = time.perf_counter() - start
+        queue = (await control.get("/readyz")).json()["llm"]["queue"]
+        idle_after = 0.0
+        while queue["busy"] or queue["waiting"] or queue["requests"]:
+            if idle_after > 10:
+                break
+            await asyncio.sleep(0.1)
+            idle_after += 0.1
+            queue = (await control.get("/readyz")).json()["llm"]["queue"]
+        await asyncio.sleep(5)
+        rss_after = rss_mb(pid)
+    return {
+        "warm": warm,
+        "tries": tries,
+        "leaving": leaving,
+        "queue": queue,
+        "idle_after": idle_after,
+        "rss": (rss_before, rss_after),
+        "wall": wall,
+    }
+
+
+def churn_run(index: Path) -> None:
+    serve = [str(Path(sys.executable).parent / "ragchains"), "serve", "--index", str(index)]
+    with Server(index, command=[*serve, "--port", "{port}"]) as server:
+        result = asyncio.run(churn(server.url, server.process.pid))
+    tries: list[list[Turn]] = result["tries"]
+    last = [t[-1] for t in tries]
+    refusals = sum(1 for t in tries for turn in t if turn.outcome == "refused")
+    left = [turn for turn in last if turn.outcome == "left"]
+    stayed = [turn for n, turn in enumerate(last) if n not in result["leaving"]]
+    intact = [
+        t for t in stayed if t.outcome == "complete" and t.answer.strip() and not t.incomplete
+    ]
+    not_intact = [t for t in stayed if t not in intact]
+    queue = result["queue"]
+    hanging = sum(1 for turn in last if turn.outcome == "stuck")
+    stuck = hanging + queue["busy"] + queue["waiting"] + queue["requests"]
+    waits = sorted(t.first_token - t.sent for t in intact if t.first_token is not None)
+    where: dict[str, int] = {}
+    for turn in left:
+        where[turn.left] = where.get(turn.left, 0) + 1
+    before, after = result["rss"]
+    outcomes: dict[str, int] = {}
+    for turn in not_intact:
+        outcomes[turn.outcome] = outcomes.get(turn.outcome, 0) + 1
+    lines = [
+        "## Soak: readers who leave (`python -m bench.soak --run churn`)",
+        "",
+        machine_line(),
+        "",
+        f"{CHURN_STREAMS} `/chat/stream` turns arriving at seeded random times over "
+        f"{CHURN_SECONDS:.0f} s against `ragchains serve` with the embedded SmolLM2 (one call at "
+        f"a time, the default queue settings); {len(result['leaving'])} of their readers (a "
+        "third, chosen at random) close the connection at a random point of their turn, up to "
+        "twice the time of a turn alone "
+        f"({result['warm'].finished:.1f} s in this run), as a reader closing the tab or pressing "
+        "Stop. A turn refused on arrival (503) is asked again after its Retry-After, as the "
+        f"chat page does ({refusals} refusals in all). The run took {result['wall']:.0f} s.",
+        "",
+        "| turns | readers who left (waiting / reading / answering) | stuck | others' answers intact | reader's wait to first token p50 / p95 s | server RSS before / after MB |",
+        "|---:|---:|---:|---:|---:|---:|",
+        f"| {CHURN_STREAMS} | {len(left)} ({where.get('waiting', 0)} / {where.get('reading', 0)} "
+        f"/ {where.get('answering', 0)}) | {stuck} | {len(intact)} of {len(stayed)} | "
+        f"{percentile_ms(waits, 50) / 1000:.1f} / {percentile_ms(waits, 95) / 1000:.1f} | "
+        f"{before:.0f} / {after:.0f} |",
+        "",
+        f"- Stuck (target 0): turns that never ended ({hanging}), and what the server's queue "
+        f"held once every client was done (busy {queue['busy']}, waiting {queue['waiting']}, "
+        f"requests in progress {queue['requests']}; idle {result['idle_after']:.1f} s after "
+        f"the last client): {'meets' if stuck == 0 else 'MISSES'}.",
+        f"- Every turn whose reader stayed ended with its whole answer (an `end` event, no error "
+        f"event, not marked incomplete): {len(intact)} of {len(stayed)}"
+        + (
+            f"; the others: {', '.join(f'{k}: {v}' for k, v in sorted(outcomes.items()))}."
+            if outcomes
+            else "."
+        ),
+        f"- Server RSS after the run, minus before it (both 2-5 s after the clients were idle): "
+        f"**{after - before:+.0f} MB**.",
+        "- Before issue 39 one reader leaving while the answer streamed left the model locked "
+        "for good: every later turn waited until its bound and got a 503.",
+    ]
+    write_section("soak_churn", "\n".join(lines))
 
 
 if __name__ == "__main__":
