@@ -13,7 +13,7 @@ mid-stream) and cut streams (target 0).
 
 The churn run (issue 39): 48 ``/chat/stream`` turns arriving at seeded random times over 3
 minutes against ``ragchains serve`` with the embedded model, a third of them cut by their
-client at a random point (waiting, reading, writing the answer), as readers who close the tab
+client at a random point (queued or searching, reading, writing the answer), as readers who close the tab
 or press Stop. Reported: stuck requests (target 0: the server's queue idle once the clients
 are done, and no turn left hanging), whether every turn not cut ended with an intact answer,
 the readers' waits (p50, p95), and the server's resident memory before and after.
@@ -250,7 +250,7 @@ class Turn:
     outcome: str = ""  # complete, refused (503 before streaming), busy (503 event), cut, error
     answer: str = ""
     incomplete: bool = False  # the server marked its answer cut short
-    left: str = ""  # a client that left on purpose: where (waiting, reading, answering)
+    left: str = ""  # a client that left on purpose: where (searching, reading, answering)
     events: int = 0
 
 
@@ -278,13 +278,12 @@ async def chat_turn(
                     await _read_turn(reply, turn, start)
             except TimeoutError:
                 turn.outcome = "left"
-                turn.left = (
-                    "answering"
-                    if turn.first_token is not None
-                    else "reading"
-                    if turn.events
-                    else "waiting"
-                )
+                if turn.first_token is not None:
+                    turn.left = "answering"
+                elif turn.events:  # the sources came: the model reads its prompt
+                    turn.left = "reading"
+                else:  # queued, rewriting or searching: nothing came yet
+                    turn.left = "searching"
     except httpx.HTTPError as exc:
         turn.outcome = f"cut ({type(exc).__name__})"
     turn.outcome = turn.outcome or "cut"
@@ -438,13 +437,14 @@ CHURN_SEED = 39
 TURN_GUARD = 300.0  # seconds: a turn that takes longer is stuck
 
 
-async def churn(url: str, pid: int) -> dict[str, Any]:
-    """``CHURN_STREAMS`` turns arriving at random over ``CHURN_SECONDS``; a third of their
-    readers leave at a random point. A turn refused on arrival (503) is asked again after its
-    Retry-After, as the chat page does; a reader who leaves leaves its first admitted try."""
+async def churn(url: str, pid: int, *, leave: bool) -> dict[str, Any]:
+    """``CHURN_STREAMS`` turns arriving at random over ``CHURN_SECONDS``; with ``leave`` a third
+    of their readers leave at a random point (without, the same turns all stay: the baseline).
+    A turn refused on arrival (503) is asked again after its Retry-After, as the chat page
+    does."""
     rng = random.Random(CHURN_SEED)
     arrivals = sorted(rng.uniform(0, CHURN_SECONDS) for _ in range(CHURN_STREAMS))
-    leaving = set(rng.sample(range(CHURN_STREAMS), CHURN_STREAMS // 3))
+    leaving = set(rng.sample(range(CHURN_STREAMS), CHURN_STREAMS // 3)) if leave else set()
     limits = httpx.Limits(max_connections=CHURN_STREAMS + 2)
     async with (
         httpx.AsyncClient(base_url=url, timeout=TURN_GUARD, limits=limits) as http,
@@ -453,9 +453,10 @@ async def churn(url: str, pid: int) -> dict[str, Any]:
         warm = await chat_turn(http, CHAT_QUESTIONS[0], time.perf_counter())
         await asyncio.sleep(2)
         rss_before = rss_mb(pid)
-        # A reader leaves somewhere in a turn: waiting, reading or writing (a turn alone
-        # takes ``warm.finished`` seconds; waiting in the queue adds to it).
-        leave_after = {n: rng.uniform(0.1, 2.0 * (warm.finished or 5.0)) for n in leaving}
+        # A reader leaves somewhere in its turn: waiting, reading or writing (a turn alone
+        # takes ``warm.finished`` seconds; waiting in the queue only adds to it).
+        alone = warm.finished or 5.0
+        leave_after = {n: rng.uniform(0.05, 0.95) * alone for n in leaving}
         start = time.perf_counter()
 
         async def reader(n: int) -> list[Turn]:
@@ -500,8 +501,11 @@ async def churn(url: str, pid: int) -> dict[str, Any]:
 
 def churn_run(index: Path) -> None:
     serve = [str(Path(sys.executable).parent / "ragchains"), "serve", "--index", str(index)]
-    with Server(index, command=[*serve, "--port", "{port}"]) as server:
-        result = asyncio.run(churn(server.url, server.process.pid))
+    runs = {}
+    for leave in (False, True):  # the baseline first, each on a server of its own
+        with Server(index, command=[*serve, "--port", "{port}"]) as server:
+            runs[leave] = asyncio.run(churn(server.url, server.process.pid, leave=leave))
+    result, baseline = runs[True], runs[False]
     tries: list[list[Turn]] = result["tries"]
     last = [t[-1] for t in tries]
     refusals = sum(1 for t in tries for turn in t if turn.outcome == "refused")
@@ -519,6 +523,7 @@ def churn_run(index: Path) -> None:
     for turn in left:
         where[turn.left] = where.get(turn.left, 0) + 1
     before, after = result["rss"]
+    base_before, base_after = baseline["rss"]
     outcomes: dict[str, int] = {}
     for turn in not_intact:
         outcomes[turn.outcome] = outcomes.get(turn.outcome, 0) + 1
@@ -531,14 +536,14 @@ def churn_run(index: Path) -> None:
         f"{CHURN_SECONDS:.0f} s against `ragchains serve` with the embedded SmolLM2 (one call at "
         f"a time, the default queue settings); {len(result['leaving'])} of their readers (a "
         "third, chosen at random) close the connection at a random point of their turn, up to "
-        "twice the time of a turn alone "
+        "the time of a turn alone "
         f"({result['warm'].finished:.1f} s in this run), as a reader closing the tab or pressing "
-        "Stop. A turn refused on arrival (503) is asked again after its Retry-After, as the "
+        "Stop. The baseline: the same turns on a server of its own, every reader staying. A turn refused on arrival (503) is asked again after its Retry-After, as the "
         f"chat page does ({refusals} refusals in all). The run took {result['wall']:.0f} s.",
         "",
-        "| turns | readers who left (waiting / reading / answering) | stuck | others' answers intact | reader's wait to first token p50 / p95 s | server RSS before / after MB |",
+        "| turns | readers who left (before the sources / before the answer / during it) | stuck | others' answers intact | reader's wait to first token p50 / p95 s | server RSS before / after MB |",
         "|---:|---:|---:|---:|---:|---:|",
-        f"| {CHURN_STREAMS} | {len(left)} ({where.get('waiting', 0)} / {where.get('reading', 0)} "
+        f"| {CHURN_STREAMS} | {len(left)} ({where.get('searching', 0)} / {where.get('reading', 0)} "
         f"/ {where.get('answering', 0)}) | {stuck} | {len(intact)} of {len(stayed)} | "
         f"{percentile_ms(waits, 50) / 1000:.1f} / {percentile_ms(waits, 95) / 1000:.1f} | "
         f"{before:.0f} / {after:.0f} |",
@@ -554,8 +559,11 @@ def churn_run(index: Path) -> None:
             if outcomes
             else "."
         ),
-        f"- Server RSS after the run, minus before it (both 2-5 s after the clients were idle): "
-        f"**{after - before:+.0f} MB**.",
+        f"- Server RSS after the run minus before it (each read 2-5 s after the clients were "
+        f"idle): **{after - before:+.0f} MB**; the baseline's, every reader staying: "
+        f"{base_after - base_before:+.0f} MB ({base_before:.0f} to {base_after:.0f} MB): the "
+        "memory a fresh server takes on as it serves its first turns (allocator arenas, "
+        "llama.cpp's buffers), with or without readers leaving.",
         "- Before issue 39 one reader leaving while the answer streamed left the model locked "
         "for good: every later turn waited until its bound and got a 503.",
     ]

@@ -29,8 +29,12 @@ refuses it at once with ``ModelBusy`` when the estimate is over the bound: a ser
 that with 503 and Retry-After before any stream starts.
 
 The queue belongs with the model (``TakesTurns``): whoever composes the model in process
-gets the same order and bounds as the server. Only async calls queue; sync ones (``invoke``
-and ``batch`` in threads) keep to the model's own locking.
+gets the same order and bounds as the server, sync calls (``invoke`` and ``batch`` in
+threads, the command line) and async ones alike. A call holds its slot only while it runs,
+in a producer of its own (``chains.modelrelay``), never across a ``yield`` its reader might
+not resume. A request ends (``Ticket.close``: answered, or its client gone) and its calls
+end with it: one waiting leaves the queue, one running is stopped, a new one does not start
+(``RequestEnded``).
 """
 
 from __future__ import annotations

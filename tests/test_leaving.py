@@ -22,9 +22,12 @@ from typing import Any
 
 import httpx
 import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 
 from tests.browser import open_page
 from tests.leaving import (
+    GUARD,
     IDLE_WITHIN,
     NEXT,
     QUESTION,
@@ -52,6 +55,73 @@ def test_a_client_that_leaves_at_any_point_frees_the_embedded_model_at_once(
 ) -> None:
     rng = random.Random(f"{SEED}-{route.name}")
     assert_freed(leave_at_every_point(embedded, route, rng))
+
+
+# ----------------------------------------------------------------------------- other ways in
+async def _playground(client: httpx.AsyncClient) -> None:
+    """The chat playground's run: stream_log, asked from the playground's page."""
+    headers = {"Referer": f"{client.base_url}chat/playground/"}
+    body = {"input": {"question": QUESTION, "chat_history": []}}
+    async with client.stream("POST", "/chat/stream_log", json=body, headers=headers) as reply:
+        lines = [line async for line in reply.aiter_lines()]
+    assert reply.status_code == 200 and "event: end" in lines, lines[-4:]
+
+
+async def _chat_invoke(client: httpx.AsyncClient) -> None:
+    body = {"input": {"question": QUESTION, "chat_history": []}}
+    reply = await client.post("/chat/invoke", json=body)
+    assert reply.status_code == 200 and reply.json()["output"]["answer"], reply.text
+
+
+async def _v1_whole(client: httpx.AsyncClient) -> None:
+    body = {"model": "default", "messages": [{"role": "user", "content": QUESTION}]}
+    reply = await client.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"]
+
+
+async def _mcp_ask(client: httpx.AsyncClient) -> None:
+    """MCP's ask tool through the SDK's streamable HTTP client."""
+    async with (
+        streamable_http_client(f"{client.base_url}mcp", http_client=client) as (read, write, _),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        result = await session.call_tool("ask", {"question": QUESTION})
+    assert not result.isError and result.structuredContent, result
+
+
+WAYS_IN = {
+    "playground": _playground,
+    "chat-invoke": _chat_invoke,
+    "v1-whole": _v1_whole,
+    "mcp-ask": _mcp_ask,
+}
+
+
+@pytest.mark.parametrize("way", list(WAYS_IN))
+def test_every_other_way_in_frees_the_model_when_its_client_leaves(embedded: str, way: str) -> None:
+    """The playground's stream_log, a whole (unstreamed) chat turn, a whole /v1 completion
+    and MCP's ask: a client gone two thirds into its call (timed by a whole one first) leaves
+    the queue idle within a second, whatever it was doing then."""
+    call = WAYS_IN[way]
+
+    async def run() -> float:
+        async with httpx.AsyncClient(base_url=embedded, timeout=GUARD) as client:
+            started = time.monotonic()
+            await call(client)
+            whole = time.monotonic() - started
+        async with httpx.AsyncClient(base_url=embedded, timeout=GUARD) as client:
+            try:
+                async with asyncio.timeout(whole * 2 / 3):
+                    await call(client)
+            except TimeoutError:
+                pass
+            gone = time.monotonic()
+        async with httpx.AsyncClient(base_url=embedded, timeout=GUARD) as client:
+            return await queue_idle_after(client, gone)
+
+    idle = asyncio.run(run())
+    assert idle <= IDLE_WITHIN, f"{way}: the queue was busy {idle:.2f} s after the client left"
 
 
 # ----------------------------------------------------------------------------- the page
