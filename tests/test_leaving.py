@@ -60,7 +60,7 @@ def test_a_client_that_leaves_at_any_point_frees_the_embedded_model_at_once(
 # ----------------------------------------------------------------------------- other ways in
 async def _playground(client: httpx.AsyncClient) -> None:
     """The chat playground's run: stream_log, asked from the playground's page."""
-    headers = {"Referer": f"{client.base_url}chat/playground/"}
+    headers = {"Referer": str(client.base_url.join("/chat/playground/"))}
     body = {"input": {"question": QUESTION, "chat_history": []}}
     async with client.stream("POST", "/chat/stream_log", json=body, headers=headers) as reply:
         lines = [line async for line in reply.aiter_lines()]
@@ -82,7 +82,11 @@ async def _v1_whole(client: httpx.AsyncClient) -> None:
 async def _mcp_ask(client: httpx.AsyncClient) -> None:
     """MCP's ask tool through the SDK's streamable HTTP client."""
     async with (
-        streamable_http_client(f"{client.base_url}mcp", http_client=client) as (read, write, _),
+        streamable_http_client(str(client.base_url.join("/mcp")), http_client=client) as (
+            read,
+            write,
+            _,
+        ),
         ClientSession(read, write) as session,
     ):
         await session.initialize()
