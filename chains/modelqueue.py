@@ -300,24 +300,12 @@ class ModelQueue:
         arrived = self._arrive(ticket, first_token, wake)
         if isinstance(arrived, _Hold):
             return arrived
-        waiter = arrived
-        left = ticket.time_left(waiter.since) if ticket is not None else None
-        untie = ticket.on_close(lambda: self._evict(waiter)) if ticket is not None else _nothing
-        try:
-            if left is not None and left <= 0:
-                raise TimeoutError
-            # Not wait_for: Python 3.11's returns the result of a future done as the waiting
-            # task is cancelled, and a caller that went away would use the slot after all.
+        # Not wait_for: Python 3.11's returns the result of a future done as the waiting task
+        # is cancelled, and a caller that went away would use the slot after all.
+        with self._while_waiting(arrived) as left:
             async with asyncio.timeout(left):
                 await future
-        except BaseException as exc:
-            error = self._left_waiting(waiter, exc)
-            if error is exc:
-                raise
-            raise error from None
-        finally:
-            untie()
-        return self._granted(waiter)
+        return self._granted(arrived)
 
     def acquire_blocking(self, *, first_token: bool = False) -> _Hold:
         """``acquire`` for a thread (``invoke`` and ``batch`` from threads, the command line):
@@ -327,20 +315,30 @@ class ModelQueue:
         arrived = self._arrive(ticket, first_token, woken.set)
         if isinstance(arrived, _Hold):
             return arrived
-        waiter = arrived
-        left = ticket.time_left(waiter.since) if ticket is not None else None
+        with self._while_waiting(arrived) as left:  # Ctrl-C too leaves the queue
+            if not woken.wait(left):
+                raise TimeoutError
+        return self._granted(arrived)
+
+    @contextlib.contextmanager
+    def _while_waiting(self, waiter: _Waiter) -> Iterator[float | None]:
+        """While ``waiter`` waits (for as long as the block is given: its request's time
+        left): its request's end evicts it; whatever ends its wait early takes it out of the
+        queue, its bound reached as ``ModelBusy``."""
+        ticket = waiter.ticket
         untie = ticket.on_close(lambda: self._evict(waiter)) if ticket is not None else _nothing
         try:
-            if (left is not None and left <= 0) or not woken.wait(left):
+            left = ticket.time_left(waiter.since) if ticket is not None else None
+            if left is not None and left <= 0:
                 raise TimeoutError
-        except BaseException as exc:  # Ctrl-C too
+            yield left
+        except BaseException as exc:
             error = self._left_waiting(waiter, exc)
             if error is exc:
                 raise
             raise error from None
         finally:
             untie()
-        return self._granted(waiter)
 
     def release(self, hold: _Hold) -> None:
         """The call holding ``hold`` is done: its slot goes to the next waiter. Safe on any

@@ -33,6 +33,14 @@ class _Failed:
     error: BaseException
 
 
+def _taken(item: Any) -> Any:
+    """An item as its reader takes it: the end marker, a chunk, or the producer's failure
+    raised."""
+    if isinstance(item, _Failed):
+        raise item.error
+    return item
+
+
 class Handoff(Generic[T]):
     """Chunks from a producer on any thread to one reader: a thread (``loop`` None) or a
     coroutine on ``loop``. ``stop`` tells the producer to stop (its hooks interrupt it)."""
@@ -93,12 +101,7 @@ class Handoff(Generic[T]):
     # ------------------------------------------------------------------ reader's side
     def __iter__(self) -> Iterator[T]:
         try:
-            while True:
-                item = self._sync.get()
-                if item is _END:
-                    return
-                if isinstance(item, _Failed):
-                    raise item.error
+            while (item := _taken(self._sync.get())) is not _END:
                 yield item
         finally:
             self.stop()
@@ -106,12 +109,7 @@ class Handoff(Generic[T]):
     async def __aiter__(self) -> AsyncIterator[T]:
         assert self._async is not None, "a handoff to a thread is read with for, not async for"
         try:
-            while True:
-                item = await self._async.get()
-                if item is _END:
-                    return
-                if isinstance(item, _Failed):
-                    raise item.error
+            while (item := _taken(await self._async.get())) is not _END:
                 yield item
         finally:
             self.stop()
