@@ -5,6 +5,7 @@ imports it). No network, no key; structured replies come from GBNF grammars.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 import logging
@@ -59,8 +60,8 @@ class QueuedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
     first-come queue (one slot: ``chains.modelqueue``), sync and async callers alike, and
     each runs on the one thread that owns the context (``ContextOwner``), which holds the
     slot until the call ends. The caller reads the tokens as they come; a caller who goes
-    (a client that disconnects, Stop, Ctrl-C) or whose request ends stops the decoding within
-    a token or a micro-batch of the prompt, and the slot passes on at once.
+    (a client that disconnects, Stop, Ctrl-C) or whose request ends stops the decoding where it
+    is, in a prompt being read too, and the slot passes on at once.
     """
 
     # Takes ``grammar=<GBNF text>`` per call (see chains.llm.LLM.of).
@@ -93,36 +94,38 @@ class QueuedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
         return self.count_tokens(text)
 
 
-def _abort_now(_data: Any) -> bool:
-    return True
-
-
 class ContextOwner:
     """The one thread that runs a llama.cpp context, and the way to stop its call at once.
 
-    Between two tokens a stopped call ends when its next token is handed over; a prompt is
-    evaluated in micro-batches (``n_ubatch``), and a stop installs llama.cpp's abort callback,
-    which it checks when it starts the next one: the decode returns "aborted", and the
-    prompt's tokens evaluated so far are dropped from the context by the next call. The
-    callback is only there while a stop is pending: llama.cpp calls it for each node of the
-    compute graph, and a Python callback would take the GIL hundreds of times per token.
+    Between two tokens a stopped call ends as it hands its next token over. Within a decode
+    (a prompt being read, a token being made) llama.cpp asks its abort callback before each
+    node of the compute graph; stopped, the decode returns "aborted" within a node, and the
+    tokens of the prompt read so far are dropped from the context by the next call. The
+    callback is libc's ``strlen`` over a two-byte flag this object owns: 1 (abort) once the
+    flag's first byte is set, 0 while it is clear. A C function, so the check costs
+    nanoseconds and never takes the GIL: a Python callback takes it at every node, hundreds of
+    times a token, and with a busy event loop made decoding 50 times slower. (``strlen``
+    returns a size_t of 0 or 1 where llama.cpp reads a bool: the same register, on every ABI
+    llama.cpp is built for.)
     """
 
     def __init__(self, llama: Any) -> None:
         import llama_cpp
 
+        self.thread = ThreadPoolExecutor(1, thread_name_prefix="llama.cpp")
+        self._lock = threading.Lock()
+        self._running: Handoff[Any] | None = None
+        self._flag = ctypes.create_string_buffer(2)  # [stop, NUL]
+        context = getattr(llama, "ctx", None)  # None: a stand-in without a model file
+        strlen = _c_strlen()
+        if context is not None and strlen is not None:
+            self._callback = ctypes.cast(strlen, llama_cpp.ggml_abort_callback)  # kept alive
+            flag = ctypes.cast(self._flag, ctypes.c_void_p)
+            llama_cpp.llama_set_abort_callback(context, self._callback, flag)
         # llama.cpp logs an aborted decode as an error ("decode: removing memory module
         # entries ..."): a reader pressing Stop is no error. Its real failures while
         # decoding reach us as exceptions; those of loading a model were logged before.
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
-        self._set_abort_callback = llama_cpp.llama_set_abort_callback
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="llama.cpp")
-        self._context = getattr(llama, "ctx", None)  # None: a stand-in without a model file
-        self._lock = threading.Lock()
-        self._running: Handoff[Any] | None = None
-        # llama.cpp keeps only the pointers: the callbacks live as long as this object.
-        self._abort = llama_cpp.ggml_abort_callback(_abort_now)
-        self._no_abort = llama_cpp.ggml_abort_callback()
 
     def running(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
         """``work`` as this thread runs it: interrupted when ``handoff`` is stopped."""
@@ -132,23 +135,30 @@ class ContextOwner:
     def _as_running(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
         with self._lock:
             self._running = handoff
-            self._set_abort(handoff.stopped.is_set())  # stopped as it was about to start
+            self._set_stop(handoff.stopped.is_set())  # stopped as it was about to start
         try:
             yield from work
         finally:
             with self._lock:
                 self._running = None
-                self._set_abort(False)
+                self._set_stop(False)
 
     def _interrupt(self, handoff: Handoff[Any]) -> None:
         with self._lock:
             if self._running is handoff:
-                self._set_abort(True)
+                self._set_stop(True)
 
-    def _set_abort(self, abort: bool) -> None:
-        if self._context is not None:
-            callback = self._abort if abort else self._no_abort
-            self._set_abort_callback(self._context, callback, None)
+    def _set_stop(self, stop: bool) -> None:
+        self._flag[0] = b"\x01" if stop else b"\x00"
+
+
+def _c_strlen() -> Any:
+    """libc's ``strlen``, or None where the C library cannot be opened this way (Windows):
+    there a stop takes effect between two tokens only."""
+    try:
+        return ctypes.CDLL(None).strlen
+    except (OSError, TypeError, AttributeError):
+        return None
 
 
 def embedded_llm(
@@ -171,9 +181,6 @@ def embedded_llm(
             model_path=str(path),
             n_ctx=context_tokens,
             n_batch=512,  # the wrapper's default of 8 makes reading a prompt ~10x slower
-            # A stop takes effect between two micro-batches of a prompt: 64 tokens take about
-            # a quarter of a second here, and read as fast as 512.
-            model_kwargs={"n_ubatch": 64},
             n_threads=threads,
             seed=seed,
             streaming=True,

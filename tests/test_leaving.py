@@ -5,8 +5,9 @@ For chat, ask and ``/v1/chat/completions``, all streamed, a client disconnects a
 spread over a turn (seeded, one in each tenth of the turn's own time: rewrite, retrieval, the
 answer's prompt and its tokens); after each, ``/readyz`` shows the queue idle within a
 second and a normal question answers in full within three times its usual time (measured
-here). In the chat page: reader A presses Stop mid-answer, reader B in another browser
-context gets a cited answer, then A asks again and gets one.
+just before and just after). The playground, whole chat and /v1 replies and MCP's ask
+are each cut once. In the chat page: reader A presses Stop mid-answer, reader B in another
+browser context gets a cited answer, then A asks again and gets one.
 """
 
 from __future__ import annotations
