@@ -1,9 +1,10 @@
 """Clients that leave mid-turn, for the tests of issue 39 (``test_leaving*.py``): a turn on a
 streamed route cut at points spread over it, and what a server must show after each cut: the
-model's queue idle within a second (``/readyz``), and a normal question answered in full
-within three times its usual time (measured just before and just after it).
+model's queue idle within a second (``/readyz``), and a normal question answered in full, its
+first token within three times its usual time (measured just before and just after it: the
+first token, not the whole answer, whose length varies with sampling).
 
-Deadlines, not timed assertions: a second for the queue, three times the usual answer.
+Deadlines, not timed assertions: a second for the queue, three times the usual wait.
 """
 
 from __future__ import annotations
@@ -17,13 +18,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+import pytest
 
 QUESTION = "How many vacation days do employees get?"  # the turn that is cut
 NEXT = "What does the standard health plan cost the employee per month?"  # asked after
 POINTS = 10
+# The suite cuts each route at 3 points; the issue's 10 run with ``make test-long``.
+POINT_COUNTS = [
+    pytest.param(3, id="3-points"),
+    pytest.param(POINTS, id=f"{POINTS}-points", marks=pytest.mark.long),
+]
 SEED = 39
 IDLE_WITHIN = 1.0  # seconds from the disconnect to an idle queue
-ALLOWANCE = 3.0  # the question after a cut, against its usual time
+ALLOWANCE = 3.0  # the question after a cut, against its usual wait for a first token
 GUARD = 300.0  # seconds: only a hang comes near it
 
 
@@ -132,9 +139,9 @@ async def queue_idle_after(client: httpx.AsyncClient, since: float) -> float:
         await asyncio.sleep(0.025)
 
 
-def cut_points(seconds: float, rng: random.Random) -> list[float]:
-    """``POINTS`` moments over a turn of ``seconds``: one at random in each tenth of it."""
-    return [seconds * (n + rng.random()) / POINTS for n in range(POINTS)]
+def cut_points(seconds: float, points: int, rng: random.Random) -> list[float]:
+    """``points`` moments over a turn of ``seconds``: one at random in each equal part."""
+    return [seconds * (n + rng.random()) / points for n in range(points)]
 
 
 @dataclass
@@ -142,20 +149,21 @@ class Cut:
     route: str
     after: float
     idle: float  # seconds from the disconnect to an idle queue
-    next_seconds: float  # the normal question after it
-    usual: float
+    next_first_token: float  # seconds to the first token of the normal question after it
+    usual: float  # the same question's, the slower of just before and just after
 
 
 def leave_at_every_point(
     base: str,
     route: Route,
     rng: random.Random,
+    points: int,
     after_cut: Callable[[Turn, float, float], None] | None = None,
 ) -> list[Cut]:
-    """The route's turn cut at ``POINTS`` points; after each, the queue's idle time, then
+    """The route's turn cut at ``points`` points; after each, the queue's idle time, then
     ``after_cut(turn, after, when)`` (more checks: an upstream's state), then a normal
     question (``/ask``: the model is free for every reader, whatever route was cut); at the
-    end a whole turn on the route itself. The question's usual time is measured between the
+    end a whole turn on the route itself. The question's usual wait is measured between the
     cuts (a machine shared with other work is not as fast all along), after a turn of the cut
     question: what precedes it in the model's context, as after a cut."""
     follow_up = ROUTES[1]
@@ -163,24 +171,22 @@ def leave_at_every_point(
     async def run() -> list[Cut]:
         async with httpx.AsyncClient(base_url=base, timeout=GUARD) as client:
 
-            async def usual_time() -> float:
+            async def usual_wait() -> float:
                 await full_turn(client, follow_up, QUESTION)
-                return (await full_turn(client, follow_up, NEXT)).seconds
+                return (await full_turn(client, follow_up, NEXT)).first_token
 
             turn = await full_turn(client, route, QUESTION)
-            usual = [await usual_time()]
+            usual = [await usual_wait()]
             cuts = []
-            for after in cut_points(turn.seconds, rng):
+            for after in cut_points(turn.seconds, points, rng):
                 gone = await cut_turn(client, route, after)
                 idle = await queue_idle_after(client, gone)
                 if after_cut is not None:
                     await asyncio.to_thread(after_cut, turn, after, gone)
-                next_seconds = (await full_turn(client, follow_up, NEXT)).seconds
-                cuts.append(Cut(route.name, round(after, 2), idle, next_seconds, 0.0))
-                usual.append(await usual_time())
+                next_turn = await full_turn(client, follow_up, NEXT)
+                cuts.append(Cut(route.name, round(after, 2), idle, next_turn.first_token, 0.0))
+                usual.append(await usual_wait())
             await full_turn(client, route, QUESTION)
-            # Each question after a cut against the usual times measured just before and
-            # just after it: the slower of the two.
             for n, cut in enumerate(cuts):
                 cut.usual = max(usual[n], usual[n + 1])
             return cuts
@@ -189,5 +195,5 @@ def leave_at_every_point(
 
 
 def assert_freed(cuts: list[Cut]) -> None:
-    late = [c for c in cuts if c.idle > IDLE_WITHIN or c.next_seconds > ALLOWANCE * c.usual]
+    late = [c for c in cuts if c.idle > IDLE_WITHIN or c.next_first_token > ALLOWANCE * c.usual]
     assert not late, "\n".join(map(str, late))

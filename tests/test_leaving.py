@@ -1,11 +1,12 @@
 """A reader who leaves frees the embedded model for everyone at once (issue 39), against
 `ragchains serve` as a user starts it (a subprocess, the embedded SmolLM2).
 
-For chat, ask and ``/v1/chat/completions``, all streamed, a client disconnects at ten points
-spread over a turn (seeded, one in each tenth of the turn's own time: rewrite, retrieval, the
-answer's prompt and its tokens); after each, ``/readyz`` shows the queue idle within a
-second and a normal question answers in full within three times its usual time (measured
-just before and just after). The playground, whole chat and /v1 replies and MCP's ask
+For chat, ask and ``/v1/chat/completions``, all streamed, a client disconnects at points
+spread over a turn (seeded, one in each equal part of the turn's own time: rewrite,
+retrieval, the answer's prompt and its tokens; ten with ``make test-long``, three in the
+suite); after each, ``/readyz`` shows the queue idle within a second and a normal question
+answers in full, its first token within three times its usual wait (measured just before
+and just after). The playground, whole chat and /v1 replies and MCP's ask
 are each cut once. In the chat page: reader A presses Stop mid-answer, reader B in another
 browser context gets a cited answer, then A asks again and gets one.
 """
@@ -31,6 +32,7 @@ from tests.leaving import (
     GUARD,
     IDLE_WITHIN,
     NEXT,
+    POINT_COUNTS,
     QUESTION,
     ROUTES,
     SEED,
@@ -50,12 +52,13 @@ def embedded(sample_index: Path) -> Iterator[str]:
         yield base
 
 
+@pytest.mark.parametrize("points", POINT_COUNTS)
 @pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
 def test_a_client_that_leaves_at_any_point_frees_the_embedded_model_at_once(
-    embedded: str, route: Route
+    embedded: str, route: Route, points: int
 ) -> None:
-    rng = random.Random(f"{SEED}-{route.name}")
-    assert_freed(leave_at_every_point(embedded, route, rng))
+    rng = random.Random(f"{SEED}-{route.name}-{points}")
+    assert_freed(leave_at_every_point(embedded, route, rng, points))
 
 
 # ----------------------------------------------------------------------------- other ways in

@@ -1,7 +1,7 @@
 """A reader who leaves closes the upstream request, and the upstream stops generating (issue
 39): `ragchains serve` with the openai provider against llama.cpp's OpenAI-compatible server
 (``python -m llama_cpp.server``, as the suite runs it), ``/v1/chat/completions`` streamed and
-cut at ten points spread over a turn."""
+cut at points spread over a turn (ten with ``make test-long``, three in the suite)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.leaving import POINTS, ROUTES, SEED, Turn, assert_freed, leave_at_every_point
+from tests.leaving import (
+    GUARD,
+    POINT_COUNTS,
+    ROUTES,
+    SEED,
+    Turn,
+    assert_freed,
+    leave_at_every_point,
+)
 from tests.servers import LlamaServer, llama_cpp_server, ragchains_serve
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
@@ -31,10 +39,11 @@ def llama() -> Iterator[LlamaServer]:
         yield server
 
 
+@pytest.mark.parametrize("points", POINT_COUNTS)
 def test_a_client_that_leaves_closes_the_upstream_request_and_the_upstream_stops(
-    llama: LlamaServer, sample_index: Path
+    llama: LlamaServer, sample_index: Path, points: int
 ) -> None:
-    """/v1 streamed through `ragchains serve` on the openai provider, cut at ten points: our
+    """/v1 streamed through `ragchains serve` on the openai provider, cut at points: our
     server closes its request to llama.cpp's server, which stops generating: within two
     seconds its CPU is still. It stops at its next token; a prompt it is reading it reads to
     the end (llama-cpp-python's server reads one in a single call it cannot interrupt, though
@@ -51,11 +60,13 @@ def test_a_client_that_leaves_closes_the_upstream_request_and_the_upstream_stops
             time.sleep(0.25)
             if cpu_seconds(pid) - before < 0.05:
                 break
+            assert time.monotonic() - gone < GUARD, "the upstream never stopped generating"
         freed.append((time.monotonic() - gone, 2.0 + reading))
 
     env = {"RAGCHAINS_LLM_PROVIDER": "openai", "RAGCHAINS_OPENAI_BASE_URL": llama.base_url}
     with ragchains_serve("--index", str(sample_index), **env) as base:
-        cuts = leave_at_every_point(base, ROUTES[2], random.Random(SEED), upstream_freed)
+        rng = random.Random(f"{SEED}-{points}")
+        cuts = leave_at_every_point(base, ROUTES[2], rng, points, upstream_freed)
     assert_freed(cuts)
-    assert len(freed) == POINTS
+    assert len(freed) == points
     assert all(took <= bound for took, bound in freed), freed
