@@ -22,6 +22,12 @@ import pytest
 
 QUESTION = "How many vacation days do employees get?"  # the turn that is cut
 NEXT = "What does the standard health plan cost the employee per month?"  # asked after
+ANOTHER_CALL = {  # a model call of another prompt
+    "input": {
+        "question": "and the premium?",
+        "chat_history": [{"type": "human", "content": QUESTION}, {"type": "ai", "content": "20."}],
+    }
+}
 POINTS = 10
 # The suite cuts each route at 3 points; the issue's 10 run with ``make test-long``.
 POINT_COUNTS = [
@@ -111,17 +117,25 @@ def _has_answer_text(line: str) -> bool:
     return isinstance(data, dict) and bool(data.get("answer"))
 
 
-async def cut_turn(client: httpx.AsyncClient, route: Route, after: float) -> float:
+@dataclass(frozen=True)
+class Departure:
+    after: float  # seconds into the turn
+    when: float  # monotonic time of the disconnect
+    answering: bool  # whether answer text had come by then
+
+
+async def cut_turn(client: httpx.AsyncClient, route: Route, after: float) -> Departure:
     """A turn whose client disconnects ``after`` seconds in (its connection closed, as a
-    closed tab or Stop does); when it did (monotonic)."""
+    closed tab or Stop does)."""
+    answering = False
     try:
         async with asyncio.timeout(after):
             async with client.stream("POST", route.path, json=route.body(QUESTION)) as response:
-                async for _ in response.aiter_lines():
-                    pass
+                async for line in response.aiter_lines():
+                    answering = answering or _has_answer_text(line)
     except TimeoutError:
         pass
-    return time.monotonic()
+    return Departure(after, time.monotonic(), answering)
 
 
 async def queue_idle_after(client: httpx.AsyncClient, since: float) -> float:
@@ -158,31 +172,34 @@ def leave_at_every_point(
     route: Route,
     rng: random.Random,
     points: int,
-    after_cut: Callable[[Turn, float, float], None] | None = None,
+    after_cut: Callable[[Turn, Departure], None] | None = None,
 ) -> list[Cut]:
     """The route's turn cut at ``points`` points; after each, the queue's idle time, then
-    ``after_cut(turn, after, when)`` (more checks: an upstream's state), then a normal
+    ``after_cut(turn, departure)`` (more checks: an upstream's state), then a normal
     question (``/ask``: the model is free for every reader, whatever route was cut); at the
     end a whole turn on the route itself. The question's usual wait is measured between the
-    cuts (a machine shared with other work is not as fast all along), after a turn of the cut
-    question: what precedes it in the model's context, as after a cut."""
+    cuts (a machine shared with other work is not as fast all along), after another reader's
+    call of another prompt (a rewrite): the model reads the question's prompt whole, as after
+    a cut, never from the start of it that it kept from an /ask just before (about half of
+    the wait, with the embedded model)."""
     follow_up = ROUTES[1]
 
     async def run() -> list[Cut]:
         async with httpx.AsyncClient(base_url=base, timeout=GUARD) as client:
 
             async def usual_wait() -> float:
-                await full_turn(client, follow_up, QUESTION)
+                rewrite = await client.post("/rewrite/invoke", json=ANOTHER_CALL)
+                assert rewrite.status_code == 200, rewrite.text
                 return (await full_turn(client, follow_up, NEXT)).first_token
 
             turn = await full_turn(client, route, QUESTION)
             usual = [await usual_wait()]
             cuts = []
             for after in cut_points(turn.seconds, points, rng):
-                gone = await cut_turn(client, route, after)
-                idle = await queue_idle_after(client, gone)
+                departure = await cut_turn(client, route, after)
+                idle = await queue_idle_after(client, departure.when)
                 if after_cut is not None:
-                    await asyncio.to_thread(after_cut, turn, after, gone)
+                    await asyncio.to_thread(after_cut, turn, departure)
                 next_turn = await full_turn(client, follow_up, NEXT)
                 cuts.append(Cut(route.name, round(after, 2), idle, next_turn.first_token, 0.0))
                 usual.append(await usual_wait())
