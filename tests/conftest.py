@@ -97,13 +97,15 @@ def serve_samples(
 ) -> Callable[..., AbstractContextManager[str]]:
     """Starts the real app under uvicorn on a free port over the sample index, with the
     default settings changed by its keyword arguments; the context yields the base URL. The
-    chat model is the embedded SmolLM2 unless the changes choose another provider."""
+    chat model is the embedded SmolLM2 (the session's, or ``llm``: one of the test's own)
+    unless the changes choose another provider."""
     from ragchains.server import create_app
     from tests.servers import serving
 
-    def start(**changes: Any) -> AbstractContextManager[str]:
+    def start(*, llm: Any = None, **changes: Any) -> AbstractContextManager[str]:
         configured = settings.model_copy(update={"index": sample_index, **changes})
-        llm = smollm if configured.llm_provider == "embedded" else None
+        if configured.llm_provider == "embedded":
+            llm = llm or smollm
         return serving(create_app(configured, llm=llm, embedder=embedder))
 
     return start

@@ -24,6 +24,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from ragchains.embedded_llm import embedded_llm
 from tests.servers import FakeOpenAI, ragchains_serve, wait_until
 
 pytestmark = pytest.mark.slow
@@ -140,14 +141,17 @@ def test_overflowing_streams_on_the_embedded_model_are_refused_before_streaming(
     admitted and complete, their first tokens in arrival order; the later ones get 503 with
     Retry-After at once; /readyz shows the queue while it is long."""
     # A turn's model time first (it is the model's: servers sharing it share its queue),
-    # then a bound that lets about two and a half turns wait.
-    with serve_samples(requery=False) as base:
+    # then a bound that lets about two and a half turns wait. A model of the test's own: the
+    # session's has the estimates of the tests before this one on its worker (other routes,
+    # shorter calls), which would admit more turns than the bound lets wait.
+    own = embedded_llm()
+    with serve_samples(llm=own, requery=False) as base:
         warm = one_stream(base)
         assert warm.status == 200 and warm.ended, warm.body
         per_request = httpx.get(f"{base}/readyz").json()["llm"]["queue"]["seconds_per_request"]
     assert per_request > 0
     limit = round(2.5 * per_request, 1)
-    with serve_samples(model_queue_wait=limit, requery=False) as base:
+    with serve_samples(llm=own, model_queue_wait=limit, requery=False) as base:
         queue = httpx.get(f"{base}/readyz").json()["llm"]["queue"]
         assert queue["max_wait_s"] == limit and queue["slots"] == 1
         streams, readings, _ = asyncio.run(staggered(base, 6))
