@@ -86,7 +86,7 @@ test: setup $(CHROMIUM) $(IPROUTE)
 	$(BIN)/pytest -n auto --dist loadfile --durations=25 -m "not long"
 
 # The tests marked long: full-strength runs of what the suite checks with a representative
-# (a client leaving at ten points of each route rather than three: about 10 minutes).
+# (a client leaving at ten points of each route rather than once mid-answer: about 10 minutes).
 test-long: setup $(CHROMIUM) $(IPROUTE)
 	$(BIN)/pytest -n auto --dist loadfile --durations=10 -m long
 

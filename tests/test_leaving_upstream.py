@@ -1,7 +1,7 @@
 """A reader who leaves closes the upstream request, and the upstream stops generating (issue
 39): `ragchains serve` with the openai provider against llama.cpp's OpenAI-compatible server
 (``python -m llama_cpp.server``, as the suite runs it), ``/v1/chat/completions`` streamed and
-cut at points spread over a turn (ten with ``make test-long``, three in the suite)."""
+cut at points spread over a turn (ten with ``make test-long``; the suite cuts once, mid-answer)."""
 
 from __future__ import annotations
 
