@@ -9,24 +9,20 @@ the index, that version is kept rather than lost.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from opentelemetry import trace
-from tqdm import tqdm
 
-from ragchains.ingest.chunking import Chunker, chunk_file
+from ragchains.ingest.chunking import Chunker
 from ragchains.ingest.discovery import Discovered
 from ragchains.ingest.errors import NothingIngestedError
-from ragchains.ingest.loaders import load_file
-from ragchains.ingest.parts import LoadOptions, SkipFile
+from ragchains.ingest.parsing import ParseBudget, Parsed, ParseJob, parse_files
+from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport, Skipped
 from ragchains.retrievers.access import AccessRule, groups_for
 from ragchains.retrievers.indexformat import Chunk, FileRecord, file_sha256
-
-log = logging.getLogger(__name__)
 
 # Spans for `ragchains ingest` when it exports traces (the API's global provider; without
 # one they record nothing).
@@ -52,44 +48,45 @@ def read_files(
     same_chunking: bool,
     chunker: Chunker,
     options: LoadOptions,
+    budget: ParseBudget,
     report: IngestReport,
     progress: bool,
     rules: Sequence[AccessRule] = (),
 ) -> ReadResult:
-    """Load and chunk each file that is new or changed; record what happened to each in
-    ``report``. ``stored_ids(source)``: the chunk ids the store holds for a file; ``rules``:
-    who may read which file (the first that matches)."""
+    """Load and chunk each file that is new or changed, in worker processes under
+    ``budget`` (``ragchains.ingest.parsing``); record what happened to each in ``report``.
+    ``stored_ids(source)``: the chunk ids the store holds for a file; ``rules``: who may read
+    which file (the first that matches)."""
     read = ReadResult()
-    for source, path in tqdm(
-        sorted(found.files.items()), desc="Reading", unit="file", disable=not progress
-    ):
+    hashed: dict[str, tuple[str, int, str | None]] = {}  # source -> sha256, size, failure
+    jobs: list[ParseJob] = []
+    for source, path in sorted(found.files.items()):
         try:
             sha, size = file_sha256(path)
         except OSError as exc:
-            sha, size = "", 0
-            failure: str | None = f"unreadable: {exc.strerror or exc}"
-        else:
-            failure = None
+            hashed[source] = ("", 0, f"unreadable: {exc.strerror or exc}")
+            continue
+        hashed[source] = (sha, size, None)
+        old = old_files.get(source)
+        if not (old and same_chunking and old.sha256 == sha):
+            jobs.append(ParseJob(source, path, sha))
+    outcomes = parse_files(jobs, chunker=chunker, options=options, budget=budget, progress=progress)
+    parsed = {job.source: outcome for job, outcome in outcomes}
+    for source in sorted(found.files):
+        sha, size, failure = hashed[source]
         old = old_files.get(source)
         groups = groups_for(source, rules)
-        if failure is None and old and same_chunking and old.sha256 == sha:
+        outcome = parsed.get(source)
+        if failure is None and outcome is None:  # unchanged: not parsed
+            assert old is not None
             if old.access != groups:
                 report.relabelled.append(source)  # new readers only: its chunks stay
             read.kept.add(source)
             read.records[source] = replace(old, access=groups)
             report.unchanged.append(source)
             continue
-        if failure is None:
-            try:
-                loaded = load_file(path, options)
-                chunks = chunk_file(source, loaded, chunker, file_id=sha)
-                if not chunks:
-                    raise SkipFile("no text left after chunking")
-            except SkipFile as exc:
-                failure = str(exc)
-            except Exception as exc:  # a parser bug must not sink the other files
-                log.debug("loading %s failed", path, exc_info=True)
-                failure = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
+        if isinstance(outcome, str):
+            failure = outcome
         if failure is not None:
             report.skipped.append(Skipped(source, failure))
             if old is not None:
@@ -97,8 +94,10 @@ def read_files(
                 read.records[source] = replace(old, access=groups)
                 report.kept_previous.append(source)
             continue
-        report.partial.extend(Skipped(source, reason) for reason in loaded.partial)
-        read.records[source] = FileRecord(source, sha, size, len(chunks), loaded.format, groups)
+        assert isinstance(outcome, Parsed)
+        chunks = outcome.chunks
+        report.partial.extend(Skipped(source, reason) for reason in outcome.partial)
+        read.records[source] = FileRecord(source, sha, size, len(chunks), outcome.format, groups)
         if (
             old is not None
             and old.sha256 == sha

@@ -46,6 +46,10 @@ class Chunker:
             strip_whitespace=True,
         )
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Sent to ingest workers: rebuilt from its settings (the splitter is built anew).
+        return (_chunker, (self.count_tokens, self.chunk_size, self.chunk_overlap))
+
     def split(self, text: str) -> list[str]:
         return [piece for piece in self._splitter.split_text(text) if piece.strip()]
 
@@ -102,6 +106,10 @@ class Chunker:
             used += size
         flush()
         return pieces
+
+
+def _chunker(count_tokens: Callable[[str], int], chunk_size: int, chunk_overlap: int) -> Chunker:
+    return Chunker(count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
 
 
 def line_boxes(part: Part, start: int, end: int) -> list[list[float]]:

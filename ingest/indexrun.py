@@ -24,6 +24,7 @@ from ragchains.ingest.discovery import Discovered, discover
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import resolve_field_types
+from ragchains.ingest.parsing import ParseBudget
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport, log_ingest
 from ragchains.ingest.runsetup import run_setup
@@ -65,6 +66,7 @@ def ingest(
     chunk_overlap: int,
     hnsw_min_chunks: int,
     load_options: LoadOptions | None = None,
+    budget: ParseBudget | None = None,
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
@@ -74,6 +76,7 @@ def ingest(
     describes).
     ``originals``: keep each file's bytes in the index folder (``files/<sha256>``, served by
     ``GET /files/{id}``); False: keep none, and delete those kept before.
+    ``budget``: what one file may cost to parse (``ragchains.ingest.parsing``).
     ``access``: who may read which files (``--access``), before the ``.ragchains-access.toml``
     files under the inputs (a deeper folder's first); the first rule that matches a file
     decides. None: the rules the index's last run was given ([]: none)."""
@@ -91,6 +94,7 @@ def ingest(
                 chunk_overlap=chunk_overlap,
                 hnsw_min_chunks=hnsw_min_chunks,
                 load_options=load_options,
+                budget=budget,
                 rebuild=rebuild,
                 progress=progress,
                 access=access,
@@ -137,6 +141,7 @@ def _ingest_locked(
     chunk_overlap: int,
     hnsw_min_chunks: int,
     load_options: LoadOptions | None,
+    budget: ParseBudget | None,
     rebuild: bool,
     progress: bool,
     access: Sequence[AccessRule] | None,
@@ -146,7 +151,7 @@ def _ingest_locked(
     report.skipped.extend(found.skipped)
     if not rebuild:  # an auto embedder keeps the backend the index was embedded with
         embedder.follow(recorded_embedder(index_dir))
-    setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress)
+    setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress, budget)
     chunker, options, chunking = setup.chunker, setup.options, setup.chunking
 
     previous = _open_previous(index_dir, embedder, rebuild)
@@ -185,6 +190,7 @@ def _ingest_locked(
         same_chunking=same_chunking,
         chunker=chunker,
         options=options,
+        budget=setup.budget,
         report=report,
         progress=progress,
         rules=[*access, *found.sidecar_rules],

@@ -10,6 +10,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker
+from ragchains.ingest.parsing import ParseBudget
 from ragchains.ingest.parts import LoadOptions
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 
@@ -19,11 +20,13 @@ CHUNKER_VERSION = 3  # 2: each chunk records its location; 3: and its file's id 
 
 @dataclass(frozen=True)
 class RunSetup:
-    """A run's chunker and load options, and ``chunking``, the record of them."""
+    """A run's chunker and load options, and ``chunking``, the record of them; what each
+    file may cost to parse (``budget``: not recorded, it changes no chunk)."""
 
     chunker: Chunker
     options: LoadOptions
     chunking: dict[str, Any]
+    budget: ParseBudget
 
 
 def run_setup(
@@ -32,6 +35,7 @@ def run_setup(
     chunk_overlap: int,
     load_options: LoadOptions | None,
     progress: bool,
+    budget: ParseBudget | None = None,
 ) -> RunSetup:
     """The run's chunker and load options, with the embedder loaded now (so the progress
     bars time the real work)."""
@@ -48,5 +52,5 @@ def run_setup(
         "include_notes": options.include_notes,
         "max_sheet_rows": options.max_sheet_rows,
     }
-    chunker = Chunker(embedder.count_tokens, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
-    return RunSetup(chunker, options, chunking)
+    chunker = Chunker(embedder.token_counter(), chunk_size=chunk_size, chunk_overlap=chunk_overlap)
+    return RunSetup(chunker, options, chunking, budget or ParseBudget())

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import itertools
+import re
 import zipfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -49,30 +51,57 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def _merged_values(sheet: Any, max_rows: int) -> dict[tuple[int, int], Any]:
-    """Each merged cell's value, that of the range's top-left cell (openpyxl leaves the
-    others empty). Bounded: a range over a whole sheet fills only the rows that are read."""
-    filled: dict[tuple[int, int], Any] = {}
-    for merged in getattr(sheet, "merged_cells", None) or ():
-        rng = merged.bounds  # min_col, min_row, max_col, max_row
-        value = sheet.cell(row=rng[1], column=rng[0]).value
-        for row in range(rng[1], min(rng[3], rng[1] + max_rows) + 1):
-            for column in range(rng[0], rng[2] + 1):
-                filled[(row, column)] = value
-    return filled
+@dataclass(frozen=True)
+class _Merge:
+    """A merged range (1-based, inclusive) and the value of its top-left cell."""
+
+    min_row: int
+    max_row: int
+    min_col: int
+    max_col: int
+    value: Any
 
 
-def _spans_columns(sheet: Any, row: int) -> bool:
-    """Whether a header row has a cell merged over columns: a group over the row below."""
-    return any(
-        merged.min_row == row and merged.max_col > merged.min_col
-        for merged in getattr(sheet, "merged_cells", None) or ()
-    )
+class _MergedCells:
+    """Each merged cell's value, that of its range's top-left cell (openpyxl leaves the
+    others empty), filled in row by row as the rows are read. A sweep over the ranges open at
+    a row costs at most that row's width: a range over a whole sheet fills only the cells
+    that are read, never a map of every cell it covers."""
+
+    def __init__(self, sheet: Any) -> None:
+        merges = []
+        self.spanning_rows: set[int] = set()  # rows where a range opens over several columns
+        for merged in getattr(sheet, "merged_cells", None) or ():
+            min_col, min_row, max_col, max_row = merged.bounds
+            value = sheet.cell(row=min_row, column=min_col).value
+            merges.append(_Merge(min_row, max_row, min_col, max_col, value))
+            if max_col > min_col:
+                self.spanning_rows.add(min_row)
+        merges.sort(key=lambda m: m.min_row)
+        self._pending = merges[::-1]  # by first row, the next to open last
+        self._open: list[_Merge] = []
+
+    def fill(self, number: int, values: list[Any]) -> None:
+        """Rows must come in order: ``values`` of row ``number`` get their merged values."""
+        while self._pending and self._pending[-1].min_row <= number:
+            self._open.append(self._pending.pop())
+        if not self._open:
+            return
+        self._open = [m for m in self._open if m.max_row >= number]
+        for merge in self._open:
+            for column in range(merge.min_col - 1, min(merge.max_col, len(values))):
+                if values[column] is None:
+                    values[column] = merge.value
 
 
 def _column_names(header_rows: Sequence[Sequence[Any]]) -> list[str]:
+    """One name per column: the header rows' words, top to bottom; a repeated name gets a
+    number ("Price (2)"). Linear in the width: a sheet 16,384 columns wide whose header
+    cells all read ``1`` is named in milliseconds."""
     width = max(len(row) for row in header_rows)
     names: list[str] = []
+    taken: set[str] = set()
+    repeats: dict[str, int] = {}
     for column in range(width):
         words: list[str] = []
         for row in header_rows:
@@ -80,73 +109,117 @@ def _column_names(header_rows: Sequence[Sequence[Any]]) -> list[str]:
             text = _shown(value) if value is not None else ""
             if text and text not in words:
                 words.append(text)
-        name = " ".join(words) or f"column_{column + 1}"
-        base, repeat = name, 2
-        while name in names:
-            name = f"{base} ({repeat})"
-            repeat += 1
+        name = base = " ".join(words) or f"column_{column + 1}"
+        while name in taken:
+            repeats[base] = repeats.get(base, 1) + 1
+            name = f"{base} ({repeats[base]})"
+        taken.add(name)
         names.append(name)
     return names
 
 
-def _rows(sheet: Any, merged: dict[tuple[int, int], Any]) -> Iterator[tuple[int, list[Any]]]:
+def _rows(sheet: Any, merged: _MergedCells) -> Iterator[tuple[int, list[Any], int]]:
+    """Each row's cells, merged values filled in and empty cells at its end dropped, and how
+    many cells hold a value of their own."""
     for number, row in enumerate(sheet.iter_rows(min_row=1, values_only=True), start=1):
         values = list(row)
-        if merged:
-            for column in range(len(values)):
-                if values[column] is None and (number, column + 1) in merged:
-                    values[column] = merged[(number, column + 1)]
-        yield number, values
+        own = _filled(values)
+        merged.fill(number, values)
+        while values and _value(values[-1]) is None:
+            values.pop()
+        yield number, values, own
+
+
+# A report's header row is found among its first rows with text: a title block ("Sales by
+# region", "Fiscal year 2025") sits above the table, a cell per row.
+HEADER_SEARCH_ROWS = 20
+# Stacked header rows (a cell merged over columns heads the row below too) are bounded: a
+# sheet whose every row has a merged cell is not one header.
+MAX_HEADER_ROWS = 4
+
+
+def _filled(values: Sequence[Any]) -> int:
+    return sum(_value(v) is not None for v in values)
 
 
 @dataclass
 class SheetRows:
     """A sheet as read: its column names, then each row with a value as the row number the
-    sheet shows and its cells (one per column, None where empty)."""
+    sheet shows and its cells (one per column, None where empty); ``title`` holds the lines
+    of a title block above the table (a report's heading), if any."""
 
     columns: list[str]
     rows: list[tuple[int, list[Any]]]
     header_end: int  # the last header row
     cut_at: int | None = None  # the last row read, when ``budget`` stopped the reading
+    title: list[tuple[int, str]] = field(default_factory=list)
 
     def shown(self) -> list[tuple[int, list[str]]]:
         """The rows as the sheet shows them ("" for an empty cell)."""
         return [(n, ["" if v is None else _shown(v) for v in cells]) for n, cells in self.rows]
 
 
+def _line(values: Sequence[Any]) -> str:
+    """A row as one line of text, a merged cell's value once."""
+    shown = (_shown(v) for v in map(_value, values) if v is not None)
+    return " ".join(dict.fromkeys(shown))
+
+
+def _header_start(first: list[tuple[int, list[Any], int]]) -> int:
+    """Where the table starts among a sheet's first rows with text: rows above the first row
+    with two cells or more of their own (merged cells filled in do not count) are a title
+    block, unless no row has two."""
+    return next((i for i, (_, _, own) in enumerate(first) if own >= 2), 0)
+
+
 def sheet_rows(sheet: Any, options: LoadOptions, budget: int) -> SheetRows | None:
     """The header rows (a row with a cell merged over columns heads the row below too), then
-    up to ``budget`` rows with a value; None for a sheet with no header."""
-    merged = _merged_values(sheet, options.max_sheet_rows)
+    up to ``budget`` rows with a value; None for a sheet with no text. Rows with text above
+    the header (a report's title block) are kept as ``title``."""
+    merged = _MergedCells(sheet)
     rows = _rows(sheet, merged)
+    first: list[tuple[int, list[Any], int]] = []
+    for number, values, own in rows:
+        if _filled(values):
+            first.append((number, values, own))
+            if len(first) >= HEADER_SEARCH_ROWS:
+                break
+    if not first:
+        return None
+    start = _header_start(first)
+    title = [(number, _line(values)) for number, values, _ in first[:start]]
     header_rows: list[list[Any]] = []
     header_end = 0
-    for number, values in rows:
-        if not any(_value(v) is not None for v in values):
-            continue
+    pending = first[start:]
+    for number, values, _ in pending:
         header_rows.append(values)
         header_end = number
-        if not _spans_columns(sheet, number):
+        if number not in merged.spanning_rows or len(header_rows) >= MAX_HEADER_ROWS:
             break
-    if not header_rows:
-        return None
-    table = SheetRows(_column_names(header_rows), [], header_end)
+    table = SheetRows(_column_names(header_rows), [], header_end, title=title)
+    width = len(table.columns)
+    body = (item for item in pending if item[0] > header_end)
     last_read = header_end
-    for number, values in rows:
+    for number, values, _ in itertools.chain(body, rows):
         if len(table.rows) >= budget:
             table.cut_at = last_read
             break
         last_read = number
         cells = [_value(v) for v in values]
         if any(v is not None for v in cells):
-            table.rows.append(
-                (number, [cells[i] if i < len(cells) else None for i in range(len(table.columns))])
-            )
+            if len(cells) > width:  # a row wider than its header: the extra columns get names
+                table.columns.extend(f"column_{i + 1}" for i in range(width, len(cells)))
+                width = len(cells)
+            table.rows.append((number, cells + [None] * (width - len(cells))))
+    for index, (number, cells) in enumerate(table.rows):
+        if len(cells) < width:
+            table.rows[index] = (number, cells + [None] * (width - len(cells)))
     return table
 
 
 def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[str]) -> list[Part]:
-    """The sheet's rows as parts, at most ``budget`` of them."""
+    """The sheet's rows as parts, at most ``budget`` of them; a title block above the table,
+    or a sheet that is only a header (a form, a note), as a text part of its own."""
     table = sheet_rows(sheet, options, budget)
     if table is None:
         partial.append(f"sheet {sheet.title!r} is empty")
@@ -157,25 +230,60 @@ def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[st
             f"sheet {sheet.title!r}: kept rows {table.header_end + 1:,}-{table.cut_at:,} of "
             f"{total:,} (the cap is {options.max_sheet_rows:,} rows per workbook)"
         )
+    anchor_sheet = quote(sheet.title, safe="")
+    lines = list(table.title)
+    if not table.rows:  # no rows under the header: its cells are the sheet's text
+        lines.append((table.header_end, " ".join(c for c in table.columns if c)))
+    parts = []
+    if lines:
+        first = lines[0][0]
+        parts.append(
+            Part(
+                text="\n".join(text for _, text in lines),
+                row=first,
+                anchor=f"sheet={anchor_sheet}&row={first}",
+                sheet=sheet.title,
+                section=sheet.title,
+            )
+        )
+    if not table.rows:
+        return parts
     records = [dict(zip(table.columns, cells, strict=True)) for _, cells in table.rows]
     display = [{col: _shown(v) for col, v in record.items() if v is not None} for record in records]
     numbers = [number for number, _ in table.rows]
-    if not records:
-        partial.append(f"sheet {sheet.title!r} has a header but no rows")
-        return []
     try:
-        parts = rows_to_parts(records, options, display=display)
+        notes: list[str] = []
+        rows = rows_to_parts(records, options, display=display, partial=notes)
+        partial.extend(f"sheet {sheet.title!r}: {note}" for note in notes)
     except SkipFile as exc:
         partial.append(f"sheet {sheet.title!r}: {exc}")
-        return []
-    anchor_sheet = quote(sheet.title, safe="")
-    for part in parts:
+        return parts
+    for part in rows:
         assert part.row is not None  # rows_to_parts numbers its records from 1
         part.row = numbers[part.row - 1]
         part.sheet = sheet.title
         part.anchor = f"sheet={anchor_sheet}&row={part.row}"
         part.section = sheet.title
-    return parts
+    return parts + rows
+
+
+_FORMULA = re.compile(rb"<(?:\w+:)?f[\s>/]")
+
+
+def _has_formulas(data: io.BytesIO) -> bool:
+    """Whether any worksheet holds a formula, read as a stream (the check below loads the
+    workbook a second time, which a sheet with none does not need)."""
+    with zipfile.ZipFile(data) as archive:
+        for entry in archive.infolist():
+            if not entry.filename.startswith("xl/worksheets/"):
+                continue
+            with archive.open(entry) as stream:
+                tail = b""
+                while block := stream.read(1 << 20):
+                    if _FORMULA.search(tail + block):
+                        return True
+                    tail = block[-16:]
+    return False
 
 
 def _unsaved_formulas(data: io.BytesIO, values: Any, sheet_names: Sequence[str]) -> dict[str, int]:
@@ -183,6 +291,8 @@ def _unsaved_formulas(data: io.BytesIO, values: Any, sheet_names: Sequence[str])
     not calculate): their value cannot be known without recalculating, so they read empty."""
     import openpyxl
 
+    if not _has_formulas(data):
+        return {}
     formulas = openpyxl.load_workbook(data, data_only=False, keep_links=False)
     found = {}
     for name in sheet_names:

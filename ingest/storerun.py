@@ -22,6 +22,7 @@ from ragchains.ingest.discovery import discover
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import NOT_FILTERABLE
+from ragchains.ingest.parsing import ParseBudget
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport, logged
 from ragchains.ingest.runsetup import run_setup
@@ -61,6 +62,7 @@ def ingest_to_store(
     chunk_size: int,
     chunk_overlap: int,
     load_options: LoadOptions | None = None,
+    budget: ParseBudget | None = None,
     rebuild: bool = False,
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
@@ -84,7 +86,7 @@ def ingest_to_store(
                     check_store_embedder(store, embedder, writing=True)
                 except StoreError as exc:
                     raise IngestError(f"{exc} (or pass --rebuild to build it anew)") from exc
-            setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress)
+            setup = run_setup(embedder, chunk_size, chunk_overlap, load_options, progress, budget)
             chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking
@@ -96,6 +98,7 @@ def ingest_to_store(
                 same_chunking=same_chunking,
                 chunker=chunker,
                 options=options,
+                budget=setup.budget,
                 report=report,
                 progress=progress,
                 rules=[*access, *found.sidecar_rules],

@@ -41,6 +41,10 @@ RESERVED_FIELDS = frozenset(
 
 # String columns longer than this are prose, not something to filter on.
 MAX_FILTERABLE_STRING = 100
+# Filterable columns per table. Each chunk of a row carries its row's fields, so a sheet
+# 16,384 columns wide would put 16,384 fields on every chunk of every row; columns past the
+# cap are still read as text.
+MAX_FIELD_COLUMNS = 64
 
 
 _CURRENCY = re.compile(r"^[$€£¥]\s*")
@@ -115,13 +119,24 @@ def rows_to_parts(
     options: LoadOptions,
     *,
     display: Sequence[Mapping[str, str]] | None = None,
+    partial: list[str] | None = None,
 ) -> list[Part]:
-    """One part per row: text from the text columns, typed metadata from the rest.
+    """One part per row: text from the text columns, typed metadata from the rest (the
+    first ``MAX_FIELD_COLUMNS`` that have a type; ``partial`` is told of the others).
 
     ``display`` holds each cell as written (CSV), so the text says "$45.00", not "45.0".
     """
     types = _column_types(records)
     columns = list(types)
+    typed = [col for col in columns if types[col] is not None]
+    if len(typed) > MAX_FIELD_COLUMNS:
+        for col in typed[MAX_FIELD_COLUMNS:]:
+            types[col] = None
+        if partial is not None:
+            partial.append(
+                f"{len(typed) - MAX_FIELD_COLUMNS:,} columns after the first {MAX_FIELD_COLUMNS} "
+                "typed ones are read as text, not kept as filterable fields"
+            )
     text_columns = columns
     if options.text_columns:
         text_columns = [c for c in options.text_columns if c in types]
@@ -198,9 +213,9 @@ def csv_rows(path: Path) -> tuple[list[str], list[dict[str, str]]]:
 def load_csv(path: Path, options: LoadOptions) -> LoadedFile:
     _, display = csv_rows(path)
     records = [{col: _parse_cell(cell) for col, cell in row.items()} for row in display]
-    return LoadedFile(
-        format="csv", title=path.stem, parts=rows_to_parts(records, options, display=display)
-    )
+    partial: list[str] = []
+    parts = rows_to_parts(records, options, display=display, partial=partial)
+    return LoadedFile(format="csv", title=path.stem, parts=parts, partial=partial)
 
 
 def _json_records(items: Iterable[Any], where: Callable[[int], str]) -> list[dict[str, Any]]:
@@ -251,4 +266,6 @@ def render_value(value: Any) -> str:
 
 def load_json(path: Path, options: LoadOptions) -> LoadedFile:
     records = json_records(path)
-    return LoadedFile(format="json", title=path.stem, parts=rows_to_parts(records, options))
+    partial: list[str] = []
+    parts = rows_to_parts(records, options, partial=partial)
+    return LoadedFile(format="json", title=path.stem, parts=parts, partial=partial)

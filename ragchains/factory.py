@@ -18,6 +18,7 @@ from ragchains.chains.graph import Chains, create_chains
 from ragchains.chains.llm import LLM
 from ragchains.chains.requery import RequeryPolicy
 from ragchains.ingest.indexrun import ingest
+from ragchains.ingest.parsing import ParseBudget
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.storerun import check_store_embedder, ingest_to_store
@@ -279,6 +280,11 @@ def run_ingest(
     ``originals``: keep each file's bytes (False: keep none, and delete those kept).
     ``text_columns``: the table columns that form a row's text (default: all);
     ``include_notes``: read Word footnotes and comments too."""
+    budget = ParseBudget(
+        memory_mb=settings.ingest_file_memory_mb,
+        seconds=settings.ingest_file_timeout,
+        workers=settings.ingest_workers,
+    )
     load_options = LoadOptions(
         text_columns=list(text_columns) if text_columns else None,
         include_notes=include_notes,
@@ -295,6 +301,7 @@ def run_ingest(
                 chunk_size=settings.chunk_size,
                 chunk_overlap=settings.chunk_overlap,
                 load_options=load_options,
+                budget=budget,
                 rebuild=rebuild,
                 progress=progress,
                 access=access,
@@ -310,6 +317,7 @@ def run_ingest(
         chunk_overlap=settings.chunk_overlap,
         hnsw_min_chunks=settings.hnsw_min_chunks,
         load_options=load_options,
+        budget=budget,
         rebuild=rebuild,
         progress=progress,
         access=access,

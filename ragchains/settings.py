@@ -50,6 +50,17 @@ class Settings(BaseSettings):
     ocr_page_timeout: float = Field(
         60.0, gt=0, le=3600, description="seconds of OCR per scanned page before it is left out"
     )
+    # Each file is parsed in a worker process under these budgets (ingest.parsing): a file
+    # over one is skipped with the reason, the rest of the run goes on.
+    ingest_workers: int = Field(
+        0, ge=0, le=256, description="files parsed at once, each in a process; 0: one per core"
+    )
+    ingest_file_memory_mb: int = Field(
+        1024, ge=256, le=1 << 20, description="memory one file may take while it is parsed (MB)"
+    )
+    ingest_file_timeout: float = Field(
+        120.0, gt=0, le=86400, description="seconds one file may take to parse (OCR included)"
+    )
 
     # Retrieval.
     k: int = Field(10, ge=1, le=1000, description="chunks returned by hybrid retrieval")

@@ -49,6 +49,27 @@ def resolve_model_path(name: str) -> str:
     return str(Path(module.get_model_path()))
 
 
+class TokenCounter:
+    """The number of tokens a text is to a tokenizer (its ``tokenizer.json``), without
+    truncation or special tokens. Pickled as that JSON: an ingest worker process rebuilds it
+    without loading the model."""
+
+    def __init__(self, tokenizer_json: str) -> None:
+        from tokenizers import Tokenizer
+
+        self._json = tokenizer_json
+        # A private copy: the model's own tokenizer truncates, a counter must not.
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self._tokenizer.no_truncation()
+        self._tokenizer.no_padding()
+
+    def __call__(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (TokenCounter, (self._json,))
+
+
 class SentenceTransformerEmbedder(Embeddings):
     """Normalised sentence-transformers embeddings (inner product = cosine)."""
 
@@ -133,21 +154,18 @@ class SentenceTransformerEmbedder(Embeddings):
 
     # -- token counting (chunk sizes are measured in the embedder's own tokens) ----------
     def count_tokens(self, text: str) -> int:
-        if self._token_counter is None:
-            from tokenizers import Tokenizer
+        return self.token_counter()(text)
 
-            # A private copy: the model's own tokenizer truncates, a counter must not.
+    def token_counter(self) -> TokenCounter:
+        """Counts tokens as this model's tokenizer does; picklable, for ingest workers."""
+        if self._token_counter is None:
             model = self.model
-            source = (
+            self._token_counter = TokenCounter(
                 model.tokenizer_json
                 if self._backend == "openvino-int8"
                 else model.tokenizer.backend_tokenizer.to_str()
             )
-            backend = Tokenizer.from_str(source)
-            backend.no_truncation()
-            backend.no_padding()
-            self._token_counter = backend
-        return len(self._token_counter.encode(text, add_special_tokens=False).ids)
+        return self._token_counter  # type: ignore[no-any-return]
 
     # -- numpy API ------------------------------------------------------------------------
     def encode(self, texts: list[str], *, show_progress: bool = False) -> np.ndarray:

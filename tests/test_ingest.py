@@ -55,20 +55,28 @@ def test_bad_files_are_skipped_with_reasons(tmp_path: Path, ingest_into: Ingest)
     assert len(index) == 1
 
 
-def test_a_loader_crash_skips_only_that_file(
-    docs_dir: Path, tmp_path: Path, ingest_into: Ingest, monkeypatch: pytest.MonkeyPatch
+def test_a_loader_crash_is_that_files_reason(
+    docs_dir: Path, embedder: SentenceTransformerEmbedder, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """What a worker does with a loader that raises (in this process: a worker's loaders are
+    its own; tests/test_parse_budgets.py kills real workers)."""
     import ragchains.ingest.loaders as loaders
+    from ragchains.ingest import parsing
+    from ragchains.ingest.parts import LoadOptions
 
     def broken(path: Path, options: object) -> None:
         raise ImportError("some parser dependency is missing")
 
     monkeypatch.setitem(loaders.LOADERS, ".html", broken)
-    report = ingest_into(docs_dir, tmp_path / "idx")
-    assert _reasons(report) == {
-        "docs/page.html": "could not be parsed (ImportError: some parser dependency is missing)"
-    }
-    assert len(report.added) == 5
+    chunker = Chunker(embedder.token_counter(), chunk_size=64, chunk_overlap=8)
+    state = {"chunker": chunker, "options": LoadOptions(), "budget": parsing.ParseBudget()}
+    monkeypatch.setattr(parsing, "_worker", state)
+    page, text = docs_dir / "page.html", next(docs_dir.glob("*.md"))
+    assert parsing._parse(parsing.ParseJob("docs/page.html", page, "0" * 64)) == (
+        "could not be parsed (ImportError: some parser dependency is missing)"
+    )
+    read = parsing._parse(parsing.ParseJob("docs/x.md", text, "0" * 64))
+    assert isinstance(read, parsing.Parsed) and read.chunks
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")

@@ -56,6 +56,26 @@ if TYPE_CHECKING:
     "viewer); without them those answer 404. Holds for this run: a later run without it "
     "keeps them again.",
 )
+@click.option(
+    "--workers",
+    type=click.IntRange(min=0, max=256),
+    help="Files parsed at once, each in a process of its own (default: one per core, or "
+    "RAGCHAINS_INGEST_WORKERS).",
+)
+@click.option(
+    "--file-memory",
+    metavar="MB",
+    type=click.IntRange(min=256),
+    help="Memory one file may take while it is parsed; a file over it is skipped with the "
+    "reason and the run goes on (default 1024, or RAGCHAINS_INGEST_FILE_MEMORY_MB).",
+)
+@click.option(
+    "--file-timeout",
+    metavar="SECONDS",
+    type=click.FloatRange(min=0, min_open=True),
+    help="Seconds one file may take to parse, OCR included; a file over it is skipped with "
+    "the reason (default 120, or RAGCHAINS_INGEST_FILE_TIMEOUT).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
 def ingest_command(
@@ -67,6 +87,9 @@ def ingest_command(
     access_rules: tuple[str, ...],
     access_clear: bool,
     no_originals: bool,
+    workers: int | None,
+    file_memory: int | None,
+    file_timeout: float | None,
     as_json: bool,
     quiet: bool,
 ) -> None:
@@ -77,7 +100,9 @@ def ingest_command(
     Re-runs embed only what changed and drop the chunks of files that are gone; unreadable
     files are skipped with a reason (a version read before stays indexed), and what was left
     out of a file still read (rows over the cap, hidden sheets, a page whose OCR timed out) is
-    reported. Exits 1 when nothing at all could be ingested.
+    reported. Each file is parsed in a worker process of its own, under a memory and a time
+    budget the operating system enforces: a file over one is skipped with the reason, and
+    the rest of the run goes on. Exits 1 when nothing at all could be ingested.
     """
     from ragchains.factory import run_ingest
     from ragchains.ingest.errors import IngestError, NothingIngestedError
@@ -85,6 +110,12 @@ def ingest_command(
     from ragchains.retrievers.access import AccessRule, AccessRuleError
 
     settings = load_settings()
+    budget = {
+        "ingest_workers": workers,
+        "ingest_file_memory_mb": file_memory,
+        "ingest_file_timeout": file_timeout,
+    }
+    settings = settings.model_copy(update={k: v for k, v in budget.items() if v is not None})
     columns = [c.strip() for c in text_columns.split(",") if c.strip()] if text_columns else None
     try:
         rules = [AccessRule.parse(rule) for rule in access_rules]

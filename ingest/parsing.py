@@ -1,0 +1,226 @@
+"""Parsing files in worker processes, each file under a memory and a time budget that the
+operating system enforces.
+
+A parser library can be made to use any amount of memory or time by the file it reads: a
+workbook whose few shared strings fill a million cells, a sheet 16,384 columns wide, a PDF
+whose page tree loops. Checking sizes before parsing cannot see every such case, so the
+budget is not left to the parsers: each file is loaded and chunked in a worker process whose
+address space is capped (``RLIMIT_AS``), and a file still running at its time budget has its
+worker ended (pebble's pool replaces it and goes on). The run, and the process that started
+it (``ragchains ingest``, or a server running an ingest job), only ever receives chunks or a
+reason, so one file can cost at most its own budget, never the others' work nor the index.
+
+Workers are forked from a small server process that imports only the loaders (the
+multiprocessing ``forkserver``), never from the caller, which may hold an embedding model:
+the budget is the parse's, not the caller's memory copied.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import multiprocessing
+import os
+import resource
+import signal
+from collections.abc import Iterator, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ragchains.ingest.chunking import Chunker, chunk_file
+from ragchains.ingest.loaders import load_file
+from ragchains.ingest.parts import LoadOptions, SkipFile
+from ragchains.retrievers.indexformat import Chunk
+
+log = logging.getLogger(__name__)
+
+# A worker with the loaders imported maps about 250 MB (100 MB resident); a page of a scan
+# being OCRed, under 450 MB. 1 GB leaves a parse three times what a large real document takes.
+DEFAULT_MEMORY_MB = 1024
+DEFAULT_SECONDS = 120.0
+# A worker is replaced after this many files, so what a parser library leaks or fragments
+# stays bounded over a long run.
+FILES_PER_WORKER = 50
+
+
+@dataclass(frozen=True)
+class ParseBudget:
+    """What one file may cost to parse: ``memory_mb`` of address space in its worker,
+    ``seconds`` of wall-clock time; ``workers`` files are parsed at once (0: one per core)."""
+
+    memory_mb: int = DEFAULT_MEMORY_MB
+    seconds: float = DEFAULT_SECONDS
+    workers: int = 0
+
+    def __post_init__(self) -> None:
+        if self.memory_mb < 256:
+            raise ValueError(f"a file's memory budget must be 256 MB or more, not {self.memory_mb}")
+        if self.seconds <= 0:
+            raise ValueError(f"a file's time budget must be positive, got {self.seconds}")
+        if self.workers < 0:
+            raise ValueError(f"workers must be 0 (one per core) or more, got {self.workers}")
+
+    def worker_count(self, files: int) -> int:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        return max(1, min(self.workers or cores or 1, files))
+
+    @property
+    def memory_shown(self) -> str:
+        mb = self.memory_mb
+        return f"{mb // 1024} GB" if mb % 1024 == 0 else f"{mb:,} MB"
+
+
+@dataclass
+class ParseJob:
+    """A file to parse: its source name (the citation's), where it is, its sha256."""
+
+    source: str
+    path: Path
+    sha256: str
+
+
+@dataclass
+class Parsed:
+    """A file read: its format, its chunks, and what was left out of it."""
+
+    format: str
+    chunks: list[Chunk]
+    partial: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- the worker
+# Set once per worker by ``_start_worker``: the run's chunker and load options.
+_worker: dict[str, Any] = {}
+
+
+def _start_worker(chunker: Chunker, options: LoadOptions, budget: ParseBudget) -> None:
+    cap = budget.memory_mb * 2**20
+    resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    # Ctrl-C in a terminal reaches the whole process group: the run that started the
+    # workers decides what a stop means (it ends them), not each worker half-way.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _worker.update(chunker=chunker, options=options, budget=budget)
+
+
+def _parse(job: ParseJob) -> Parsed | str:
+    """One file loaded and chunked, or the reason it is skipped."""
+    _worker["peak_before"] = _peak_address_space()
+    try:
+        loaded = load_file(job.path, _worker["options"])
+        chunks = chunk_file(job.source, loaded, _worker["chunker"], file_id=job.sha256)
+    except SkipFile as exc:
+        if _out_of_memory(exc):
+            return _memory_reason()
+        return str(exc)
+    except Exception as exc:  # a parser bug must not sink the other files
+        if _out_of_memory(exc):
+            return _memory_reason()
+        return f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
+    if not chunks:
+        return "no text left after chunking"
+    return Parsed(loaded.format, chunks, loaded.partial)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether a failure came from the memory budget: a MemoryError anywhere in its chain
+    (loaders turn a library's failure into a reason), libxml2's allocation failure, or a
+    peak address space at the cap (an allocation refused while the heap was full)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, MemoryError) or "memory allocation failed" in str(seen).lower():
+            return True
+        seen = seen.__cause__ or seen.__context__
+    # The peak is the worker's since it started: it counts only if this file raised it.
+    peak = _peak_address_space()
+    return peak > _worker["peak_before"] and peak >= _worker["budget"].memory_mb * 2**20 * 0.9
+
+
+def _peak_address_space() -> int:
+    with contextlib.suppress(OSError), open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmPeak:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def _memory_reason() -> str:
+    return f"over the {_worker['budget'].memory_shown} memory budget while parsing"
+
+
+# ----------------------------------------------------------------------------- the run
+def _context() -> Any:
+    """The forkserver, preloading the loaders so each worker starts in milliseconds."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload([__name__])
+    return context
+
+
+def parse_files(
+    jobs: Sequence[ParseJob],
+    *,
+    chunker: Chunker,
+    options: LoadOptions,
+    budget: ParseBudget,
+    progress: bool = False,
+) -> Iterator[tuple[ParseJob, Parsed | str]]:
+    """Each job's outcome, in the order given: its chunks, or the reason it is skipped
+    (``over the 1 GB memory budget while parsing``, ``over the 120 s time budget``, a
+    parser's own reason). Files are parsed ``budget.worker_count`` at a time; leaving the
+    iteration early ends the workers."""
+    if not jobs:
+        return
+    from pebble import ProcessExpired, ProcessPool
+
+    pool = ProcessPool(
+        max_workers=budget.worker_count(len(jobs)),
+        max_tasks=FILES_PER_WORKER,
+        initializer=_start_worker,
+        initargs=(chunker, options, budget),
+        context=_context(),
+    )
+    finished = False
+    try:
+        futures = [pool.schedule(_parse, args=(job,), timeout=budget.seconds) for job in jobs]
+        for job, future in tqdm(
+            zip(jobs, futures, strict=True),
+            total=len(jobs),
+            desc="Reading",
+            unit="file",
+            disable=not progress,
+        ):
+            try:
+                outcome: Parsed | str = future.result()
+            except FutureTimeout:
+                outcome = f"over the {budget.seconds:g} s time budget while parsing"
+            except ProcessExpired as exc:
+                outcome = _died(exc.exitcode, budget)
+            except Exception as exc:  # the result could not come back (pickling, a pool error)
+                log.debug("parsing %s failed", job.path, exc_info=True)
+                outcome = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
+            yield job, outcome
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:  # stopped early (an error, Ctrl-C): no file still parsing is wanted
+            pool.stop()
+        pool.join()
+
+
+def _died(exitcode: int | None, budget: ParseBudget) -> str:
+    if exitcode == -signal.SIGKILL:
+        # What the kernel's OOM killer sends; under the address-space cap a parser fails an
+        # allocation first, so this is memory running out on the machine, or a stop from
+        # outside.
+        return (
+            f"the parsing process was killed (SIGKILL) within the {budget.memory_shown} "
+            "memory budget: the machine may be out of memory"
+        )
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else exitcode
+        return f"the parser crashed on this file ({name})"
+    return f"the parsing process ended unexpectedly (exit code {exitcode})"
