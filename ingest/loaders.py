@@ -115,6 +115,10 @@ LOADERS: dict[str, Callable[[Path, LoadOptions], LoadedFile]] = {
     ".docx": load_docx,
     ".pptx": load_pptx,
     ".xlsx": load_xlsx,
+    # Macro-enabled files and templates hold the same parts; their macros are never run.
+    **dict.fromkeys((".docm", ".dotx", ".dotm"), load_docx),
+    **dict.fromkeys((".pptm", ".ppsx", ".ppsm", ".potx", ".potm"), load_pptx),
+    **dict.fromkeys((".xlsm", ".xltx", ".xltm"), load_xlsx),
     ".doc": refuse_legacy("Word", ".docx"),
     ".ppt": refuse_legacy("PowerPoint", ".pptx"),
     ".xls": refuse_legacy("Excel", ".xlsx"),

@@ -7,12 +7,21 @@ declared size (the CRC check fails first), so capping the declared total and the
 parts bounds what any library can read from the archive.
 
 Nothing here runs macros or follows external links: the libraries only read the XML parts.
+
+A Strict package (ISO/IEC 29500 Strict, "Strict Open XML" in Office's Save As) names its
+XML and relationships with ``http://purl.oclc.org/ooxml/...`` URIs that python-docx,
+python-pptx and openpyxl do not know: they would read such a file as empty. It is
+translated to the Transitional names in memory first (``_transitional``), the pairing the
+Open XML SDK reads Strict files by.
 """
 
 from __future__ import annotations
 
 import io
+import re
+import shutil
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -24,6 +33,149 @@ MAX_PARTS = 5000
 
 _OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _MODERN = {"word": ".docx", "ppt": ".pptx", "xl": ".xlsx"}
+
+
+# Strict names and their Transitional equivalents, as the Open XML SDK pairs them, for every
+# namespace these libraries read.
+_STRICT = "http://purl.oclc.org/ooxml/"
+_TRANSITIONAL = "http://schemas.openxmlformats.org/"
+_NAMESPACES = {
+    f"{_STRICT}{strict}": f"{_TRANSITIONAL}{transitional}"
+    for strict, transitional in {
+        "wordprocessingml/main": "wordprocessingml/2006/main",
+        "spreadsheetml/main": "spreadsheetml/2006/main",
+        "presentationml/main": "presentationml/2006/main",
+        "drawingml/main": "drawingml/2006/main",
+        "drawingml/chart": "drawingml/2006/chart",
+        "drawingml/chartDrawing": "drawingml/2006/chartDrawing",
+        "drawingml/diagram": "drawingml/2006/diagram",
+        "drawingml/picture": "drawingml/2006/picture",
+        "drawingml/lockedCanvas": "drawingml/2006/lockedCanvas",
+        "drawingml/compatibility": "drawingml/2006/compatibility",
+        "drawingml/wordprocessingDrawing": "drawingml/2006/wordprocessingDrawing",
+        "drawingml/spreadsheetDrawing": "drawingml/2006/spreadsheetDrawing",
+        "officeDocument/relationships": "officeDocument/2006/relationships",
+        "officeDocument/math": "officeDocument/2006/math",
+        "officeDocument/sharedTypes": "officeDocument/2006/sharedTypes",
+        "officeDocument/bibliography": "officeDocument/2006/bibliography",
+        "officeDocument/customXml": "officeDocument/2006/customXml",
+        "officeDocument/customXmlDataProps": "officeDocument/2006/customXmlDataProps",
+        "officeDocument/docPropsVTypes": "officeDocument/2006/docPropsVTypes",
+        "officeDocument/extendedProperties": "officeDocument/2006/extended-properties",
+        "officeDocument/customProperties": "officeDocument/2006/custom-properties",
+        "schemaLibrary/main": "schemaLibrary/2006/main",
+        # A slip in the ISO schemas the SDK works around: this namespace (not the
+        # relationship type of the same name) is the custom XML one.
+        "officeDocument/relationships/customXml": "officeDocument/2006/customXml",
+    }.items()
+}
+_STRICT_RELATIONSHIP = f"{_STRICT}officeDocument/relationships/"
+# Relationship types keep their name but for these three.
+_RELATIONSHIPS = {
+    f"{_STRICT_RELATIONSHIP}extendedProperties": (
+        f"{_TRANSITIONAL}officeDocument/2006/relationships/extended-properties"
+    ),
+    f"{_STRICT_RELATIONSHIP}customProperties": (
+        f"{_TRANSITIONAL}officeDocument/2006/relationships/custom-properties"
+    ),
+    f"{_STRICT_RELATIONSHIP}metadata/thumbnail": (
+        f"{_TRANSITIONAL}package/2006/relationships/metadata/thumbnail"
+    ),
+}
+# A Strict URI as a whole attribute value (a namespace declaration or a relationship's Type),
+# never a run of text that happens to quote one.
+_STRICT_URI = re.compile(
+    rb"""(?<=["'])http://purl\.oclc\.org/ooxml/[A-Za-z0-9/._-]{1,100}(?=["'])"""
+)
+_XML_PARTS = (".xml", ".rels", ".vml")
+
+
+def _transitional_uri(uri: str, relationships: bool) -> str:
+    if relationships and uri.startswith(_STRICT_RELATIONSHIP):
+        name = uri[len(_STRICT_RELATIONSHIP) :]
+        default = f"{_TRANSITIONAL}officeDocument/2006/relationships/{name}"
+        return _RELATIONSHIPS.get(uri, default)
+    return _NAMESPACES.get(uri, uri)
+
+
+def _translate(xml: bytes, relationships: bool) -> bytes:
+    # UTF-8, as every Office application writes these parts; a UTF-16 part is left as it
+    # is (its library then reads it as before: as empty).
+    return _STRICT_URI.sub(
+        lambda match: _transitional_uri(match.group().decode(), relationships).encode(), xml
+    )
+
+
+# The main part's content type of a macro-enabled file (.docm, .pptm, .xlsm) or a template,
+# and that of the plain document: python-docx and python-pptx refuse any other type, though
+# the parts they read are the same (a macro is a binary part no library here runs).
+_PLAIN_MAIN = {
+    b"application/vnd.ms-word.document.macroEnabled.main+xml": b"application/vnd."
+    b"openxmlformats-officedocument.wordprocessingml.document.main+xml",
+    b"application/vnd.ms-word.template.macroEnabledTemplate.main+xml": b"application/vnd."
+    b"openxmlformats-officedocument.wordprocessingml.document.main+xml",
+    b"application/vnd.openxmlformats-officedocument.wordprocessingml.template.main+xml": b"appl"
+    b"ication/vnd.openxmlformats-officedocument.wordprocessingml.document.main+xml",
+    b"application/vnd.ms-powerpoint.presentation.macroEnabled.main+xml": b"application/vnd."
+    b"openxmlformats-officedocument.presentationml.presentation.main+xml",
+    b"application/vnd.ms-powerpoint.slideshow.macroEnabled.main+xml": b"application/vnd."
+    b"openxmlformats-officedocument.presentationml.presentation.main+xml",
+    b"application/vnd.openxmlformats-officedocument.presentationml.slideshow.main+xml": b"appl"
+    b"ication/vnd.openxmlformats-officedocument.presentationml.presentation.main+xml",
+    b"application/vnd.ms-excel.sheet.macroEnabled.main+xml": b"application/vnd."
+    b"openxmlformats-officedocument.spreadsheetml.sheet.main+xml",
+}
+_CONTENT_TYPES = "[Content_Types].xml"
+
+
+def _plain_content_types(xml: bytes) -> bytes:
+    for special, plain in _PLAIN_MAIN.items():
+        xml = xml.replace(special, plain)
+    return xml
+
+
+def _needs_plain_types(archive: zipfile.ZipFile) -> bool:
+    try:
+        types = archive.read(_CONTENT_TYPES)
+    except (KeyError, zipfile.BadZipFile, OSError, RuntimeError, ValueError, EOFError):
+        return False
+    return any(special in types for special in _PLAIN_MAIN)
+
+
+def _is_strict(archive: zipfile.ZipFile) -> bool:
+    try:
+        with archive.open("_rels/.rels") as rels:
+            head = rels.read(1 << 16)
+    except (KeyError, zipfile.BadZipFile, OSError, RuntimeError, ValueError):
+        return False
+    return _STRICT_RELATIONSHIP.encode() in head
+
+
+def _transitional(archive: zipfile.ZipFile, strict: bool = True) -> io.BytesIO:
+    """The package again with its Strict names translated (when ``strict``) and its main
+    part typed as a plain document. Each XML part is read whole (the caller has capped the
+    declared sizes); media are streamed across as they are."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as copy:
+        for entry in archive.infolist():
+            target = zipfile.ZipInfo(entry.filename, entry.date_time)
+            target.external_attr = entry.external_attr
+            name = entry.filename.lower()
+            if name.endswith(_XML_PARTS):
+                target.compress_type = zipfile.ZIP_DEFLATED
+                xml = archive.read(entry)
+                if strict:
+                    xml = _translate(xml, name.endswith(".rels"))
+                if entry.filename == _CONTENT_TYPES:
+                    xml = _plain_content_types(xml)
+                copy.writestr(target, xml, compresslevel=1)
+            else:
+                target.compress_type = entry.compress_type
+                target.file_size = entry.file_size
+                with archive.open(entry) as source, copy.open(target, "w") as sink:
+                    shutil.copyfileobj(source, sink, 1 << 20)
+    out.seek(0)
+    return out
 
 
 def _ole_reason(data: bytes, kind: str) -> str:
@@ -49,10 +201,17 @@ def open_office(path: Path, kind: str, folder: str) -> io.BytesIO:
     if data.startswith(_OLE_MAGIC):
         raise SkipFile(_ole_reason(data, kind))
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            entries = archive.infolist()
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        entries = archive.infolist()
     except (zipfile.BadZipFile, zipfile.LargeZipFile, OSError, ValueError) as exc:
         raise SkipFile(f"corrupt {kind} file (not a readable zip archive: {exc})") from exc
+    with archive:
+        return _checked(archive, entries, data, kind, folder)
+
+
+def _checked(
+    archive: zipfile.ZipFile, entries: list[zipfile.ZipInfo], data: bytes, kind: str, folder: str
+) -> io.BytesIO:
     if len(entries) > MAX_PARTS:
         raise SkipFile(f"{kind} file has {len(entries):,} parts, over the cap of {MAX_PARTS:,}")
     unzipped = sum(entry.file_size for entry in entries)
@@ -65,7 +224,24 @@ def open_office(path: Path, kind: str, folder: str) -> io.BytesIO:
     if folder not in names:
         other = next((suffix for top, suffix in _MODERN.items() if top in names), None)
         hint = f" (it holds a {other} document)" if other else ""
-        raise SkipFile(f"not a {kind} document{hint}")
+        article = "an" if kind[0] in "AEIOU" else "a"
+        raise SkipFile(f"not {article} {kind} document{hint}")
+    strict = _is_strict(archive)
+    if strict or _needs_plain_types(archive):
+        try:
+            return _transitional(archive, strict)
+        except (
+            zipfile.BadZipFile,  # a CRC that does not match, a truncated entry
+            zipfile.LargeZipFile,
+            zlib.error,
+            EOFError,
+            OSError,
+            ValueError,
+            RuntimeError,  # an entry encrypted with a zip password
+            NotImplementedError,  # a compression method zipfile lacks
+        ) as exc:
+            detail = "Strict Open XML: " if strict else ""
+            raise SkipFile(f"corrupt {kind} file ({detail}{exc})") from exc
     return io.BytesIO(data)
 
 
@@ -80,7 +256,8 @@ def refuse_legacy(kind: str, modern: str) -> Callable[[Path, LoadOptions], Loade
             if reason.startswith("legacy"):
                 reason = f"legacy binary {kind} file; save it as {modern} to have it read"
             raise SkipFile(reason)
-        raise SkipFile(f"not a {kind} file (save it as {modern} to have it read)")
+        article = "an" if kind[0] in "AEIOU" else "a"
+        raise SkipFile(f"not {article} {kind} file (save it as {modern} to have it read)")
 
     return refuse
 

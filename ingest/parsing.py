@@ -23,6 +23,7 @@ import multiprocessing
 import os
 import resource
 import signal
+import warnings
 from collections.abc import Iterator, Sequence
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
@@ -100,6 +101,9 @@ _worker: dict[str, Any] = {}
 def _start_worker(chunker: Chunker, options: LoadOptions, budget: ParseBudget) -> None:
     cap = budget.memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+    # A library's warnings about a file's oddities (openpyxl: "Unknown extension is not
+    # supported") are not the user's to act on; what was left out is reported as partial.
+    warnings.simplefilter("ignore")
     # Ctrl-C in a terminal reaches the whole process group: the run that started the
     # workers decides what a stop means (it ends them), not each worker half-way.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -197,7 +201,7 @@ def parse_files(
             except FutureTimeout:
                 outcome = f"over the {budget.seconds:g} s time budget while parsing"
             except ProcessExpired as exc:
-                outcome = _died(exc.exitcode, budget)
+                outcome = _died(exc.exitcode)
             except Exception as exc:  # the result could not come back (pickling, a pool error)
                 log.debug("parsing %s failed", job.path, exc_info=True)
                 outcome = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
@@ -211,14 +215,14 @@ def parse_files(
         pool.join()
 
 
-def _died(exitcode: int | None, budget: ParseBudget) -> str:
+def _died(exitcode: int | None) -> str:
     if exitcode == -signal.SIGKILL:
-        # What the kernel's OOM killer sends; under the address-space cap a parser fails an
-        # allocation first, so this is memory running out on the machine, or a stop from
-        # outside.
+        # Under the address-space cap a parser fails an allocation before the machine runs
+        # out; a kill is the kernel's OOM killer (memory short for everything on the
+        # machine) or a stop from outside.
         return (
-            f"the parsing process was killed (SIGKILL) within the {budget.memory_shown} "
-            "memory budget: the machine may be out of memory"
+            "the parsing process was killed (SIGKILL: the machine out of memory, or a stop "
+            "from outside)"
         )
     if exitcode is not None and exitcode < 0:
         name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else exitcode

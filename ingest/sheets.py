@@ -153,6 +153,8 @@ class SheetRows:
     header_end: int  # the last header row
     cut_at: int | None = None  # the last row read, when ``budget`` stopped the reading
     title: list[tuple[int, str]] = field(default_factory=list)
+    header_text: str = ""  # the header rows as written, a line each
+    declared: int | None = None  # the rows the sheet's dimension record declares
 
     def shown(self) -> list[tuple[int, list[str]]]:
         """The rows as the sheet shows them ("" for an empty cell)."""
@@ -163,6 +165,10 @@ def _line(values: Sequence[Any]) -> str:
     """A row as one line of text, a merged cell's value once."""
     shown = (_shown(v) for v in map(_value, values) if v is not None)
     return " ".join(dict.fromkeys(shown))
+
+
+def _all_text(values: Sequence[Any]) -> bool:
+    return all(isinstance(v, str) for v in map(_value, values) if v is not None)
 
 
 def _header_start(first: list[tuple[int, list[Any], int]]) -> int:
@@ -176,6 +182,11 @@ def sheet_rows(sheet: Any, options: LoadOptions, budget: int) -> SheetRows | Non
     """The header rows (a row with a cell merged over columns heads the row below too), then
     up to ``budget`` rows with a value; None for a sheet with no text. Rows with text above
     the header (a report's title block) are kept as ``title``."""
+    declared = sheet.max_row
+    if hasattr(sheet, "reset_dimensions"):
+        # A streamed sheet reads no further than its dimension record says, and writers get
+        # it wrong (a record of "A1" over a full sheet): read every row there is.
+        sheet.reset_dimensions()
     merged = _MergedCells(sheet)
     rows = _rows(sheet, merged)
     first: list[tuple[int, list[Any], int]] = []
@@ -191,12 +202,18 @@ def sheet_rows(sheet: Any, options: LoadOptions, budget: int) -> SheetRows | Non
     header_rows: list[list[Any]] = []
     header_end = 0
     pending = first[start:]
-    for number, values, _ in pending:
+    for index, (number, values, _) in enumerate(pending):
         header_rows.append(values)
         header_end = number
-        if number not in merged.spanning_rows or len(header_rows) >= MAX_HEADER_ROWS:
+        below = pending[index + 1][1] if index + 1 < len(pending) else []
+        if (
+            number not in merged.spanning_rows
+            or len(header_rows) >= MAX_HEADER_ROWS
+            or not _all_text(below)  # a row with numbers or dates under it is data
+        ):
             break
-    table = SheetRows(_column_names(header_rows), [], header_end, title=title)
+    table = SheetRows(_column_names(header_rows), [], header_end, title=title, declared=declared)
+    table.header_text = "\n".join(_line(values) for values in header_rows)
     width = len(table.columns)
     body = (item for item in pending if item[0] > header_end)
     last_read = header_end
@@ -225,7 +242,7 @@ def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[st
         partial.append(f"sheet {sheet.title!r} is empty")
         return []
     if table.cut_at is not None:
-        total = sheet.max_row or table.cut_at + 1
+        total = max(table.declared or 0, table.cut_at + 1)
         partial.append(
             f"sheet {sheet.title!r}: kept rows {table.header_end + 1:,}-{table.cut_at:,} of "
             f"{total:,} (the cap is {options.max_sheet_rows:,} rows per workbook)"
@@ -233,7 +250,7 @@ def _sheet_parts(sheet: Any, options: LoadOptions, budget: int, partial: list[st
     anchor_sheet = quote(sheet.title, safe="")
     lines = list(table.title)
     if not table.rows:  # no rows under the header: its cells are the sheet's text
-        lines.append((table.header_end, " ".join(c for c in table.columns if c)))
+        lines.append((table.header_end, table.header_text))
     parts = []
     if lines:
         first = lines[0][0]
@@ -307,12 +324,39 @@ def _unsaved_formulas(data: io.BytesIO, values: Any, sheet_names: Sequence[str])
     return found
 
 
-def open_workbook(path: Path) -> tuple[Any, io.BytesIO, bool]:
+_EMPTY_SHEET = (
+    b'<worksheet xmlns="http://schemas.openxmlformats.org/spreadsheetml/2006/main">'
+    b"<sheetData/></worksheet>"
+)
+
+
+def _damaged_sheets_emptied(data: io.BytesIO, damaged: list[str]) -> io.BytesIO:
+    """The archive again, each worksheet part that fails its CRC (or cannot be inflated)
+    replaced by an empty sheet, its name added to ``damaged``."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(data) as archive, zipfile.ZipFile(out, "w") as repaired:
+        for entry in archive.infolist():
+            try:
+                content = archive.read(entry)
+            except (zipfile.BadZipFile, EOFError, OSError, ValueError) as exc:
+                if not entry.filename.startswith("xl/worksheets/"):
+                    raise
+                damaged.append(f"{entry.filename} is damaged ({exc}): its sheet reads empty")
+                content = _EMPTY_SHEET
+            repaired.writestr(entry.filename, content, zipfile.ZIP_DEFLATED)
+    out.seek(0)
+    return out
+
+
+def open_workbook(path: Path, *, repair: list[str] | None = None) -> tuple[Any, io.BytesIO, bool]:
     """The workbook with the values Excel saved, its bytes, and whether it is streamed
-    (openpyxl's read-only mode, for sheets over ``FULL_LOAD_BYTES``: close it after)."""
+    (openpyxl's read-only mode, for sheets over ``FULL_LOAD_BYTES``: close it after).
+    ``repair``: first empty the damaged worksheet parts, saying which in that list."""
     import openpyxl
 
     data = open_office(path, "Excel", "xl")
+    if repair is not None:
+        data = _damaged_sheets_emptied(data, repair)
     with zipfile.ZipFile(data) as archive:
         sheet_bytes = sum(
             e.file_size for e in archive.infolist() if e.filename.startswith("xl/worksheets/")
@@ -322,38 +366,129 @@ def open_workbook(path: Path) -> tuple[Any, io.BytesIO, bool]:
     return book, data, streamed
 
 
+_A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
+
+
+def _text_boxes(data: io.BytesIO) -> list[str]:
+    """The paragraphs of the text boxes and shapes drawn over the sheets (xl/drawings/),
+    which openpyxl does not read."""
+    from lxml import etree
+
+    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
+    lines: list[str] = []
+    with zipfile.ZipFile(data) as archive:
+        for entry in archive.infolist():
+            name = entry.filename
+            if not (name.startswith("xl/drawings/") and name.endswith(".xml")):
+                continue
+            root = etree.fromstring(archive.read(entry), parser)
+            for paragraph in root.iter(f"{_A}p"):
+                text = " ".join("".join(t.text or "" for t in paragraph.iter(f"{_A}t")).split())
+                if text:
+                    lines.append(text)
+    return lines
+
+
+# Header and footer codes: &P page number, &"Arial,Bold" font, &12 size, &U underline...
+_HF_CODE = re.compile(r'&(?:"[^"]*"|\d+|[A-Za-z])')
+
+
+def _headers_and_footers(sheet: Any) -> list[str]:
+    """A sheet's printed headers and footers (left, centre, right), each text once."""
+    found: list[str] = []
+    for attribute in ("oddHeader", "oddFooter", "evenHeader", "evenFooter", "firstHeader",
+                      "firstFooter"):  # fmt: skip
+        block = getattr(sheet, attribute, None)
+        for side in ("left", "center", "right"):
+            text = getattr(getattr(block, side, None), "text", None)
+            text = " ".join(_HF_CODE.sub(" ", text).replace("&&", "&").split()) if text else ""
+            if text and text not in found:
+                found.append(text)
+    return found
+
+
+def _comments(sheet: Any) -> list[str]:
+    lines = []
+    for row in sheet.iter_rows():
+        for cell in row:
+            comment = getattr(cell, "comment", None)
+            text = " ".join(comment.text.split()) if comment is not None and comment.text else ""
+            if text:
+                lines.append(f"Comment on {cell.coordinate}: {text}")
+    return lines
+
+
+def _workbook_notes(
+    book: Any, data: io.BytesIO, streamed: bool, options: LoadOptions
+) -> list[Part]:
+    """Text outside the cells, a part each: headers and footers (not known to a streamed
+    workbook), text boxes, and cell comments when notes are asked for (as Word comments)."""
+    parts = []
+    visible = [sheet for sheet in book.worksheets if sheet.sheet_state == "visible"]
+    if not streamed:
+        lines = [line for sheet in visible for line in _headers_and_footers(sheet)]
+        if lines:
+            parts.append(Part(text="\n".join(lines), section="Headers and footers"))
+        if options.include_notes:
+            lines = [line for sheet in visible for line in _comments(sheet)]
+            if lines:
+                parts.append(Part(text="\n".join(lines), section="Comments", anchor="comments"))
+    boxes = _text_boxes(data)
+    if boxes:
+        parts.append(Part(text="\n".join(boxes), section="Text boxes"))
+    return parts
+
+
+def _read_sheets(
+    book: Any, data: io.BytesIO, streamed: bool, options: LoadOptions, partial: list[str]
+) -> list[Part]:
+    """The visible sheets' parts, with what was left out of them in ``partial``."""
+    parts: list[Part] = []
+    for sheet in book.worksheets:
+        if sheet.sheet_state != "visible":
+            partial.append(f"sheet {sheet.title!r} is hidden: left out")
+            continue
+        budget = options.max_sheet_rows - len(parts)
+        if budget <= 0:
+            partial.append(
+                f"sheet {sheet.title!r} left out: the cap of {options.max_sheet_rows:,} "
+                "rows per workbook was reached"
+            )
+            continue
+        parts.extend(_sheet_parts(sheet, options, budget, partial))
+    if not streamed:
+        shown = [sheet.title for sheet in book.worksheets if sheet.sheet_state == "visible"]
+        for name, count in _unsaved_formulas(data, book, shown).items():
+            partial.append(
+                f"sheet {name!r}: {count} formula cell(s) saved without a value read as "
+                "empty (open and save the file in Excel to store them)"
+            )
+    return parts
+
+
 def load_xlsx(path: Path, options: LoadOptions) -> LoadedFile:
     partial: list[str] = []
-    parts: list[Part] = []
     try:
-        book, data, streamed = open_workbook(path)
-        title = book.properties.title
-        for sheet in book.worksheets:
-            if sheet.sheet_state != "visible":
-                partial.append(f"sheet {sheet.title!r} is hidden: left out")
-                continue
-            budget = options.max_sheet_rows - len(parts)
-            if budget <= 0:
-                partial.append(
-                    f"sheet {sheet.title!r} left out: the cap of {options.max_sheet_rows:,} "
-                    "rows per workbook was reached"
-                )
-                continue
-            parts.extend(_sheet_parts(sheet, options, budget, partial))
-        if not streamed:
-            shown = [sheet.title for sheet in book.worksheets if sheet.sheet_state == "visible"]
-            for name, count in _unsaved_formulas(data, book, shown).items():
-                partial.append(
-                    f"sheet {name!r}: {count} formula cell(s) saved without a value read as "
-                    "empty (open and save the file in Excel to store them)"
-                )
-        if streamed:
-            book.close()
+        try:
+            book, data, streamed = open_workbook(path)
+        except (zipfile.BadZipFile, EOFError):
+            # A damaged worksheet part (a bad CRC) fails the whole workbook: read the others.
+            book, data, streamed = open_workbook(path, repair=partial)
+        try:
+            title = book.properties.title
+            parts = _read_sheets(book, data, streamed, options, partial)
+            parts += _workbook_notes(book, data, streamed, options)
+        finally:
+            if streamed:
+                book.close()
     except SkipFile:
         raise
     except Exception as exc:  # openpyxl raises many kinds on damaged XML
         raise library_failure("Excel", exc) from exc
     if not parts:
-        reasons = "; ".join(partial) or "no sheets"
-        raise SkipFile(f"Excel workbook has no rows with text ({reasons})")
+        looked = "; ".join(partial) or "no sheets"
+        raise SkipFile(
+            f"Excel workbook has no text (looked at the cells, headers, footers and text "
+            f"boxes: {looked})"
+        )
     return LoadedFile(format="xlsx", title=title or path.stem, parts=parts, partial=partial)
