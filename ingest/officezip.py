@@ -263,7 +263,18 @@ def refuse_legacy(kind: str, modern: str) -> Callable[[Path, LoadOptions], Loade
 
 
 def library_failure(kind: str, exc: Exception) -> SkipFile:
-    """A reason for what the format's library raised on a damaged file."""
+    """A reason for what the format's library raised on a damaged file, on one line."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        # defusedxml (openpyxl parses through it) refuses entity declarations: the billion
+        # laughs and external-entity attacks; the library then reports a generic failure.
+        if type(seen).__module__.startswith("defusedxml"):
+            return SkipFile(
+                f"{kind} file refused: its XML declares entities (an XML bomb or an external "
+                "entity), which are never expanded"
+            )
+        seen = seen.__cause__ or seen.__context__
     if isinstance(exc, zipfile.BadZipFile):
         return SkipFile(f"corrupt {kind} file ({exc})")
-    return SkipFile(f"corrupt {kind} file ({type(exc).__name__}: {str(exc)[:120]})")
+    detail = " ".join(str(exc).split())[:120]
+    return SkipFile(f"corrupt {kind} file ({type(exc).__name__}: {detail})")
