@@ -25,6 +25,7 @@ import resource
 import signal
 import warnings
 from collections.abc import Iterator, Sequence
+from concurrent.futures import BrokenExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 from tqdm import tqdm
 
 from ragchains.ingest.chunking import Chunker, chunk_file
+from ragchains.ingest.errors import IngestError
 from ragchains.ingest.loaders import load_file
 from ragchains.ingest.parts import LoadOptions, SkipFile
 from ragchains.retrievers.indexformat import Chunk
@@ -202,6 +204,14 @@ def parse_files(
                 outcome = f"over the {budget.seconds:g} s time budget while parsing"
             except ProcessExpired as exc:
                 outcome = _died(exc.exitcode)
+            except BrokenExecutor as exc:
+                # No worker could start (or keep running): that is no file's fault, and
+                # skipping every file for it would be a wrong reason for each.
+                raise IngestError(
+                    f"the processes that parse files could not run ({exc}); nothing was "
+                    "written (ragchains must run from a file or a command, not from "
+                    "standard input)"
+                ) from exc
             except Exception as exc:  # the result could not come back (pickling, a pool error)
                 log.debug("parsing %s failed", job.path, exc_info=True)
                 outcome = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
