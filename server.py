@@ -39,6 +39,7 @@ from ragchains import __version__
 from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
 from ragchains.feedback import FeedbackStore, feedback_path
+from ragchains.ingest.parsing import BudgetedCalls, ParseBudget
 from ragchains.llms import LLMFailure
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
 from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
@@ -127,7 +128,12 @@ def create_app(
         metrics.model_failure(failure)
 
     mcp = McpEndpoint(RagTools(service, routes, on_llm_failure=on_llm_failure))
-    app = _app(service, settings, mcp)
+    # The file viewer reads files in worker processes under the ingest's budget: the server
+    # never parses one itself.
+    files_reader = BudgetedCalls(
+        ParseBudget(settings.ingest_file_memory_mb, settings.ingest_file_timeout)
+    )
+    app = _app(service, settings, mcp, files_reader)
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
     completion = completion_request(limits)
@@ -136,7 +142,7 @@ def create_app(
     app.include_router(probes_router(service, health, limits))
     app.include_router(feedback_router(feedback_store, on_vote=metrics.feedback))
     app.include_router(metrics_router(metrics))
-    app.include_router(source_files_router(service))
+    app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
     app.router.routes.append(routing.Route("/mcp", mcp, include_in_schema=False))
@@ -200,7 +206,9 @@ def _keyring(settings: Settings, keyring: KeyRing | None) -> KeyRing | None:
     return keyring
 
 
-def _app(service: Service, settings: Settings, mcp: McpEndpoint) -> FastAPI:
+def _app(
+    service: Service, settings: Settings, mcp: McpEndpoint, files_reader: BudgetedCalls
+) -> FastAPI:
     # The API docs (/docs) from files served here: no CDN, the machine may be offline. (No
     # /redoc: its page loads its logo from Redocly's CDN.)
     app = FastAPIOffline(
@@ -208,13 +216,15 @@ def _app(service: Service, settings: Settings, mcp: McpEndpoint) -> FastAPI:
         title="ragchains",
         version=__version__,
         description="Grounded, cited answers over your own documents.",
-        lifespan=_lifespan(service, settings, mcp),
+        lifespan=_lifespan(service, settings, mcp, files_reader),
     )
     app.state.service = service  # what `ragchains serve` announces (domains, index)
     return app
 
 
-def _lifespan(service: Service, settings: Settings, mcp: McpEndpoint) -> Callable[[FastAPI], Any]:
+def _lifespan(
+    service: Service, settings: Settings, mcp: McpEndpoint, files_reader: BudgetedCalls
+) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         # The stages are async (the model through its async API, retrieval's CPU work in a
@@ -239,6 +249,7 @@ def _lifespan(service: Service, settings: Settings, mcp: McpEndpoint) -> Callabl
         async with mcp.running():
             yield
         gc.unfreeze()
+        await asyncio.to_thread(files_reader.close)
         if isinstance(service.index, PostgresStore):
             await service.index.aclose()
         if isinstance(service.index, LiveIndex | PostgresStore):

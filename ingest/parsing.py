@@ -23,13 +23,14 @@ import multiprocessing
 import os
 import resource
 import signal
+import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import BrokenExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tqdm import tqdm
 
@@ -40,10 +41,13 @@ from ragchains.ingest.parts import LoadOptions, SkipFile
 from ragchains.retrievers.indexformat import Chunk
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # A worker with the loaders imported maps about 250 MB (100 MB resident); a page of a scan
 # being OCRed, under 450 MB. 1 GB leaves a parse three times what a large real document takes.
 DEFAULT_MEMORY_MB = 1024
+# Under this a worker cannot hold its own code and the loaders' libraries.
+MIN_MEMORY_MB = 512
 DEFAULT_SECONDS = 120.0
 # A worker is replaced after this many files, so what a parser library leaks or fragments
 # stays bounded over a long run.
@@ -60,8 +64,10 @@ class ParseBudget:
     workers: int = 0
 
     def __post_init__(self) -> None:
-        if self.memory_mb < 256:
-            raise ValueError(f"a file's memory budget must be 256 MB or more, not {self.memory_mb}")
+        if self.memory_mb < MIN_MEMORY_MB:
+            raise ValueError(
+                f"a file's memory budget must be {MIN_MEMORY_MB} MB or more, not {self.memory_mb}"
+            )
         if self.seconds <= 0:
             raise ValueError(f"a file's time budget must be positive, got {self.seconds}")
         if self.workers < 0:
@@ -75,6 +81,14 @@ class ParseBudget:
     def memory_shown(self) -> str:
         mb = self.memory_mb
         return f"{mb // 1024} GB" if mb % 1024 == 0 else f"{mb:,} MB"
+
+    @property
+    def over_memory(self) -> str:
+        return f"over the {self.memory_shown} memory budget while parsing"
+
+    @property
+    def over_time(self) -> str:
+        return f"over the {self.seconds:g} s time budget while parsing"
 
 
 @dataclass
@@ -101,15 +115,20 @@ _worker: dict[str, Any] = {}
 
 
 def _start_worker(chunker: Chunker, options: LoadOptions, budget: ParseBudget) -> None:
+    _start_budgeted(budget)
+    _worker.update(chunker=chunker, options=options)
+
+
+def _start_budgeted(budget: ParseBudget) -> None:
     cap = budget.memory_mb * 2**20
     resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
     # A library's warnings about a file's oddities (openpyxl: "Unknown extension is not
     # supported") are not the user's to act on; what was left out is reported as partial.
     warnings.simplefilter("ignore")
-    # Ctrl-C in a terminal reaches the whole process group: the run that started the
+    # Ctrl-C in a terminal reaches the whole process group: the process that started the
     # workers decides what a stop means (it ends them), not each worker half-way.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _worker.update(chunker=chunker, options=options, budget=budget)
+    _worker.update(budget=budget)
 
 
 def _parse(job: ParseJob) -> Parsed | str:
@@ -154,7 +173,7 @@ def _peak_address_space() -> int:
 
 
 def _memory_reason() -> str:
-    return f"over the {_worker['budget'].memory_shown} memory budget while parsing"
+    return _worker["budget"].over_memory  # type: ignore[no-any-return]
 
 
 # ----------------------------------------------------------------------------- the run
@@ -201,7 +220,7 @@ def parse_files(
             try:
                 outcome: Parsed | str = future.result()
             except FutureTimeout:
-                outcome = f"over the {budget.seconds:g} s time budget while parsing"
+                outcome = budget.over_time
             except ProcessExpired as exc:
                 outcome = _died(exc.exitcode)
             except BrokenExecutor as exc:
@@ -238,3 +257,56 @@ def _died(exitcode: int | None) -> str:
         name = signal.Signals(-exitcode).name if -exitcode in signal.valid_signals() else exitcode
         return f"the parser crashed on this file ({name})"
     return f"the parsing process ended unexpectedly (exit code {exitcode})"
+
+
+class BudgetedCalls:
+    """Calls that read a file's bytes (a viewer's page, a sheet) made in worker processes
+    under a ``ParseBudget``, for a process that must never parse a file itself: a server.
+    ``call`` returns the function's result or raises what it raised; a call over its budget
+    raises ``SkipFile`` with the reason. The workers start at the first call."""
+
+    def __init__(self, budget: ParseBudget, workers: int = 1) -> None:
+        self.budget = budget
+        self.workers = workers
+        self._pool: Any = None
+        self._lock = threading.Lock()
+
+    def call(self, function: Callable[..., T], *args: Any) -> T:
+        from pebble import ProcessExpired
+
+        future = self._started().schedule(
+            _budgeted_call, args=(function, *args), timeout=self.budget.seconds
+        )
+        try:
+            return future.result()  # type: ignore[no-any-return]
+        except FutureTimeout:
+            raise SkipFile(self.budget.over_time) from None
+        except ProcessExpired as exc:
+            raise SkipFile(_died(exc.exitcode)) from None
+        except MemoryError:
+            raise SkipFile(self.budget.over_memory) from None
+
+    def _started(self) -> Any:
+        with self._lock:
+            if self._pool is None:
+                from pebble import ProcessPool
+
+                self._pool = ProcessPool(
+                    max_workers=self.workers,
+                    max_tasks=FILES_PER_WORKER,
+                    initializer=_start_budgeted,
+                    initargs=(self.budget,),
+                    context=_context(),
+                )
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            if self._pool is not None:
+                self._pool.stop()
+                self._pool.join()
+                self._pool = None
+
+
+def _budgeted_call(function: Callable[..., T], *args: Any) -> T:
+    return function(*args)

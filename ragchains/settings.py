@@ -56,7 +56,7 @@ class Settings(BaseSettings):
         0, ge=0, le=256, description="files parsed at once, each in a process; 0: one per core"
     )
     ingest_file_memory_mb: int = Field(
-        1024, ge=256, le=1 << 20, description="memory one file may take while it is parsed (MB)"
+        1024, ge=512, le=1 << 20, description="memory one file may take while it is parsed (MB)"
     )
     ingest_file_timeout: float = Field(
         120.0, gt=0, le=86400, description="seconds one file may take to parse (OCR included)"

@@ -140,12 +140,12 @@ def test_a_sheet_16384_columns_wide_is_read_within_a_10_s_budget(
 
 
 @pytest.mark.long
-def test_a_sheet_of_a_million_cells_is_read_within_a_minute(
+def test_a_sheet_of_a_million_cells_is_read_within_the_default_budget(
     tmp_path: Path, embedder: SentenceTransformerEmbedder
 ) -> None:
     """10,000 rows of 100 columns, streamed (its XML is over the full-load size)."""
     path = write_long_xlsx(tmp_path / "million.xlsx", 10_000, columns=100)
-    outcome = _parsed(path, 60, embedder)
+    outcome = _parsed(path, 120, embedder)  # 12 to 16 s on an idle 2-core machine
     assert isinstance(outcome, Parsed), outcome
     assert {chunk.metadata["location"]["row"] for chunk in outcome.chunks} == set(range(2, 10_002))
 
@@ -170,3 +170,21 @@ def test_a_reports_title_block_is_read_above_its_table(tmp_path: Path) -> None:
     assert title.anchor == "sheet=Report&row=1"
     assert north.text == "Region: North\nQ1: 100\nQ2: 200\nOwner: Ada" and north.row == 5
     assert south.fields == {"Region": "South", "Q1": 110, "Q2": 210, "Owner": "Bo"}
+
+
+def test_budgeted_calls_return_or_say_which_budget_a_call_outgrew() -> None:
+    """What the server's file viewer reads a file with: a worker under the budget."""
+    from ragchains.ingest.parsing import BudgetedCalls
+    from ragchains.ingest.parts import SkipFile
+    from tests.costly import allocate, sleep
+
+    calls = BudgetedCalls(ParseBudget(memory_mb=512, seconds=2))
+    try:
+        assert calls.call(allocate, 64) == 64 * 2**20
+        with pytest.raises(SkipFile, match=r"^over the 512 MB memory budget while parsing$"):
+            calls.call(allocate, 1024)
+        with pytest.raises(SkipFile, match=r"^over the 2 s time budget while parsing$"):
+            calls.call(sleep, 30)
+        assert calls.call(sleep, 0) == 0  # a fresh worker after the one that was ended
+    finally:
+        calls.close()

@@ -65,7 +65,7 @@ if TYPE_CHECKING:
 @click.option(
     "--file-memory",
     metavar="MB",
-    type=click.IntRange(min=256),
+    type=click.IntRange(min=512),
     help="Memory one file may take while it is parsed; a file over it is skipped with the "
     "reason and the run goes on (default 1024, or RAGCHAINS_INGEST_FILE_MEMORY_MB).",
 )

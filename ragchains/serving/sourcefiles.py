@@ -33,6 +33,7 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import run_in_threadpool
 
 from ragchains.factory import Service
+from ragchains.ingest.parsing import BudgetedCalls
 from ragchains.ingest.parts import LoadOptions
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.indexformat import FileRecord, is_file_id
@@ -326,7 +327,9 @@ def _file_id(example: str | None) -> Any:
     )
 
 
-def source_files_router(service: Service) -> APIRouter:
+def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRouter:
+    """``files_reader``: where a file is read for the viewer (worker processes under a budget: the
+    server never parses a file itself)."""
     router = APIRouter(tags=["files"])
     originals = _Originals(service)
     any_file, paged_file = example_ids(service.index)
@@ -404,7 +407,7 @@ def source_files_router(service: Service) -> APIRouter:
             return None
         data = found.read_all()
         options = _load_options(originals.chunking(reader))
-        view = build_view(file_id, record.source, record.format, data, options)
+        view = files_reader.call(build_view, file_id, record.source, record.format, data, options)
         views.put(key, view)
         return view
 
@@ -456,7 +459,7 @@ def source_files_router(service: Service) -> APIRouter:
         if draw is None:
             found.close()
             return None
-        png = draw(found.read_all(), page)
+        png = files_reader.call(draw, found.read_all(), page)
         if png is not None:
             pngs.put(key, png)
         return png
