@@ -34,7 +34,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ragchains.factory import Service
 from ragchains.ingest.parsing import BudgetedCalls
-from ragchains.ingest.parts import LoadOptions
+from ragchains.ingest.parts import LoadOptions, SkipFile
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.indexformat import FileRecord, is_file_id
 from ragchains.retrievers.live import LiveIndex
@@ -108,7 +108,8 @@ _STORE_DOWN = {
     "content": _PROBLEM,
 }
 _INVALID = {
-    "description": "A query parameter out of range; the reason names it",
+    "description": "A query parameter out of range, or a file that cannot be shown (reading "
+    "it outgrew the budget files are read under); the reason says which",
     "content": _PROBLEM,
 }
 _ETAG_HEADER = {"ETag": {"description": "the file's id, quoted", "schema": {"type": "string"}}}
@@ -207,6 +208,10 @@ def readable_record(records: list[FileRecord]) -> FileRecord | None:
         if groups is None or not record.access or groups.intersection(record.access):
             return record
     return None
+
+
+def cannot_show(reason: SkipFile) -> JSONResponse:
+    return JSONResponse({"detail": f"the file cannot be shown: {reason}"}, status_code=422)
 
 
 def not_found() -> JSONResponse:
@@ -432,7 +437,10 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
         """What the chat page's viewer shows of a file: a PDF's or an image's pages, a text
         file's parts (which its chunks' start/end slice), or a window of a table's rows."""
         reader = originals.reader()
-        view = await run_in_threadpool(view_of, reader, file_id)
+        try:
+            view = await run_in_threadpool(view_of, reader, file_id)
+        except SkipFile as exc:
+            return cannot_show(exc)
         if view is None:
             return not_found()
         try:
@@ -485,7 +493,10 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
         OCR read it, for the viewer to draw its chunks' boxes over; or a PDF's page drawn
         at 144 dpi. 404 for another kind of file or a page it does not have."""
         reader = originals.reader()
-        png = await run_in_threadpool(png_of, reader, file_id, page)
+        try:
+            png = await run_in_threadpool(png_of, reader, file_id, page)
+        except SkipFile as exc:
+            return cannot_show(exc)
         if png is None:
             return not_found()
         headers = {**SECURITY_HEADERS, "ETag": etag(file_id, f"-{page}")}
