@@ -110,7 +110,7 @@ class Parsed:
 
 
 # ----------------------------------------------------------------------------- the worker
-# Set once per worker by ``_start_worker``: the run's chunker and load options.
+# Set once per worker by ``_start_worker``: the budget, the run's chunker and load options.
 _worker: dict[str, Any] = {}
 
 
@@ -231,6 +231,8 @@ def parse_files(
                     "written (ragchains must run from a file or a command, not from "
                     "standard input)"
                 ) from exc
+            except MemoryError:  # raised in the worker sending its result back
+                outcome = budget.over_memory
             except Exception as exc:  # the result could not come back (pickling, a pool error)
                 log.debug("parsing %s failed", job.path, exc_info=True)
                 outcome = f"could not be parsed ({type(exc).__name__}: {str(exc)[:200]})"
