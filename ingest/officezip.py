@@ -24,6 +24,7 @@ import zipfile
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ragchains.ingest.parts import LoadedFile, LoadOptions, SkipFile, read_bytes
 
@@ -278,3 +279,21 @@ def library_failure(kind: str, exc: Exception) -> SkipFile:
         return SkipFile(f"corrupt {kind} file ({exc})")
     detail = " ".join(str(exc).split())[:120]
     return SkipFile(f"corrupt {kind} file ({type(exc).__name__}: {detail})")
+
+
+def part_xml(part: Any) -> Any:
+    """An Office part's XML tree: the library's own when it keeps one (python-docx's
+    ``element``), else parsed from its bytes with entities, DTDs and the network off."""
+    element = getattr(part, "element", None)
+    if element is not None:
+        return element
+    return safe_xml(part.blob)
+
+
+def safe_xml(data: bytes) -> Any:
+    from lxml import etree
+
+    parser = etree.XMLParser(
+        resolve_entities=False, no_network=True, load_dtd=False, huge_tree=False
+    )
+    return etree.fromstring(data, parser)

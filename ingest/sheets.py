@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from ragchains.ingest.officezip import library_failure, open_office
+from ragchains.ingest.officezip import library_failure, open_office, safe_xml
 from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile
 from ragchains.ingest.tables import rows_to_parts
 
@@ -372,16 +372,13 @@ _A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
 def _text_boxes(data: io.BytesIO) -> list[str]:
     """The paragraphs of the text boxes and shapes drawn over the sheets (xl/drawings/),
     which openpyxl does not read."""
-    from lxml import etree
-
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, load_dtd=False)
     lines: list[str] = []
     with zipfile.ZipFile(data) as archive:
         for entry in archive.infolist():
             name = entry.filename
             if not (name.startswith("xl/drawings/") and name.endswith(".xml")):
                 continue
-            root = etree.fromstring(archive.read(entry), parser)
+            root = safe_xml(archive.read(entry))
             for paragraph in root.iter(f"{_A}p"):
                 text = " ".join("".join(t.text or "" for t in paragraph.iter(f"{_A}t")).split())
                 if text:

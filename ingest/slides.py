@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragchains.ingest.officezip import library_failure, open_office
+from ragchains.ingest.officezip import library_failure, open_office, part_xml
 from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile, markdown_table
 
 _A = "{http://schemas.openxmlformats.org/drawingml/2006/main}"
@@ -79,16 +79,6 @@ def _paragraphs(body: Any) -> Iterator[tuple[str, int]]:
             properties = paragraph.find(f"{_A}pPr")
             level = properties.get("lvl") if properties is not None else None
             yield text, int(level) if level and level.isdigit() else 0
-
-
-def _xml(part: Any) -> Any:
-    element = getattr(part, "_element", None)
-    if element is not None:
-        return element
-    from lxml import etree
-
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
-    return etree.fromstring(part.blob, parser)
 
 
 @dataclass
@@ -155,7 +145,7 @@ class _Slide:
         from lxml import etree
 
         try:
-            return _xml(self.part.related_part(rid)) if rid else None
+            return part_xml(self.part.related_part(rid)) if rid else None
         except KeyError:  # a relationship the package lacks: nothing to read there
             return None
         except etree.XMLSyntaxError as exc:

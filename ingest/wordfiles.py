@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ragchains.ingest.officezip import library_failure, open_office
+from ragchains.ingest.officezip import library_failure, open_office, part_xml
 from ragchains.ingest.parts import (
     LoadedFile,
     LoadOptions,
@@ -267,16 +267,6 @@ def _number(value: str | None, default: int) -> int:
         return default
 
 
-def _xml(part: Any) -> Any:
-    element = getattr(part, "element", None)
-    if element is not None:
-        return element
-    from lxml import etree
-
-    parser = etree.XMLParser(resolve_entities=False, no_network=True, huge_tree=False)
-    return etree.fromstring(part.blob, parser)
-
-
 def _headers_and_footers(document: Any) -> tuple[list[Any], int, int, list[str]]:
     """Each header and footer part the sections use, once, in the sections' order; how many
     headers and footers there are; and a line for each that could not be read."""
@@ -301,7 +291,7 @@ def _headers_and_footers(document: Any) -> tuple[list[Any], int, int, list[str]]
             seen.add(str(part.partname))
             counts[kind] += 1
             try:
-                stories.append(_xml(part))
+                stories.append(part_xml(part))
             except etree.XMLSyntaxError as exc:  # a part python-docx did not parse itself
                 unread.append(f"{part.partname}: unreadable {kind} ({exc})")
     return stories, counts["header"], counts["footer"], unread
@@ -328,7 +318,7 @@ def _notes(document: Any) -> list[str]:
             notes = document.part.part_related_by(relationship)
         except KeyError:
             continue
-        for note in _xml(notes).iter(f"{_W}{kind}"):
+        for note in part_xml(notes).iter(f"{_W}{kind}"):
             if note.get(f"{_W}type") in ("separator", "continuationSeparator"):
                 continue
             text = " ".join(_story_text(note).split())
