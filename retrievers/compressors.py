@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+from cachetools import LRUCache
 from langchain_classic.retrievers import ContextualCompressionRetriever
 from langchain_classic.retrievers.document_compressors.cross_encoder import BaseCrossEncoder
 from langchain_core.callbacks import Callbacks
@@ -152,7 +152,9 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
         self.window_stride = window_stride
         self.passage_candidates = passage_candidates
         self.cache_chunks = cache_chunks
-        self._passages: OrderedDict[str, np.ndarray] = OrderedDict()
+        # Passage vectors by chunk text. LRUCache is not thread-safe: used under _lock only.
+        # It cannot hold 0 items (it refuses any), so cache_chunks=0 skips it instead.
+        self._passages: LRUCache[str, np.ndarray] = LRUCache(maxsize=max(cache_chunks, 1))
         self._lock = threading.Lock()
 
     def load(self) -> None:
@@ -202,7 +204,6 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
                     continue
                 remembered = self._passages.get(text)
                 if remembered is not None:
-                    self._passages.move_to_end(text)
                     found[i] = remembered
                 else:
                     wanted[text] = parts
@@ -214,12 +215,9 @@ class EmbeddingSimilarityScorer(BaseCrossEncoder):
             for text, parts in wanted.items():
                 fresh[text] = encoded[start : start + len(parts)]
                 start += len(parts)
-            with self._lock:
-                for text, vectors in fresh.items():
-                    self._passages[text] = vectors
-                    self._passages.move_to_end(text)
-                while len(self._passages) > self.cache_chunks:
-                    self._passages.popitem(last=False)
+            if self.cache_chunks:
+                with self._lock:
+                    self._passages.update(fresh)  # the least recently used go when full
             for i, text in enumerate(texts):
                 if found[i] is None and text in fresh:
                     found[i] = fresh[text]

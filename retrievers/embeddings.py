@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections import OrderedDict
 from collections.abc import Mapping
 from concurrent.futures import Executor, Future
 from pathlib import Path
 from typing import Any, Literal, get_args
 
 import numpy as np
+from cachetools import LRUCache
 from langchain_core.embeddings import Embeddings
 
 QUERY_CACHE_SIZE = 256
@@ -94,7 +94,9 @@ class SentenceTransformerEmbedder(Embeddings):
         self._model: Any = None
         self._token_counter: Any = None
         self._lock = threading.Lock()
-        self._recent: OrderedDict[str, np.ndarray] = OrderedDict()  # LRU of query vectors
+        # Recent query vectors. LRUCache is not thread-safe: it is used under _queue_lock, the
+        # lock of the queries waiting for a batch, so a query is found remembered or queued at once.
+        self._recent: LRUCache[str, np.ndarray] = LRUCache(maxsize=QUERY_CACHE_SIZE)
         self._waiting: dict[str, Future[np.ndarray]] = {}  # queries for the next batch
         self._encoding_now: dict[str, Future[np.ndarray]] = {}  # the batch being encoded
         self._queue_lock = threading.Lock()
@@ -252,19 +254,13 @@ class SentenceTransformerEmbedder(Embeddings):
 
     def _lookup(self, text: str) -> np.ndarray | None:
         """``text``'s remembered vector, made the most recent (under ``_queue_lock``)."""
-        vector = self._recent.get(text)
-        if vector is not None:
-            self._recent.move_to_end(text)
-        return vector
+        return self._recent.get(text)
 
     def _remember(self, vectors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         with self._queue_lock:
             for text, vector in vectors.items():
                 vector.flags.writeable = False  # shared by every caller of the cache
-                self._recent[text] = vector
-                self._recent.move_to_end(text)
-            while len(self._recent) > QUERY_CACHE_SIZE:
-                self._recent.popitem(last=False)
+                self._recent[text] = vector  # the least recently used one goes when full
         return vectors
 
     # -- LangChain Embeddings API ---------------------------------------------------------
