@@ -1,5 +1,6 @@
 """File loaders: each turns one file into titled parts (pages or sections; table rows in
-``ingest.tables``), and ``load_file`` picks the loader by the file's type.
+``ingest.tables``), and ``load_file`` picks the loader by the file's suffix: the format
+``retrievers.formats`` reads it as, and that format's loader here.
 
 A loader either returns a ``LoadedFile`` or raises ``SkipFile`` with a reason a person can act
 on ("encrypted PDF (password required)", "binary file", ...). Nothing here writes anything.
@@ -13,7 +14,7 @@ from pathlib import Path
 
 from langchain_text_splitters import MarkdownHeaderTextSplitter
 
-from ragchains.ingest.images import IMAGE_SUFFIXES, load_image
+from ragchains.ingest.images import load_image
 from ragchains.ingest.officezip import refuse_legacy
 from ragchains.ingest.parts import (
     LoadedFile,
@@ -28,6 +29,7 @@ from ragchains.ingest.sheets import load_xlsx
 from ragchains.ingest.slides import load_pptx
 from ragchains.ingest.tables import load_csv, load_json
 from ragchains.ingest.wordfiles import load_docx
+from ragchains.retrievers.formats import FORMATS
 
 _HEADERS = [("#", "h1"), ("##", "h2"), ("###", "h3"), ("####", "h4")]
 _FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.DOTALL)
@@ -99,30 +101,34 @@ def load_html(path: Path, options: LoadOptions) -> LoadedFile:
     return LoadedFile(format="html", title=title, parts=parts)
 
 
-LOADERS: dict[str, Callable[[Path, LoadOptions], LoadedFile]] = {
-    ".pdf": load_pdf,
-    ".html": load_html,
-    ".htm": load_html,
-    ".md": load_markdown,
-    ".markdown": load_markdown,
-    ".txt": load_text,
-    ".text": load_text,
-    ".csv": load_csv,
-    ".tsv": load_csv,
-    ".json": load_json,
-    ".jsonl": load_json,
-    ".ndjson": load_json,
-    ".docx": load_docx,
-    ".pptx": load_pptx,
-    ".xlsx": load_xlsx,
-    # Macro-enabled files and templates hold the same parts; their macros are never run.
-    **dict.fromkeys((".docm", ".dotx", ".dotm"), load_docx),
-    **dict.fromkeys((".pptm", ".ppsx", ".ppsm", ".potx", ".potm"), load_pptx),
-    **dict.fromkeys((".xlsm", ".xltx", ".xltm"), load_xlsx),
+Loader = Callable[[Path, LoadOptions], LoadedFile]
+
+# Each format's loader, by the format's name (``retrievers.formats``), which the loader writes
+# into what it returns. A macro-enabled file or a template holds the same parts as its format's
+# plain files and is read by the same loader; its macros are never run.
+LOADER_OF_FORMAT: dict[str, Loader] = {
+    "pdf": load_pdf,
+    "image": load_image,
+    "markdown": load_markdown,
+    "html": load_html,
+    "text": load_text,
+    "csv": load_csv,
+    "json": load_json,
+    "docx": load_docx,
+    "pptx": load_pptx,
+    "xlsx": load_xlsx,
+}
+# Suffixes no format reads but whose files are worth a reason of their own: the legacy binary
+# Office formats, named with the format to save them as.
+REFUSED: dict[str, Loader] = {
     ".doc": refuse_legacy("Word", ".docx"),
     ".ppt": refuse_legacy("PowerPoint", ".pptx"),
     ".xls": refuse_legacy("Excel", ".xlsx"),
-    **dict.fromkeys(IMAGE_SUFFIXES, load_image),
+}
+# The loader of each suffix ingest takes up: those of the formats, then those it refuses.
+LOADERS: dict[str, Loader] = {
+    **{suffix: LOADER_OF_FORMAT[f.name] for f in FORMATS for suffix in f.suffixes},
+    **REFUSED,
 }
 
 

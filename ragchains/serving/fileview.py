@@ -2,7 +2,8 @@
 again from its stored bytes with the loaders the ingest used, so that a chunk's ``location``
 points into what is shown: a text file's parts (the loader's ``Part.text``, which a chunk's
 ``start``/``end`` slice), a table's rows by the numbers its chunks cite, a PDF's or an
-image's pages (never OCRed here: the boxes are in the chunks' metadata already).
+image's pages (never OCRed here: the boxes are in the chunks' metadata already). How a
+format is shown is the ``view`` of its entry in ``retrievers.formats``.
 
 Nothing here knows HTTP; ``serving.sourcefiles`` serves it.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import io
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -20,23 +21,11 @@ from ragchains.ingest import images, sheets
 from ragchains.ingest.loaders import load_file
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.tables import csv_rows, json_records, render_value
+from ragchains.retrievers.formats import view_of
 
-TEXT_FORMATS = frozenset({"markdown", "html", "text", "docx", "pptx"})
-TABLE_FORMATS = frozenset({"csv", "json", "xlsx"})
 PDF_PNG_DPI = 144.0  # a PDF page drawn as PNG: twice its size in points
 # EXIF orientations that turn an image a quarter (its width and height swap).
 _QUARTER_TURNS = frozenset({5, 6, 7, 8})
-
-
-def kind_of(file_format: str) -> str | None:
-    """How the viewer shows a file of this format: pdf, image, text or table."""
-    if file_format in ("pdf", "image"):
-        return file_format
-    if file_format in TEXT_FORMATS:
-        return "text"
-    if file_format in TABLE_FORMATS:
-        return "table"
-    return None
 
 
 @dataclass
@@ -116,7 +105,7 @@ def build_view(
     picks the loader; ``options``: those the ingest read it with). Raises ``SkipFile`` or
     the loaders' own errors for bytes they cannot read."""
     name = PurePosixPath(source).name
-    kind = kind_of(file_format)
+    kind = view_of(file_format)
     if kind is None:
         raise ValueError(f"no view for format {file_format!r}")
     view = FileView(file_id, name, source, file_format, PurePosixPath(name).stem, kind)
@@ -146,25 +135,9 @@ def build_view(
                 }
                 for part in loaded.parts
             ]
-        elif file_format == "xlsx":
-            view.title, view.sheets = _xlsx_sheets(path, options)
-        elif file_format == "csv":
-            columns, rows = csv_rows(path)
-            view.sheets = [
-                Sheet(
-                    None,
-                    columns,
-                    [(n, [row.get(c, "") for c in columns]) for n, row in _numbered(rows)],
-                )
-            ]
         else:
-            records = json_records(path)
-            columns = list(dict.fromkeys(key for record in records for key in record))
-            cells = [
-                (n, ["" if record.get(c) is None else render_value(record[c]) for c in columns])
-                for n, record in _numbered(records)
-            ]
-            view.sheets = [Sheet(None, columns, cells)]
+            title, view.sheets = TABLE_READERS[file_format](path, options)
+            view.title = title or view.title
     return view
 
 
@@ -253,7 +226,23 @@ def pdf_page_png(data: bytes, page: int) -> bytes | None:
         pdf.close()
 
 
-def _xlsx_sheets(path: Path, options: LoadOptions) -> tuple[str, list[Sheet]]:
+def _csv_sheets(path: Path, options: LoadOptions) -> tuple[str | None, list[Sheet]]:
+    columns, rows = csv_rows(path)
+    cells = [(n, [row.get(c, "") for c in columns]) for n, row in _numbered(rows)]
+    return None, [Sheet(None, columns, cells)]
+
+
+def _json_sheets(path: Path, options: LoadOptions) -> tuple[str | None, list[Sheet]]:
+    records = json_records(path)
+    columns = list(dict.fromkeys(key for record in records for key in record))
+    cells = [
+        (n, ["" if record.get(c) is None else render_value(record[c]) for c in columns])
+        for n, record in _numbered(records)
+    ]
+    return None, [Sheet(None, columns, cells)]
+
+
+def _xlsx_sheets(path: Path, options: LoadOptions) -> tuple[str | None, list[Sheet]]:
     """The visible sheets' rows as the loader reads them (``ingest.sheets.sheet_rows``: the
     same header, merged cells and row cap), by the row numbers the sheet shows."""
     book, _, streamed = sheets.open_workbook(path)
@@ -274,3 +263,12 @@ def _xlsx_sheets(path: Path, options: LoadOptions) -> tuple[str, list[Sheet]]:
         if streamed:
             book.close()
     return title, found
+
+
+# How each format the viewer shows as a table is read into rows (as its loader reads them),
+# by the format's name; each returns the title the file names (None: its name's stem).
+TABLE_READERS: dict[str, Callable[[Path, LoadOptions], tuple[str | None, list[Sheet]]]] = {
+    "csv": _csv_sheets,
+    "json": _json_sheets,
+    "xlsx": _xlsx_sheets,
+}

@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import IO, Any, Literal
+from typing import IO, Any
 from urllib.parse import quote
 
+from cachetools import LRUCache
 from fastapi import APIRouter, Query, Request
 from fastapi import Path as FastPath
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -35,18 +35,13 @@ from starlette.concurrency import run_in_threadpool
 from ragchains.factory import Service
 from ragchains.ingest.parsing import BudgetedCalls
 from ragchains.ingest.parts import LoadOptions, SkipFile
+from ragchains.retrievers import formats
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.indexformat import FileRecord, is_file_id
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.searchindex import SearchIndex
-from ragchains.serving.fileview import (
-    FileView,
-    build_view,
-    image_page_png,
-    kind_of,
-    pdf_page_png,
-)
+from ragchains.serving.fileview import FileView, build_view, image_page_png, pdf_page_png
 
 log = logging.getLogger("ragchains.server")
 
@@ -57,37 +52,10 @@ VIEW_CACHE_SIZE = 16
 PNG_CACHE_SIZE = 4  # image pages turned into PNG (a 300-dpi A4 scan: about a megabyte)
 _READ_BLOCK = 256 * 1024
 
-MEDIA_TYPES = {
-    ".pdf": "application/pdf",
-    ".png": "image/png",
-    ".jpg": "image/jpeg",
-    ".jpeg": "image/jpeg",
-    ".tif": "image/tiff",
-    ".tiff": "image/tiff",
-    ".md": "text/markdown; charset=utf-8",
-    ".markdown": "text/markdown; charset=utf-8",
-    ".txt": "text/plain; charset=utf-8",
-    ".text": "text/plain; charset=utf-8",
-    ".csv": "text/csv; charset=utf-8",
-    ".tsv": "text/tab-separated-values; charset=utf-8",
-    ".json": "application/json",
-    ".jsonl": "application/jsonl",
-    ".ndjson": "application/x-ndjson",
-    ".html": "text/html; charset=utf-8",
-    ".htm": "text/html; charset=utf-8",
-    ".docx": "application/vnd.openxmlformats-officedocument.wordprocessingml.document",
-    ".pptx": "application/vnd.openxmlformats-officedocument.presentationml.presentation",
-    ".xlsx": "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-}
-# The image loader goes by a file's first bytes, not its name: so does its type here.
-_IMAGE_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "image/png"),
-    (b"\xff\xd8\xff", "image/jpeg"),
-    (b"II*\x00", "image/tiff"),
-    (b"MM\x00*", "image/tiff"),
-    (b"II+\x00", "image/tiff"),
-    (b"MM\x00+", "image/tiff"),
-)
+# How many leading bytes tell a file's media type when its format goes by content (images).
+_HEAD_BYTES = 16
+# How /files/{id}/image draws a page as PNG, by the view of the file's format.
+PAGE_DRAWERS = {"image": image_page_png, "pdf": pdf_page_png}
 # Whatever the file holds, opened directly it runs nothing and fetches nothing.
 SANDBOX = "sandbox; default-src 'none'; img-src data:; style-src 'unsafe-inline'"
 SECURITY_HEADERS = {
@@ -146,7 +114,7 @@ class FileViewBody(BaseModel):
     source: str = Field(description="the file's source, as its chunks' metadata has it")
     format: str
     title: str
-    kind: Literal["pdf", "image", "text", "table"]
+    kind: formats.ViewKind
     pages: int | None = Field(None, description="pdf and image: the page count")
     page_sizes: list[list[float]] | None = Field(
         None,
@@ -179,27 +147,6 @@ class _Found:
             self.handle.close()
 
 
-class _Lru:
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[Any, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: Any) -> Any:
-        with self._lock:
-            if key in self._items:
-                self._items.move_to_end(key)
-                return self._items[key]
-        return None
-
-    def put(self, key: Any, value: Any) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-
 def readable_record(records: list[FileRecord]) -> FileRecord | None:
     """The first record (by source) the caller may read: open to everyone, sharing a group
     with the caller, or any when nothing is hidden from it."""
@@ -220,11 +167,8 @@ def not_found() -> JSONResponse:
 
 
 def media_type(record: FileRecord, head: bytes) -> str:
-    if record.format == "image":
-        for magic, kind in _IMAGE_MAGIC:
-            if head.startswith(magic):
-                return kind
-    return MEDIA_TYPES.get(PurePosixPath(record.source).suffix.lower(), "application/octet-stream")
+    """What a file is served as (``head``: its first bytes), by ``retrievers.formats``."""
+    return formats.media_type(record.source, record.format, head)
 
 
 def content_disposition(name: str) -> str:
@@ -320,7 +264,7 @@ def example_ids(index: object) -> tuple[str | None, str | None]:
     except Exception as exc:  # a store unreachable at start-up: no example, no failure
         log.warning("no file id for the API document's examples: %s", exc)
         return None, None
-    paged = [r for r in public if r.format in ("pdf", "image")]
+    paged = [r for r in public if formats.view_of(r.format) in PAGE_DRAWERS]
     return (public[0].sha256 if public else None, paged[0].sha256 if paged else None)
 
 
@@ -338,8 +282,11 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
     router = APIRouter(tags=["files"])
     originals = _Originals(service)
     any_file, paged_file = example_ids(service.index)
-    views = _Lru(VIEW_CACHE_SIZE)
-    pngs = _Lru(PNG_CACHE_SIZE)
+    # Requests read and fill these from the thread pool; LRUCache is not thread-safe, so each
+    # lookup and each store holds the lock (never the reading of a file in between).
+    views: LRUCache[tuple[str, str, str], FileView] = LRUCache(maxsize=VIEW_CACHE_SIZE)
+    pngs: LRUCache[tuple[str, int], bytes] = LRUCache(maxsize=PNG_CACHE_SIZE)
+    caches_lock = threading.Lock()
 
     @router.get(
         "/files/{file_id}",
@@ -350,7 +297,7 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
                 "headers": _ETAG_HEADER,
                 "content": {
                     media: {"schema": {"type": "string", "format": "binary"}}
-                    for media in sorted({*MEDIA_TYPES.values(), "application/octet-stream"})
+                    for media in sorted(formats.media_types())
                 },
             },
             304: {"description": "Not modified (If-None-Match names the file's id)"},
@@ -368,10 +315,10 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
         if found is None:
             return not_found()
         if found.data is not None:
-            head = found.data[:16]
+            head = found.data[:_HEAD_BYTES]
         else:
             assert found.handle is not None
-            head = await run_in_threadpool(found.handle.read, 16)
+            head = await run_in_threadpool(found.handle.read, _HEAD_BYTES)
             await run_in_threadpool(found.handle.seek, 0)
         name = PurePosixPath(found.record.source).name
         headers = {
@@ -403,17 +350,19 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
             return None
         record = found.record
         key = (file_id, record.source, record.format)
-        cached = views.get(key)
+        with caches_lock:
+            cached = views.get(key)
         if cached is not None:
             found.close()
-            return cached  # type: ignore[no-any-return]
-        if kind_of(record.format) is None:
+            return cached
+        if formats.view_of(record.format) is None:
             found.close()
             return None
         data = found.read_all()
         options = _load_options(originals.chunking(reader))
         view = files_reader.call(build_view, file_id, record.source, record.format, data, options)
-        views.put(key, view)
+        with caches_lock:
+            views[key] = view
         return view
 
     @router.get(
@@ -459,17 +408,20 @@ def source_files_router(service: Service, files_reader: BudgetedCalls) -> APIRou
         if found is None:
             return None
         key = (file_id, page)
-        cached = pngs.get(key)
+        with caches_lock:
+            cached = pngs.get(key)
         if cached is not None:
             found.close()
-            return cached  # type: ignore[no-any-return]
-        draw = {"image": image_page_png, "pdf": pdf_page_png}.get(found.record.format)
+            return cached
+        view = formats.view_of(found.record.format)
+        draw = PAGE_DRAWERS.get(view) if view else None
         if draw is None:
             found.close()
             return None
-        png = files_reader.call(draw, found.read_all(), page)
+        png: bytes | None = files_reader.call(draw, found.read_all(), page)
         if png is not None:
-            pngs.put(key, png)
+            with caches_lock:
+                pngs[key] = png
         return png
 
     @router.get(
