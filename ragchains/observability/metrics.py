@@ -286,7 +286,13 @@ def requery_outcome(report: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- requests
 class RequestMetrics:
-    """ASGI middleware: requests by route and status, latency per route."""
+    """ASGI middleware: requests by route and status, latency per route.
+
+    Why not a library (tried): prometheus-fastapi-instrumentator 8.1.0 labels a request
+    the router redirects for its trailing slash with the raw path (``/files/<anything>/``:
+    a series per path sent) and matches every route again on each request;
+    starlette-exporter 0.24.0 keeps its metrics in the process's global registry, shared by
+    every app in the process and absent from this app's own."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app

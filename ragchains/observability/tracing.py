@@ -184,7 +184,16 @@ class RequestSpans:
 
     Named ``METHOD /route/{template}`` with the standard HTTP attributes: the method, the
     path, the route, the status; a 5xx (or an exception) is an error. A caller's
-    ``traceparent`` header makes it a child of the caller's span."""
+    ``traceparent`` header makes it a child of the caller's span.
+
+    Why not opentelemetry-instrumentation-fastapi (tried at 0.66b2): it writes the
+    deprecated attribute names (``http.method``, ``http.status_code``) unless
+    ``OTEL_SEMCONV_STABILITY_OPT_IN=http`` is in the environment before any instrumentation
+    starts, a process-wide switch an app cannot set for itself; either way it records the
+    query string (``http.url``, ``url.query``), an API key sent there included; and it
+    patches Starlette's ``BackgroundTask`` for the whole process and matches every route
+    again on each request (up to 0.5 ms over LangServe's routes). The router's own match,
+    read here from the scope, names the span for nothing."""
 
     def __init__(self, app: Any, tracer: Tracer) -> None:
         self.app = app
