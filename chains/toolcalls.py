@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from ragchains.retrievers.filters import OPERATORS
+from ragchains.retrievers.formats import format_names
 
 SEARCH_TOOL = "search_sources"
 
@@ -61,6 +62,15 @@ def sanitize_query(raw: Any) -> str | None:
     return text[:MAX_QUERY_CHARS] or None
 
 
+# The values a filter on ``format`` can match (what ingest writes, ``retrievers.formats``):
+# told to the model so that it filters on "pdf", not on "PDF files".
+FORMAT_FIELD = "format"
+
+
+def _formats() -> str:
+    return ", ".join(format_names())
+
+
 def describe_fields(fields: Mapping[str, str]) -> str:
     return ", ".join(f"{name} ({kind})" for name, kind in sorted(fields.items()))
 
@@ -96,11 +106,14 @@ def build_tools(fields: Mapping[str, str]) -> list[dict[str, Any]]:
     ]
     if not fields:
         return tools
+    described = "Keep only chunks whose metadata field satisfies a condition."
+    if FORMAT_FIELD in fields:
+        described += f" A file's {FORMAT_FIELD} is one of: {_formats()}."
     filter_tool = {
         "type": "function",
         "function": {
             "name": FILTER_TOOL,
-            "description": "Keep only chunks whose metadata field satisfies a condition.",
+            "description": described,
             "parameters": {
                 "type": "object",
                 "properties": {

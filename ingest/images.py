@@ -1,7 +1,9 @@
 """Image files (scans, photos of pages): read by OCR (``ingest.ocr``), one page each (a
 multi-page TIFF, one per frame).
 
-An image over ``ocr.MAX_PIXELS`` is refused from its header, before a pixel is decoded.
+An image over ``ocr.MAX_PIXELS`` is refused from its header, before a pixel is decoded. Which
+files are images (their suffixes, and the first bytes that say which kind) is the ``image``
+entry of ``retrievers.formats``.
 """
 
 from __future__ import annotations
@@ -22,18 +24,31 @@ from PIL import (
 
 from ragchains.ingest import ocr
 from ragchains.ingest.parts import LoadedFile, LoadOptions, Part, SkipFile
+from ragchains.retrievers.formats import format_named
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
 # Resolution assumed when an image does not record one, or records an impossible one (some
 # writers store 0 or 1): scanners default to 300 dpi.
 DEFAULT_DPI = 300.0
 
-# Chosen by the file's first bytes, not its name: a .png that is really a JPEG still reads.
-_FORMATS: tuple[tuple[tuple[bytes, ...], type[ImageFile.ImageFile]], ...] = (
-    ((b"\x89PNG\r\n\x1a\n",), PngImagePlugin.PngImageFile),
-    ((b"\xff\xd8\xff",), JpegImagePlugin.JpegImageFile),
-    ((b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+"), TiffImagePlugin.TiffImageFile),
-)
+# Pillow's reader of each media type the image format's signatures name: a file is read by
+# its first bytes, not its name (a .png that is really a JPEG still reads).
+IMAGE_CLASSES: dict[str, type[ImageFile.ImageFile]] = {
+    "image/png": PngImagePlugin.PngImageFile,
+    "image/jpeg": JpegImagePlugin.JpegImageFile,
+    "image/tiff": TiffImagePlugin.TiffImageFile,
+}
+_KINDS = [kind.removeprefix("image/").upper() for kind in IMAGE_CLASSES]  # PNG, ...
+_UNRECOGNISED = f"not a {', '.join(_KINDS[:-1])} or {_KINDS[-1]} image (unrecognised header)"
+
+
+def image_class(head: bytes) -> type[ImageFile.ImageFile] | None:
+    """Pillow's reader of the image whose file starts with ``head``; None: no image this
+    reads (by the signatures of ``retrievers.formats``' image format)."""
+    image = format_named("image")
+    for signature, media_type in image.signatures if image else ():
+        if head.startswith(signature):
+            return IMAGE_CLASSES.get(media_type)
+    return None
 
 
 def load_image(path: Path, options: LoadOptions) -> LoadedFile:
@@ -66,11 +81,11 @@ def _open(path: Path) -> Image.Image:
         raise SkipFile(f"unreadable: {exc.strerror or exc}") from exc
     if not head:
         raise SkipFile("empty file")
-    image_class = next((cls for magics, cls in _FORMATS if head.startswith(magics)), None)
-    if image_class is None:
-        raise SkipFile("not a PNG, JPEG or TIFF image (unrecognised header)")
+    reader = image_class(head)
+    if reader is None:
+        raise SkipFile(_UNRECOGNISED)
     try:
-        image = image_class(str(path))
+        image = reader(str(path))
     except (SyntaxError, OSError, ValueError) as exc:
         raise SkipFile(f"corrupt image: {_detail(exc)}") from exc
     reason = ocr.over_pixel_cap(*image.size)

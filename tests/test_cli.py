@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from ragchains.retrievers.formats import formats_described
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.e2e
@@ -203,6 +204,8 @@ def test_help_explains_each_command() -> None:
         result = run(*args, "--help")
         assert result.returncode == 0 and "Usage: ragchains" in result.stdout
     assert "--filter FIELD OP VALUE" in run("retrieve", "--help").stdout
+    # What ingest reads, from the format table: every format with its suffixes.
+    assert formats_described() in " ".join(run("ingest", "--help").stdout.split())
 
 
 # ----------------------------------------------------------------------------- ask and chat

@@ -1,27 +1,34 @@
 """GET /collection (issue 26): what a caller may ask about, as a user runs the server
 (`ragchains serve` as a subprocess over an index `ragchains ingest --access` labelled), for
 an index folder and a PostgreSQL store: each key counts only the files its groups may read;
-no key gets 401. The counting and the domains' part without a server, too."""
+no key gets 401. The counting, the kinds' labels and the domains' part without a server, too;
+and the chat page's line that names them, in a real browser."""
 
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from ragchains.ingest.report import IngestReport
 from ragchains.prompts.registry import PromptRegistry
 from ragchains.retrievers.access import SIDECAR
+from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
+from ragchains.retrievers.formats import FORMATS
 from ragchains.retrievers.indexformat import FileRecord
 from ragchains.serving.collection import (
     CollectionSummary,
     count_files,
     domain_summaries,
+    kind_labels,
     may_read,
 )
 from ragchains.serving.keys import add_key
+from ragchains.settings import Settings
 from tests.conftest import FIXTURES
 from tests.servers import ragchains_serve
 from tests.test_cli import run
@@ -46,6 +53,16 @@ def test_files_are_counted_for_the_groups_that_may_read_them() -> None:
     assert count_files(records, frozenset({"eng"})) == (3, {"csv": 1, "markdown": 1, "pdf": 1})
     assert count_files(records, frozenset()) == (1, {"markdown": 1})
     assert may_read((), frozenset()) and not may_read(("hr",), frozenset({"eng"}))
+
+
+def test_each_known_kind_is_labelled_as_the_format_table_names_it() -> None:
+    labels = kind_labels(f.name for f in FORMATS)
+    assert list(labels) == [f.name for f in FORMATS]
+    for f in FORMATS:
+        assert labels[f.name].model_dump() == {"label": f.label, "label_plural": f.label_plural}
+    assert labels["docx"].label == "Word document" and labels["pdf"].label_plural == "PDFs"
+    # A format another release wrote has no label: the page shows its name.
+    assert kind_labels(["rtf", "csv"]).keys() == {"csv"}
 
 
 def test_domains_come_with_their_description_and_suggestions() -> None:
@@ -95,6 +112,8 @@ def test_each_key_sees_only_the_documents_its_groups_may_read(
     hr_out: dict[str, Any] = as_hr.json()
     assert hr_out["documents"] == 8
     assert hr_out["kinds"] == {**PUBLIC, "markdown": 2, "csv": 2}
+    assert hr_out["labels"] == {k: v.model_dump() for k, v in kind_labels(PUBLIC).items()}
+    assert hr_out["labels"]["html"] == {"label": "web page", "label_plural": "web pages"}
     assert as_eng.json()["documents"] == 7
     assert as_eng.json()["kinds"] == {**PUBLIC, "markdown": 2}
     assert as_ops.json() == {**hr_out, "documents": 6, "kinds": PUBLIC}  # the public files
@@ -113,5 +132,54 @@ def test_each_key_sees_only_the_documents_its_groups_may_read(
     assert set(document["components"]["schemas"]["CollectionSummary"]["required"]) == {
         "documents",
         "kinds",
+        "labels",
         "domains",
     }
+
+
+# ----------------------------------------------------------------------------- the page
+@pytest.mark.slow
+@pytest.mark.browser
+def test_the_page_names_each_kind_by_the_label_the_summary_gives(
+    browser: Any,
+    settings: Settings,
+    embedder: SentenceTransformerEmbedder,
+    ingest_into: Callable[..., IngestReport],
+    docs_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """The chat page's empty state counts the documents in the words GET /collection gives
+    for each format; a format it gives none for (another release's) is shown by its name."""
+    from langchain_core.language_models import FakeListChatModel
+
+    from ragchains.chains.llm import LLM
+    from ragchains.server import create_app
+    from tests.browser import open_page
+    from tests.servers import serving
+
+    index = tmp_path / "index"
+    ingest_into(docs_dir, index)
+    llm = LLM(model=FakeListChatModel(responses=["unused"]), name="fake")
+    app = create_app(settings.model_copy(update={"index": index}), llm=llm, embedder=embedder)
+    listed = "2 JSON files, 1 CSV table, 1 web page, 1 Markdown file, 1 text file"
+    with serving(app) as base:
+        shown = open_page(browser, base, width=1024, height=768)
+        try:
+            holdings = shown.page.locator(".holdings")
+            holdings.wait_for()
+            assert holdings.inner_text() == f"6 documents you can ask about: {listed}."
+
+            def with_unknown_format(route: Any) -> None:
+                reply = route.fetch()
+                summary = reply.json()
+                summary["documents"] += 1
+                summary["kinds"]["rtf"] = 1
+                route.fulfill(response=reply, json=summary)
+
+            shown.page.route("**/collection", with_unknown_format)
+            shown.page.reload()
+            holdings.filter(has_text="rtf").wait_for()
+            assert holdings.inner_text() == f"7 documents you can ask about: {listed}, 1 rtf."
+            shown.assert_clean()
+        finally:
+            shown.page.close()

@@ -76,10 +76,17 @@ def test_ingest_takes_up_every_listed_suffix_and_passes_over_others(tmp_path: Pa
     assert [s.reason for s in found.skipped] == ["unsupported file type '.svg'"]
 
 
-def test_images_are_read_under_the_suffixes_listed() -> None:
+def test_images_are_read_by_the_signatures_listed() -> None:
+    """Every kind of image the image format names, by its bytes or its suffixes, has a reader
+    in ingest, chosen by the file's first bytes."""
     image = format_named("image")
     assert image is not None
-    assert set(images.IMAGE_SUFFIXES) == set(image.suffixes)
+    by_content = {kind for _, kind in image.signatures}
+    assert set(images.IMAGE_CLASSES) == by_content
+    assert set(image.media_types.values()) <= by_content
+    for signature, kind in image.signatures:
+        assert images.image_class(signature + b"rest") is images.IMAGE_CLASSES[kind]
+    assert images.image_class(b"GIF89a") is None
 
 
 def _image(path: Path) -> Path:
@@ -175,6 +182,23 @@ def test_the_api_names_every_format() -> None:
 
     described = Source.model_json_schema()["properties"]["format"]["description"]
     assert described.endswith(": " + ", ".join(format_names()))
+
+
+def test_the_filter_tool_tells_the_model_every_formats_name() -> None:
+    """A format filter matches the names chunks have: a model that calls tools is told them
+    in add_filter's description. (The rewrite prompt's field list, which every rewrite
+    reads, is left as its evaluation measured it.)"""
+    from ragchains.chains.toolcalls import FILTER_TOOL, build_tools, describe_fields
+    from ragchains.retrievers.filters import BASE_FIELDS
+
+    listed = ", ".join(format_names())
+    tools = {tool["function"]["name"]: tool["function"] for tool in build_tools(BASE_FIELDS)}
+    assert tools[FILTER_TOOL]["description"].endswith(f"format is one of: {listed}.")
+    # An index without the field (a caller's own fields): no formats named.
+    others = {"price": "number"}
+    assert describe_fields(others) == "price (number)"
+    filter_tool = build_tools(others)[-1]["function"]
+    assert filter_tool["name"] == FILTER_TOOL and "format" not in filter_tool["description"]
 
 
 def test_the_registry_imports_only_the_standard_library() -> None:

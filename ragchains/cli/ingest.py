@@ -10,13 +10,28 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ragchains.cli.common import EXIT_NOTHING_INGESTED, fail, index_option, load_settings
+from ragchains.retrievers.formats import formats_described
 from ragchains.retrievers.storeurl import is_store_url, shown
 
 if TYPE_CHECKING:
     from ragchains.ingest.report import IngestReport
 
+# The formats come from their table (retrievers.formats), as ingest reads them.
+_HELP = f"""Build or update an index folder (or a PostgreSQL store, --store URL) from PATHS.
 
-@click.command("ingest")
+Reads {formats_described()}. Scanned PDF pages and images are read by OCR; files of other
+types are skipped with the reason.
+
+Re-runs embed only what changed and drop the chunks of files that are gone; unreadable files
+are skipped with a reason (a version read before stays indexed), and what was left out of a
+file still read (rows over the cap, hidden sheets, a page whose OCR timed out) is reported.
+Each file is parsed in a worker process of its own, under a memory and a time budget the
+operating system enforces: a file over one is skipped with the reason, and the rest of the
+run goes on. Exits 1 when nothing at all could be ingested.
+"""
+
+
+@click.command("ingest", help=_HELP)
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @index_option("Index folder to create or update.", required=True)
 @click.option(
@@ -93,17 +108,7 @@ def ingest_command(
     as_json: bool,
     quiet: bool,
 ) -> None:
-    """Build or update an index folder (or a PostgreSQL store, --store URL) from PATHS (PDF,
-    scanned PDF and images by OCR, Word, PowerPoint, Excel, HTML, Markdown, text, CSV/TSV,
-    JSON/JSONL).
-
-    Re-runs embed only what changed and drop the chunks of files that are gone; unreadable
-    files are skipped with a reason (a version read before stays indexed), and what was left
-    out of a file still read (rows over the cap, hidden sheets, a page whose OCR timed out) is
-    reported. Each file is parsed in a worker process of its own, under a memory and a time
-    budget the operating system enforces: a file over one is skipped with the reason, and
-    the rest of the run goes on. Exits 1 when nothing at all could be ingested.
-    """
+    """Build or update an index from PATHS (the command's help: ``_HELP``)."""
     from ragchains.factory import run_ingest
     from ragchains.ingest.errors import IngestError, NothingIngestedError
     from ragchains.observability.tracing import command_span

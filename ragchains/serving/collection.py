@@ -1,5 +1,6 @@
-"""What the caller may ask about: the documents they may read (how many, of which kinds) and
-each domain's suggested questions, for the chat page's empty state.
+"""What the caller may ask about: the documents they may read (how many, of which kinds, and
+what people call each kind) and each domain's suggested questions, for the chat page's empty
+state.
 
 Counted from the index's file records (one row per ingested file: its format and access
 groups), never from its chunks, so the answer stays quick on a large index. The counts are
@@ -20,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from ragchains.factory import Service, Store
 from ragchains.prompts.registry import PromptRegistry
 from ragchains.retrievers.access import current_groups
+from ragchains.retrievers.formats import format_named
 from ragchains.retrievers.indexformat import FileRecord
 from ragchains.retrievers.pgstore import PostgresStore
 
@@ -38,12 +40,23 @@ class DomainSummary(BaseModel):
     )
 
 
+class KindLabel(BaseModel):
+    """What people call a file of one format, and several."""
+
+    label: str = Field(description="one file of the format, e.g. 'PDF', 'Word document'")
+    label_plural: str = Field(description="several, e.g. 'PDFs', 'Word documents'")
+
+
 class CollectionSummary(BaseModel):
     """The documents the caller may read and the domains they may ask in."""
 
     documents: int = Field(ge=0, description="ingested files the caller may read")
     kinds: dict[str, int] = Field(
         description="those files by format (pdf, markdown, csv, ...), most first"
+    )
+    labels: dict[str, KindLabel] = Field(
+        description="what people call each format in kinds; a format this server does not "
+        "know (an index another release wrote) has none: show its name"
     )
     domains: list[DomainSummary]
 
@@ -63,6 +76,17 @@ def count_files(
     kinds = Counter(r.format for r in records if may_read(r.access, groups))
     ordered = dict(sorted(kinds.items(), key=lambda item: (-item[1], item[0])))
     return sum(kinds.values()), ordered
+
+
+def kind_labels(kinds: Iterable[str]) -> dict[str, KindLabel]:
+    """What people call each of the formats ``kinds`` names, by ``retrievers.formats``;
+    formats it does not know are left out."""
+    known = ((name, format_named(name)) for name in kinds)
+    return {
+        name: KindLabel(label=found.label, label_plural=found.label_plural)
+        for name, found in known
+        if found is not None
+    }
 
 
 def domain_summaries(prompts: PromptRegistry) -> list[DomainSummary]:
@@ -135,12 +159,14 @@ def collection_router(service: Service) -> APIRouter:
         },
     )
     async def collection() -> CollectionSummary:
-        """How many ingested files the caller's key may read, by format, and each domain's
-        description and suggested questions (for a page to show before the first question).
-        Files the key may not read are not counted."""
+        """How many ingested files the caller's key may read, by format (with what people
+        call each format), and each domain's description and suggested questions (for a page
+        to show before the first question). Files the key may not read are not counted."""
         # The thread runs in a copy of the request's context: the caller's groups, and the
         # index generation the request is pinned to.
         documents, kinds = await run_in_threadpool(counts.count, current_groups())
-        return CollectionSummary(documents=documents, kinds=kinds, domains=domains)
+        return CollectionSummary(
+            documents=documents, kinds=kinds, labels=kind_labels(kinds), domains=domains
+        )
 
     return router

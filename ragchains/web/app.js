@@ -882,22 +882,12 @@ async function connect() {
 }
 
 // ------------------------------------------------------------------------- what is there
-const KINDS = {
-  pdf: ["PDF", "PDFs"],
-  markdown: ["Markdown file", "Markdown files"],
-  html: ["web page", "web pages"],
-  text: ["text file", "text files"],
-  csv: ["CSV table", "CSV tables"],
-  json: ["JSON file", "JSON files"],
-  docx: ["Word document", "Word documents"],
-  pptx: ["PowerPoint deck", "PowerPoint decks"],
-  xlsx: ["Excel workbook", "Excel workbooks"],
-  image: ["scanned image", "scanned images"],
-};
-
-function kindText(kind, count) {
-  const [one, many] = KINDS[kind] ?? [kind, kind];
-  return `${count} ${count === 1 ? one : many}`;
+// What people call each format comes with the counts (the server's format table); a format
+// without a label (an index another release wrote, or an older server) is shown by its name.
+function kindText(kind, count, labels) {
+  const named = labels && Object.hasOwn(labels, kind) ? labels[kind] : null;
+  const label = count === 1 ? named?.label : named?.label_plural;
+  return `${count} ${label || kind}`;
 }
 
 async function showCollection() {
@@ -917,7 +907,7 @@ async function showCollection() {
       { class: "holdings" },
       documents
         ? `${documents} ${documents === 1 ? "document" : "documents"} you can ask about: ${kinds
-            .map(([kind, n]) => kindText(kind, n))
+            .map(([kind, n]) => kindText(kind, n, collection.labels))
             .join(", ")}.`
         : "There are no documents you can ask about yet.",
     ),
