@@ -4,7 +4,10 @@ Kept chunks are shown to the model as ``[label] text`` blocks. The model cites w
 in square brackets; ``parse_citations`` maps the markers back to chunks, in order of first use,
 and drops markers that name no chunk it was given.
 
-The stage streams: ``{"answer": token}`` events, then one event with the citations.
+The stage streams: ``{"answer": token}`` events, then one event with the citations. It is
+written once, as a ``Reply`` (what comes before the model's reply, each piece of it, a break,
+the ending); ``replying`` streams the model for sync callers or async ones, the only
+difference between the two.
 
 A reply cut short is kept and marked ``incomplete``, with a note saying why: the model said
 its token limit stopped it (``finish_reason`` "length" in its message's ``response_metadata``,
@@ -39,12 +42,14 @@ caller does not control, and an answer with a note serves them better than an er
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Generator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import aclosing, closing
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Annotated, Any, Literal
+from uuid import UUID
 
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.documents import Document
 from langchain_core.exceptions import ModelError
 from langchain_core.language_models import BaseChatModel
@@ -52,6 +57,7 @@ from langchain_core.messages import BaseMessage
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
+    RunnableGenerator,
     RunnablePassthrough,
 )
 from langchain_core.runnables.utils import AddableDict
@@ -71,7 +77,7 @@ from ragchains.chains.quote import (
     shortlist,
 )
 from ragchains.chains.retrieve import citation_label, to_source
-from ragchains.chains.state import agathered, answer_stage, gathered, quick, read_input
+from ragchains.chains.state import agathered, gathered, quick, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 
 log = logging.getLogger(__name__)
@@ -239,7 +245,10 @@ def resolve_style(
 
 
 @dataclass
-class _Plan:
+class AnswerPlan:
+    """How one answer is made: the model's call and its input, the chunks it answers from,
+    the prompt's ref, the style, notes, and the quotes it may copy."""
+
     # ``prompt | model``: the reply's message chunks (their metadata say why it stopped).
     chain: Runnable[dict[str, Any], Any] | None  # None: abstain without calling the LLM
     variables: dict[str, Any]
@@ -306,7 +315,7 @@ class _Written:
         return "".join(self.parts)
 
 
-def _ending(written: _Written, plan: _Plan) -> AddableDict:
+def _ending(written: _Written, plan: AnswerPlan) -> AddableDict:
     """The stream's last event: citations parsed from the whole answer."""
     text = written.text
     citations = parse_citations(text, plan.documents)
@@ -356,12 +365,12 @@ class Answerer:
             options.answer_style, self.answer_style, grammar=self.llm.grammar, model=self.llm.name
         )
 
-    def plan(self, state: AnswerState) -> _Plan:
+    def plan(self, state: AnswerState) -> AnswerPlan:
         style, note = self.style(state["options"])
         notes = [note] if note else []
         documents: list[Document] = list(state.get("documents") or [])
         if not documents:
-            return _Plan(None, {}, [], None, style, notes)
+            return AnswerPlan(None, {}, [], None, style, notes)
         options: Options = state["options"]
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
         labels = [citation_label(d) for d in documents]
@@ -370,7 +379,7 @@ class Answerer:
             prompt = options.prompt("quote")
             offered = shortlist(quotes(documents, labels), state["question"])
             if not offered:  # nothing quotable (headings only): nothing to answer from
-                return _Plan(None, {}, documents, None, style, notes)
+                return AnswerPlan(None, {}, documents, None, style, notes)
             # Greedy decoding whatever the prompt file says: a quote is copied, not sampled.
             chain = self.llm.prompted(
                 prompt,
@@ -379,70 +388,99 @@ class Answerer:
             )
             # Best last, next to the question, where small models look most.
             variables["context"] = format_quotes(offered[::-1])
-            return _Plan(chain, variables, documents, prompt.ref, style, notes, offered)
+            return AnswerPlan(chain, variables, documents, prompt.ref, style, notes, offered)
         prompt = options.prompt("answer")
         chain = self.llm.prompted(prompt, grammar=citation_grammar(labels))
         variables["context"] = format_context(documents)
-        return _Plan(chain, variables, documents, prompt.ref, style, notes)
+        return AnswerPlan(chain, variables, documents, prompt.ref, style, notes)
 
-    def events(
-        self, state: AnswerState, config: RunnableConfig
-    ) -> Generator[AddableDict, None, None]:
-        """The answer's events for sync callers: the model's reply (``prompt | model``, a
-        child of ``config``'s run) token by token, then the ending."""
-        p = self.plan(state)
-        written = _Written(p.shown())
-        if p.chain is None:
-            written.add(DONT_KNOW)
-            yield AddableDict(answer=DONT_KNOW)
-        else:
-            # Closed with this generator: a consumer that stops early stops the model at once.
-            with closing(p.chain.stream(p.variables, config)) as pieces:  # type: ignore[type-var]
-                try:
-                    for piece in pieces:
-                        if (event := written.read(piece)) is not None:
-                            yield event
-                except ModelError as error:
-                    written.broke_off(error)
-            if (event := written.close()) is not None:
-                yield event
-        yield _ending(written, p)
+    def reply(self, state: AnswerState, run: UUID) -> "Reply":
+        """The answer to one state, to be written (``replying``). ``run``, the stage's run,
+        is not read: an answer on its own reports no timings (``chains.respond``)."""
+        return Reply(self.plan(state))
 
-    async def aevents(
-        self, state: AnswerState, config: RunnableConfig
-    ) -> AsyncGenerator[AddableDict, None]:
-        """``events`` for async callers, through the model's async API."""
-        p = self.plan(state)
-        written = _Written(p.shown())
-        if p.chain is None:
-            written.add(DONT_KNOW)
-            yield AddableDict(answer=DONT_KNOW)
-        else:
-            async with aclosing(p.chain.astream(p.variables, config)) as pieces:  # type: ignore[type-var]
-                try:
-                    async for piece in pieces:
-                        if (event := written.read(piece)) is not None:
-                            yield event
-                except ModelError as error:
-                    written.broke_off(error)
-            if (event := written.close()) is not None:
-                yield event
-        yield _ending(written, p)
+    def stage(self) -> Runnable[Any, Any]:
+        """The answer stage: a ``RunnableGenerator`` streaming the answer's events."""
+        return replying(self.reply)
+
+
+class Reply:
+    """One answer as it is written: what comes before the model's reply (the don't-know
+    sentence when there is nothing to answer from), each piece of the reply, a break in it,
+    the ending (citations and the rest). ``chain`` and ``variables``: the model's call, None
+    when it is not called."""
+
+    def __init__(self, plan: AnswerPlan) -> None:
+        self.plan = plan
+        self.written = _Written(plan.shown())
+
+    @property
+    def chain(self) -> Runnable[dict[str, Any], Any] | None:
+        return self.plan.chain
+
+    @property
+    def variables(self) -> dict[str, Any]:
+        return self.plan.variables
+
+    def opening(self) -> list[AddableDict]:
+        return _events(self.written.add(DONT_KNOW) if self.chain is None else None)
+
+    def read(self, piece: Any) -> list[AddableDict]:
+        return _events(self.written.read(piece))
+
+    def broke_off(self, error: ModelError) -> None:
+        self.written.broke_off(error)
+
+    def ending(self) -> list[AddableDict]:
+        return [*_events(self.written.close()), _ending(self.written, self.plan)]
+
+
+def _events(event: AddableDict | None) -> list[AddableDict]:
+    return [] if event is None else [event]
+
+
+def replying(start: Callable[[Any, UUID], Reply]) -> Runnable[Any, Any]:
+    """The ``answer`` stage: a ``RunnableGenerator`` over the state streamed in (gathered),
+    whose ``AddableDict`` chunks ``invoke`` (and LangServe, ``astream_log``) add up into one.
+    ``start`` makes the ``Reply`` of a state, given the stage's run id. The model's stream is
+    closed with the stage's: a consumer that stops early stops the model at once."""
 
     def transform(
-        self, states: Iterator[AnswerState], config: RunnableConfig
+        states: Iterator[Any], config: RunnableConfig, run_manager: CallbackManagerForChainRun
     ) -> Iterator[AddableDict]:
-        """The answer stage as a ``RunnableGenerator``'s transform: the state (streamed in
-        by the stage before, in parts) gathered, then its events."""
-        with closing(self.events(gathered(states), config)) as events:
-            yield from events
+        reply = start(gathered(states), run_manager.run_id)
+        yield from reply.opening()
+        if reply.chain is not None:
+            with closing(reply.chain.stream(reply.variables, config)) as pieces:  # type: ignore[type-var]
+                try:
+                    for piece in pieces:
+                        yield from reply.read(piece)
+                except ModelError as error:
+                    reply.broke_off(error)
+        yield from reply.ending()
 
     async def atransform(
-        self, states: AsyncIterator[AnswerState], config: RunnableConfig
+        states: AsyncIterator[Any],
+        config: RunnableConfig,
+        run_manager: AsyncCallbackManagerForChainRun,
     ) -> AsyncIterator[AddableDict]:
-        async with aclosing(self.aevents(await agathered(states), config)) as events:
-            async for event in events:
-                yield event
+        reply = start(await agathered(states), run_manager.run_id)
+        for event in reply.opening():
+            yield event
+        if reply.chain is not None:
+            async with aclosing(reply.chain.astream(reply.variables, config)) as pieces:  # type: ignore[type-var]
+                try:
+                    async for piece in pieces:
+                        for event in reply.read(piece):
+                            yield event
+                except ModelError as error:
+                    reply.broke_off(error)
+        for event in reply.ending():
+            yield event
+
+    # RunnableGenerator hands the run's config and run manager to a transform that takes
+    # them; its type hints name the input only.
+    return RunnableGenerator(transform, atransform, name="answer")  # type: ignore[arg-type]
 
 
 def create_answer_chain(
@@ -459,11 +497,10 @@ def create_answer_chain(
     free for others); a request's or domain's ``answer_style`` wins over it."""
     answerer = Answerer(llm=as_llm(llm), history_tokens=history_tokens, answer_style=answer_style)
     choices = Choices(prompts or default_registry(), PROMPTS)
-    answer = answer_stage(answerer.transform, answerer.atransform)
     chain = (
         quick(partial(read_input, AnswerInput), name="input")
         | RunnablePassthrough.assign(options=choices.step())
-        | answer
+        | answerer.stage()
     )
     return chain.with_types(input_type=AnswerInput, output_type=AnswerOutput).with_config(
         run_name="answer"

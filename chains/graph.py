@@ -3,7 +3,7 @@
 Each is one LCEL sequence over the turn's state, a dict that each stage extends with one key
 (``RunnablePassthrough.assign``); nothing is changed in place:
 
-    input       question, chat_history (ask: question, filters), started
+    input       question, chat_history (ask: question, filters)
     configure   options   the request's domain, prompts, k and threshold, resolved once
     rewrite     search    query, filters, alternatives, notes (ask: the question as asked)
     retrieve    retrieved documents from the retriever (all phrasings fused), notes
@@ -12,6 +12,9 @@ Each is one LCEL sequence over the turn's state, a dict that each stage extends 
                 model, searched and compressed; adopted only when clearly better
     answer      a ``RunnableGenerator`` that streams the sources (and the answer style)
                 first, then the answer's tokens, then its citations, prompt refs and timings
+
+No stage measures its own time: each chain carries a ``StageClock``, a callback handler that
+times the stages' runs, and the answer stage reads the turn's timings from it.
 
 ``get_graph()`` draws these stages and ``astream_events`` reports each by name. Streamed
 chunks are ``AddableDict``s, so ``invoke``, ``RemoteRunnable.stream``, ``astream_log`` and
@@ -22,7 +25,6 @@ query to documents), any ``BaseDocumentCompressor``; see ``chains.retrieve`` for
 must offer for filters, ``k``, thresholds and the re-query to reach it.
 """
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, cast
@@ -37,11 +39,13 @@ from pydantic import BaseModel, Field
 
 from ragchains.chains.answer import PROMPTS as ANSWER_PROMPTS
 from ragchains.chains.answer import Answerer, Citation, IncompleteFlag, create_answer_chain
+from ragchains.chains.compress import Compressed
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import AnswerStyle, Choices
 from ragchains.chains.requery import Requery, RequeryPolicy, RequeryReport
 from ragchains.chains.respond import Respond
 from ragchains.chains.retrieve import (
+    Retrieved,
     Searcher,
     Source,
     checked_parts,
@@ -64,6 +68,7 @@ from ragchains.chains.state import (
     quick,
     read_input,
 )
+from ragchains.observability.stages import StageClock
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.filters import MAX_FILTERS, MetadataFilter
 
@@ -124,28 +129,21 @@ class ChatOutput(BaseModel):
     )
     incomplete: IncompleteFlag = False
     prompts: dict[str, str]
-    timings: dict[str, float] = Field(description="seconds per stage, and total")
+    timings: dict[str, float] = Field(
+        description="seconds per stage (a re-query's only when one was asked), and total, as "
+        "the stages' runs reported them"
+    )
 
 
 def read_chat_input(inputs: Any) -> TurnInput:
     """``{"question", "chat_history"}`` checked, the history as message objects."""
     read = read_input(ChatInput, inputs)
-    return TurnInput(
-        question=read["question"],
-        chat_history=read["chat_history"],
-        filters=[],
-        started=time.perf_counter(),
-    )
+    return TurnInput(question=read["question"], chat_history=read["chat_history"], filters=[])
 
 
 def read_ask_input(inputs: Any) -> TurnInput:
     read = read_input(AskInput, inputs)
-    return TurnInput(
-        question=read["question"],
-        chat_history=[],
-        filters=read["filters"],
-        started=time.perf_counter(),
-    )
+    return TurnInput(question=read["question"], chat_history=[], filters=read["filters"])
 
 
 def as_asked(state: Configured) -> RewriteOutput:
@@ -159,12 +157,14 @@ def as_asked(state: Configured) -> RewriteOutput:
 @dataclass(frozen=True)
 class _Parts:
     llm: LLM
-    searcher: Searcher
+    retriever: Retriever
     compressor: BaseDocumentCompressor | None
     prompts: PromptRegistry
+    retrieve: Runnable[Any, Retrieved]  # the stages over them, shared with the re-query
+    compress: Runnable[Any, Compressed]
 
     def choices(self, names: tuple[str, ...]) -> Choices:
-        return choices_for(self.prompts, names, self.searcher.retriever, self.compressor)
+        return choices_for(self.prompts, names, self.retriever, self.compressor)
 
 
 def _parts(
@@ -174,7 +174,14 @@ def _parts(
     prompts: PromptRegistry | None,
 ) -> _Parts:
     retriever, compressor = checked_parts(retriever, compressor)
-    return _Parts(as_llm(llm), Searcher(retriever), compressor, prompts or default_registry())
+    return _Parts(
+        as_llm(llm),
+        retriever,
+        compressor,
+        prompts or default_registry(),
+        retrieve_stage(Searcher(retriever)),
+        compress_stage(compressor),
+    )
 
 
 def create_chat_chain(
@@ -201,23 +208,24 @@ def create_chat_chain(
     grammar, free for others), ``quote`` or ``free``; a request's or domain's wins over it.
     """
     parts = _parts(llm, retriever, compressor, prompts)
-    fields = fields if fields is not None else retriever_fields(parts.searcher.retriever)
+    fields = fields if fields is not None else retriever_fields(parts.retriever)
     policy = requery or RequeryPolicy()
-    requery_step = Requery(parts.llm, parts.searcher, parts.compressor, policy)
+    requery_step = Requery(parts.llm, parts.retrieve, parts.compress, parts.compressor, policy)
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
-    respond = Respond(answerer, parts.compressor)
+    clock = StageClock()
+    respond = Respond(answerer, parts.compressor, clock)
     rewrite = rewrite_stage(llm=parts.llm, fields=fields, history_tokens=history_tokens)
     chain = (
         quick(read_chat_input, name="input")
         | RunnablePassthrough.assign(options=parts.choices(CHAIN_PROMPTS).step())
         | RunnablePassthrough.assign(search=rewrite)
-        | RunnablePassthrough.assign(retrieved=retrieve_stage(parts.searcher))
-        | RunnablePassthrough.assign(compressed=compress_stage(parts.compressor))
+        | RunnablePassthrough.assign(retrieved=parts.retrieve)
+        | RunnablePassthrough.assign(compressed=parts.compress)
         | requery_step.stage()
         | respond.stage()
     )
     return chain.with_types(input_type=ChatInput, output_type=ChatOutput).with_config(
-        run_name="chat"
+        run_name="chat", callbacks=[clock]
     )
 
 
@@ -235,16 +243,19 @@ def create_ask_chain(
     ``create_chat_chain``."""
     parts = _parts(llm, retriever, compressor, prompts)
     answerer = Answerer(llm=parts.llm, history_tokens=history_tokens, answer_style=answer_style)
-    respond = Respond(answerer, parts.compressor)
+    clock = StageClock()
+    respond = Respond(answerer, parts.compressor, clock)
     chain = (
         quick(read_ask_input, name="input")
         | RunnablePassthrough.assign(options=parts.choices(ANSWER_PROMPTS).step())
         | RunnablePassthrough.assign(search=quick(as_asked, name="query"))
-        | RunnablePassthrough.assign(retrieved=retrieve_stage(parts.searcher))
-        | RunnablePassthrough.assign(compressed=compress_stage(parts.compressor))
+        | RunnablePassthrough.assign(retrieved=parts.retrieve)
+        | RunnablePassthrough.assign(compressed=parts.compress)
         | respond.stage()
     )
-    return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(run_name="ask")
+    return chain.with_types(input_type=AskInput, output_type=ChatOutput).with_config(
+        run_name="ask", callbacks=[clock]
+    )
 
 
 @dataclass

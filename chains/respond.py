@@ -4,36 +4,79 @@ before the cut: why a turn kept nothing), then the answer's tokens (``chains.ans
 citations (and whether it is uncited or incomplete, with the notes that say so), prompt refs
 and timings. The chunks are ``AddableDict``s: they add up into the turn's one output
 (``ChatOutput``).
+
+The timings are the stages' own runs as callbacks saw them (``StageClock``, which the chain
+carries): each stage's seconds, the answer's until its last chunk, and the turn's total.
 """
 
-import time
-from collections.abc import AsyncIterator, Generator, Iterator
-from contextlib import aclosing, closing
+from collections.abc import Callable
 from typing import Any
+from uuid import UUID
 
 from langchain_core.documents import BaseDocumentCompressor
-from langchain_core.runnables import Runnable, RunnableConfig
+from langchain_core.runnables import Runnable
 from langchain_core.runnables.utils import AddableDict
 
-from ragchains.chains.answer import Answerer, AnswerState
+from ragchains.chains.answer import Answerer, AnswerPlan, AnswerState, Reply, replying
 from ragchains.chains.compress import Compressed, compressor_status
 from ragchains.chains.requery import Requeried, RequeryReport
 from ragchains.chains.retrieve import Retrieved, to_source
 from ragchains.chains.rewrite import RewriteOutput
-from ragchains.chains.state import agathered, answer_stage, gathered
+from ragchains.observability.stages import StageClock
 
 # The answerer's style and notes are known before it answers: the head event says them.
-# Notes it learns while answering (uncited, cut short) come with its ending, adding to them.
+# Notes it learns while answering (uncited, cut short) come with its ending, adding to them;
+# its prompt ref goes with the turn's others, in the tail.
 _SAID_IN_HEAD = ("answer_style", "notes")
+
+
+class TurnReply(Reply):
+    """A turn's answer as it is written: the head (sources and what found them) first, then
+    the answer's events without what the head said, then the tail (prompt refs, timings)."""
+
+    def __init__(
+        self, plan: AnswerPlan, head: AddableDict, tail: Callable[[], AddableDict]
+    ) -> None:
+        super().__init__(plan)
+        self.head = head
+        self.said = list(head["notes"])
+        self.tail = tail
+
+    def opening(self) -> list[AddableDict]:
+        return [self.head, *self.unsaid(super().opening())]
+
+    def read(self, piece: Any) -> list[AddableDict]:
+        return self.unsaid(super().read(piece))
+
+    def ending(self) -> list[AddableDict]:
+        return [*self.unsaid(super().ending()), self.tail()]
+
+    def unsaid(self, events: list[AddableDict]) -> list[AddableDict]:
+        """The answer's events without what the head said: the style, the notes known before
+        the answer. ``AddableDict``s add lists up: the turn's notes are the head's, then
+        these."""
+        kept = []
+        for event in events:
+            notes = [note for note in event.get("notes", []) if note not in self.said]
+            for key in (*_SAID_IN_HEAD, "prompt"):
+                event.pop(key, None)
+            if notes:
+                event["notes"] = notes
+            if event:
+                kept.append(event)
+        return kept
 
 
 class Respond:
     """The answer step of a turn: the first event carries the sources and what found them,
-    then the answer streams, then citations, prompt refs and timings."""
+    then the answer streams, then citations, prompt refs and timings (from ``clock``)."""
 
-    def __init__(self, answerer: Answerer, compressor: BaseDocumentCompressor | None) -> None:
+    def __init__(
+        self, answerer: Answerer, compressor: BaseDocumentCompressor | None, clock: StageClock
+    ) -> None:
         self.answerer = answerer
         self.compressor = compressor
+        self.clock = clock
 
     def head(self, state: Requeried) -> AddableDict:
         search: RewriteOutput = state["search"]
@@ -69,67 +112,24 @@ class Respond:
             options=state["options"],
         )
 
-    @staticmethod
-    def tail(state: Requeried, since: float, answer_prompt: str | None) -> AddableDict:
+    def tail(self, state: Requeried, run: UUID, answer_prompt: str | None) -> AddableDict:
+        """The prompt refs the turn used, and its timings as the stages' runs reported them
+        (a re-query's only when it was asked)."""
         search: RewriteOutput = state["search"]
         prompts = dict(search.prompts)
-        timings: dict[str, float] = {}
-        if "rewrite" in search.prompts:
-            timings["rewrite"] = search.seconds
-        timings["retrieve"] = state["retrieved"].seconds
-        timings["compress"] = state["compressed"].seconds
+        timings = self.clock.timings(run)
         if state.get("requery") is not None:
-            prompts["requery"] = state["requery_prompt"]
-            timings["requery"] = state["requery_seconds"]
+            prompts["requery"] = state["options"].prompts["requery"]
+        else:
+            timings.pop("requery", None)
         if answer_prompt:
             prompts["answer"] = answer_prompt
-        now = time.perf_counter()
-        timings["answer"] = round(now - since, 4)
-        timings["total"] = round(now - state["started"], 4)
         return AddableDict(prompts=prompts, timings=timings)
 
-    @staticmethod
-    def unsaid(event: AddableDict, said: list[str]) -> AddableDict:
-        """An answer event without what the head said: the style, the notes known before
-        the answer (``said``). ``AddableDict``s add lists up: the turn's notes are the
-        head's, then these."""
-        notes = [note for note in event.get("notes", []) if note not in said]
-        for key in _SAID_IN_HEAD:
-            event.pop(key, None)
-        if notes:
-            event["notes"] = notes
-        return event
-
-    def transform(
-        self, states: Iterator[Requeried], config: RunnableConfig
-    ) -> Generator[AddableDict, None, None]:
-        state: Requeried = gathered(states)
-        head = self.head(state)
-        said = list(head["notes"])
-        yield head
-        since, prompt = time.perf_counter(), None
-        with closing(self.answerer.events(self.answer_state(state), config)) as events:
-            for event in events:
-                prompt = event.pop("prompt", prompt)
-                if event := self.unsaid(event, said):
-                    yield event
-        yield self.tail(state, since, prompt)
-
-    async def atransform(
-        self, states: AsyncIterator[Requeried], config: RunnableConfig
-    ) -> AsyncIterator[AddableDict]:
-        state: Requeried = await agathered(states)
-        head = self.head(state)
-        said = list(head["notes"])
-        yield head
-        since, prompt = time.perf_counter(), None
-        async with aclosing(self.answerer.aevents(self.answer_state(state), config)) as events:
-            async for event in events:
-                prompt = event.pop("prompt", prompt)
-                if event := self.unsaid(event, said):
-                    yield event
-        yield self.tail(state, since, prompt)
+    def reply(self, state: Requeried, run: UUID) -> TurnReply:
+        plan = self.answerer.plan(self.answer_state(state))
+        return TurnReply(plan, self.head(state), lambda: self.tail(state, run, plan.prompt))
 
     def stage(self) -> Runnable[Any, Any]:
         """The ``answer`` stage: a ``RunnableGenerator`` streaming the turn's output."""
-        return answer_stage(self.transform, self.atransform)
+        return replying(self.reply)

@@ -4,20 +4,24 @@
 Metadata filters and a per-request ``k`` reach a retriever whose ``_get_relevant_documents``
 takes ``filters`` / ``k`` keywords (ours do); any other retriever gets the query alone and the
 turn carries a note saying what was not applied. Several phrasings of a query (multi-query)
-are searched one by one and fused by reciprocal rank fusion on the chunk id.
+are searched as one batch of the retriever's and fused by reciprocal rank fusion on the chunk
+id.
 
 **Compress** takes any ``BaseDocumentCompressor``: the stage is here, its work in
 ``chains.compress``.
 
+Each stage is one ``Call`` (``chains.state``): the pure work around it is shared, and only
+calling the retriever (``batch`` / ``abatch``) or the compressor (``compress_documents`` /
+``acompress_documents``) differs between sync and async callers.
+
 The retrieve chain (``create_retrieve_chain``) runs both stages as the chat and ask chains do.
 """
 
-import asyncio
 import inspect
 import logging
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from langchain_core.documents import BaseDocumentCompressor, Document
@@ -28,17 +32,18 @@ from typing_extensions import TypedDict
 
 from ragchains.chains.compress import (
     Compressed,
-    acompress,
-    compress,
+    compression,
     compressor_score,
+    kept_all,
     threshold_default,
     threshold_for,
 )
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.rewrite import RewriteOutput, expand_glossary
-from ragchains.chains.state import Configured, quick, read_input, stage
+from ragchains.chains.state import Call, Configured, calling, quick, read_input
 from ragchains.prompts.registry import PromptRegistry, default_registry
 from ragchains.retrievers.filters import MAX_FILTERS, LiveFields, MetadataFilter
+from ragchains.retrievers.formats import format_names
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
 from ragchains.retrievers.location import Location, location_of
 
@@ -66,8 +71,7 @@ class Source(BaseModel):
     )
     format: str | None = Field(
         None,
-        description="the file's format as ingest read it: pdf, image, markdown, html, text, "
-        "csv, json, docx, pptx, xlsx",
+        description="the file's format as ingest read it: " + ", ".join(format_names()),
     )
 
 
@@ -156,7 +160,6 @@ def retriever_fields(retriever: Any) -> Mapping[str, str]:
 class Retrieved:
     documents: list[Document]
     notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
 
 
 def checked_parts(
@@ -203,13 +206,20 @@ class Searcher:
                 log.info("filters not applied (retriever takes none): %s", unused)
         return kwargs, notes
 
-    @staticmethod
-    def _fused(
-        lists: Sequence[list[Document]], k: int | None, notes: list[str], since: float
-    ) -> Retrieved:
-        depth = k or max(len(found) for found in lists)  # a retriever without k: its own depth
-        documents = lists[0] if len(lists) == 1 else fuse(lists, k=depth)
-        return Retrieved(documents, notes, round(time.perf_counter() - since, 4))
+    def call(
+        self,
+        query: str,
+        *,
+        filters: Sequence[MetadataFilter] = (),
+        alternatives: Sequence[str] = (),
+        k: int | None = None,
+    ) -> Call:
+        """The search as one call: the query and each alternative through the retriever's
+        ``batch`` (async callers: ``abatch``, every phrasing at once), with the ``k`` and
+        filters it takes, fused by RRF."""
+        kwargs, notes = self._kwargs(filters, k)
+        phrasings = self.retriever.bind(**kwargs).map()
+        return Call(phrasings, [query, *alternatives], partial(fused, k=k, notes=notes))
 
     def search(
         self,
@@ -220,26 +230,16 @@ class Searcher:
         k: int | None = None,
         config: RunnableConfig | None = None,
     ) -> Retrieved:
-        since = time.perf_counter()
-        kwargs, notes = self._kwargs(filters, k)
-        lists = [self.retriever.invoke(q, config, **kwargs) for q in [query, *alternatives]]
-        return self._fused(lists, k, notes, since)
+        """``call`` made at once, for in-process callers (evaluation)."""
+        call = self.call(query, filters=filters, alternatives=alternatives, k=k)
+        found: Retrieved = call.invoke(config)
+        return found
 
-    async def asearch(
-        self,
-        query: str,
-        *,
-        filters: Sequence[MetadataFilter] = (),
-        alternatives: Sequence[str] = (),
-        k: int | None = None,
-        config: RunnableConfig | None = None,
-    ) -> Retrieved:
-        """``search`` through the retriever's async path, every phrasing at once."""
-        since = time.perf_counter()
-        kwargs, notes = self._kwargs(filters, k)
-        searches = [self.retriever.ainvoke(q, config, **kwargs) for q in [query, *alternatives]]
-        lists = list(await asyncio.gather(*searches))
-        return self._fused(lists, k, notes, since)
+
+def fused(lists: Sequence[list[Document]], *, k: int | None, notes: list[str]) -> Retrieved:
+    """One result list per phrasing, fused (a single list stands as it is)."""
+    depth = k or max(len(found) for found in lists)  # a retriever without k: its own depth
+    return Retrieved(lists[0] if len(lists) == 1 else fuse(lists, k=depth), notes)
 
 
 def fuse(lists: Sequence[Sequence[Document]], *, k: int) -> list[Document]:
@@ -298,49 +298,38 @@ def retrieve_stage(searcher: Searcher) -> Runnable[Any, Retrieved]:
     """The retrieve stage over a turn's state: its ``search`` (query, filters, phrasings)
     and ``options`` (k) in, ``Retrieved`` out. The retriever's runs are its children."""
 
-    def request(state: Searched) -> dict[str, Any]:
-        search = state["search"]
-        return {
-            "query": search.search_query,
-            "filters": search.filters,
-            "alternatives": search.alternatives,
-            "k": state["options"].k,
-        }
+    def search(state: Searched) -> Call:
+        request = state["search"]
+        return searcher.call(
+            request.search_query,
+            filters=request.filters,
+            alternatives=request.alternatives,
+            k=state["options"].k,
+        )
 
-    def retrieve(state: Searched, config: RunnableConfig) -> Retrieved:
-        request_ = request(state)
-        return searcher.search(request_.pop("query"), config=config, **request_)
-
-    async def aretrieve(state: Searched, config: RunnableConfig) -> Retrieved:
-        request_ = request(state)
-        return await searcher.asearch(request_.pop("query"), config=config, **request_)
-
-    return stage(retrieve, aretrieve, name="retrieve", needs=("search", "options"))
+    return calling(search, name="retrieve", needs=("search", "options"))
 
 
 def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, Compressed]:
     """The compress stage over a turn's state: ``retrieved`` documents, the ``search`` query
-    and ``options`` (threshold) in, ``Compressed`` out."""
+    and ``options`` (threshold) in, ``Compressed`` out. The compressor's run is its child."""
+    needs = ("retrieved", "search", "options")
+    if compressor is None:
+        return quick(_kept_all, name="compress", needs=needs)
 
-    def compress_(state: Found, config: RunnableConfig) -> Compressed:
-        return compress(
+    def compress(state: Found) -> Call:
+        return compression(
             compressor,
             state["retrieved"].documents,
             state["search"].search_query,
             threshold=threshold_for(state["options"], compressor),
-            config=config,
         )
 
-    async def acompress_(state: Found, config: RunnableConfig) -> Compressed:
-        return await acompress(
-            compressor,
-            state["retrieved"].documents,
-            state["search"].search_query,
-            threshold=threshold_for(state["options"], compressor),
-            config=config,
-        )
+    return calling(compress, name="compress", needs=needs)
 
-    return stage(compress_, acompress_, name="compress", needs=("retrieved", "search", "options"))
+
+def _kept_all(state: Found) -> Compressed:
+    return kept_all(state["retrieved"].documents)
 
 
 class RetrieveState(TypedDict):

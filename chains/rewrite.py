@@ -14,7 +14,6 @@ the N result lists by reciprocal rank fusion.
 """
 
 import re
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -22,14 +21,14 @@ from typing import Any
 
 from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage
-from langchain_core.runnables import Runnable, RunnableConfig, RunnablePassthrough
+from langchain_core.runnables import Runnable, RunnablePassthrough
 from pydantic import BaseModel, Field
 
 from ragchains.chains.grounding import ground_filters
 from ragchains.chains.llm import LLM, ChatHistory, as_llm
 from ragchains.chains.options import Choices, Options
 from ragchains.chains.queryguard import ASKING, QueryGuard
-from ragchains.chains.state import Configured, quick, read_input, stage
+from ragchains.chains.state import Call, Configured, calling, quick, read_input
 from ragchains.chains.toolcalls import (
     FILENAME_TOOL,
     FILTER_TOOL,
@@ -65,6 +64,10 @@ _NO_SUBJECT = frozenset(
 _SURFACE_WORD = re.compile(r"[^\W_][\w'’-]*")
 
 
+# Where a failed rewrite call's empty reply says why (``_unparsable``).
+UNPARSABLE = "ragchains_unparsable"
+
+
 class RewriteInput(BaseModel):
     question: str = Field(min_length=1)
     chat_history: ChatHistory = Field(default_factory=list)
@@ -81,7 +84,6 @@ class RewriteOutput(BaseModel):
     prompts: dict[str, str] = Field(
         default_factory=dict, description='prompt refs used, e.g. {"rewrite": "hr/rewrite@v2"}'
     )
-    seconds: float = Field(0.0, description="time the rewrite took")
 
 
 def expand_glossary(query: str, glossary: Mapping[str, str]) -> str:
@@ -257,7 +259,7 @@ def rewrite_stage(
     ``options`` in, a ``RewriteOutput`` out. The model's calls (``prompt | model``) run as
     its children."""
     rewriter = _Rewriter(llm, fields, history_tokens)
-    return stage(rewriter.run, rewriter.arun, name="rewrite")
+    return calling(rewriter.ask, name="rewrite", needs=("question", "options"))
 
 
 @dataclass(frozen=True)
@@ -270,8 +272,9 @@ class _Turn:
 
 class _Rewriter:
     """One rewrite: the model's call, read into a query and filters, then (multi-query) more
-    phrasings, then the glossary. Sync and async differ only in how the model is called; the
-    async path keeps a remote model's wait off the server's worker threads.
+    phrasings, then the glossary: a ``Call`` whose reading gives the next (``chains.state``),
+    so that sync and async differ only in how the model is called; the async path keeps a
+    remote model's wait off the server's worker threads.
 
     Each turn reads the fields once (they may follow the index, or the caller: a
     ``LiveFields``) and trims the history once: the model's tools, the filters' check and
@@ -282,19 +285,33 @@ class _Rewriter:
         self.fields = fields
         self.history_tokens = history_tokens
 
-    def _turn(self, state: Configured) -> _Turn:
+    def ask(self, state: Configured) -> Call:
+        """The rewrite's first call: the model, with the fields as tools (or a grammar)."""
         history = self.llm.trim_history(state.get("chat_history") or [], self.history_tokens)
-        return _Turn(dict(self.fields), history)
-
-    def _call(self, state: Configured, turn: _Turn) -> tuple[Runnable[Any, Any], dict[str, Any]]:
+        turn = _Turn(dict(self.fields), history)
         prompt = state["options"].prompt("rewrite")
         tools, grammar = build_tools(turn.fields), call_grammar(turn.fields)
-        variables = {"question": state["question"], "fields": describe_fields(turn.fields)}
         model = self.llm.prompted(prompt, tools=tools, grammar=grammar)
-        return model, {**variables, "chat_history": turn.history}
+        # Some providers raise on malformed tool-call JSON: the reply is then an empty one
+        # that says so (``_unparsable``).
+        replied = model.with_fallbacks(
+            [quick(_unparsable, name="unparsable")],
+            exceptions_to_handle=(ValueError,),
+            exception_key="error",
+        )
+        variables = {
+            "question": state["question"],
+            "fields": describe_fields(turn.fields),
+            "chat_history": turn.history,
+        }
+        return Call(replied, variables, partial(self._read, state, turn))
 
-    def _read(self, state: Configured, turn: _Turn, reply: Any, notes: list[str]) -> RewriteOutput:
+    def _read(self, state: Configured, turn: _Turn, reply: Any) -> RewriteOutput | Call:
+        """The model's reply as a query and checked filters; then the multi-query call, if
+        the domain asks for more phrasings."""
         out = interpret(reply, state["question"], turn.fields)
+        unparsable = getattr(reply, "response_metadata", {}).get(UNPARSABLE)
+        notes = [unparsable] if isinstance(unparsable, str) else []
         grounded = ground_filters(
             out.filters,
             question=state["question"],
@@ -306,24 +323,18 @@ class _Rewriter:
         out.notes[:0] = notes
         out.notes.extend(grounded.notes)
         out.prompts["rewrite"] = state["options"].prompt("rewrite").ref
-        return out
-
-    def _alternatives_call(
-        self, state: Configured, out: RewriteOutput
-    ) -> tuple[Runnable[Any, str], dict[str, Any]] | None:
         options: Options = state["options"]
         if options.multi_query < 2:
-            return None
+            return self._finish(state, turn, out, "")
         wanted = options.multi_query - 1
         prompt = options.prompt("multi_query")
         out.prompts["multi_query"] = prompt.ref
         chain = self.llm.text(prompt, grammar=lines_grammar(wanted))
-        return chain, {"question": state["question"], "search_query": out.search_query, "n": wanted}
+        variables = {"question": state["question"], "search_query": out.search_query, "n": wanted}
+        return Call(chain, variables, partial(self._finish, state, turn, out))
 
     @staticmethod
-    def _finish(
-        state: Configured, turn: _Turn, out: RewriteOutput, text: str, since: float
-    ) -> RewriteOutput:
+    def _finish(state: Configured, turn: _Turn, out: RewriteOutput, text: str) -> RewriteOutput:
         options: Options = state["options"]
         if text:
             wanted = options.multi_query - 1
@@ -334,36 +345,15 @@ class _Rewriter:
         keep_the_users_words(out, state["question"], turn.history, guard)
         out.search_query = expand_glossary(out.search_query, options.glossary)
         out.alternatives = [expand_glossary(q, options.glossary) for q in out.alternatives]
-        out.seconds = round(time.perf_counter() - since, 4)
         return out
 
-    def run(self, state: Configured, config: RunnableConfig) -> RewriteOutput:
-        since, notes, turn = time.perf_counter(), [], self._turn(state)
-        model, variables = self._call(state, turn)
-        try:
-            reply = model.invoke(variables, config)
-        except ValueError as exc:  # some providers raise on malformed tool-call JSON
-            reply, notes = AIMessage(content=""), [_unparsable(exc)]
-        out = self._read(state, turn, reply, notes)
-        more = self._alternatives_call(state, out)
-        text = more[0].invoke(more[1], config) if more else ""
-        return self._finish(state, turn, out, text, since)
 
-    async def arun(self, state: Configured, config: RunnableConfig) -> RewriteOutput:
-        since, notes, turn = time.perf_counter(), [], self._turn(state)
-        model, variables = self._call(state, turn)
-        try:
-            reply = await model.ainvoke(variables, config)
-        except ValueError as exc:  # some providers raise on malformed tool-call JSON
-            reply, notes = AIMessage(content=""), [_unparsable(exc)]
-        out = self._read(state, turn, reply, notes)
-        more = self._alternatives_call(state, out)
-        text = await more[0].ainvoke(more[1], config) if more else ""
-        return self._finish(state, turn, out, text, since)
-
-
-def _unparsable(exc: Exception) -> str:
-    return f"the model's reply could not be parsed ({type(exc).__name__})"
+def _unparsable(inputs: dict[str, Any]) -> AIMessage:
+    """The reply of a model call that raised (``with_fallbacks`` hands the error over under
+    ``exception_key``): empty, with a note that says why."""
+    error = inputs["error"]
+    note = f"the model's reply could not be parsed ({type(error).__name__})"
+    return AIMessage(content="", response_metadata={UNPARSABLE: note})
 
 
 def create_rewrite_chain(

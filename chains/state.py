@@ -6,23 +6,21 @@ far and adds one key, never changing what is there. The state after each stage i
 ``TypedDict`` that extends the one before it; the first ones live here, the later ones
 beside the data their stage adds (``chains.retrieve``: ``Searched``, ``Found``, ``Kept``;
 ``chains.requery``: ``Requeried``).
+
+A stage is written once. What it does around its sub-runnable (a model, a retriever, a
+compressor) is pure and shared; the sync and async paths differ only in calling that
+runnable with ``invoke`` or ``ainvoke`` (``Call``, ``calling``). Async is the served path:
+nothing quick hops to a worker thread (``quick``). How long each stage took is not measured
+here: callbacks see every stage's run (``ragchains.observability.stages``).
 """
 
 import asyncio
-from collections.abc import (
-    AsyncIterable,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-    Mapping,
-)
+from collections.abc import AsyncIterable, Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from langchain_core.messages import BaseMessage
-from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator, RunnableLambda
-from langchain_core.runnables.utils import AddableDict
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from pydantic import BaseModel
 from typing_extensions import TypedDict  # pydantic reads it on Python 3.11 (schemas, graphs)
 
@@ -40,7 +38,6 @@ class TurnInput(TypedDict):
     question: str
     chat_history: list[BaseMessage]
     filters: list[MetadataFilter]
-    started: float  # time.perf_counter() when the turn began: the total in its timings
 
 
 class Configured(TurnInput):
@@ -72,56 +69,75 @@ async def agathered(parts: AsyncIterable[Mapping[str, Any]]) -> Any:
     return state
 
 
-def quick(func: Callable[[In], Out], *, name: str) -> RunnableLambda[Any, Any]:
+def _unless_cut_short(state: Any, needs: tuple[str, ...], name: str) -> None:
+    """Cancel a stage's async run on a state that ends short of a key it ``needs``.
+
+    A stage is the mapper of a ``RunnablePassthrough.assign``, which streams by starting the
+    mapper in a task of its own; when the run stops early (a client that goes away, an
+    earlier stage that fails), LangChain leaves that task running, never awaited, on a state
+    that ends short (langchain-ai/langchain#40508). Without a key it needs, the stage is
+    cancelled, as its run was, instead of failing on a KeyError nobody retrieves (the log's
+    "Task exception was never retrieved"). Sync runs never end short: they are left as they
+    are.
+    """
+    missing = [key for key in needs if key not in state]
+    if missing:
+        raise asyncio.CancelledError(f"the run ended before {missing[0]!r} reached {name}")
+
+
+def quick(
+    func: Callable[[In], Out], *, name: str, needs: tuple[str, ...] = ()
+) -> RunnableLambda[Any, Any]:
     """``RunnableLambda(func)`` for a quick function that never blocks: async callers run it
     in their own task instead of a worker thread (a sync-only ``RunnableLambda`` hops to
-    the executor on every async call, which concurrent turns queue for)."""
+    the executor on every async call, which concurrent turns queue for). ``needs``: the
+    state's keys it reads (``_unless_cut_short``)."""
 
     async def on_the_loop(value: In) -> Out:
+        _unless_cut_short(value, needs, name)
         return func(value)
 
     # Typed Any in, Any out: a stage reads a TypedDict that ``assign`` hands on as a dict.
-
     return RunnableLambda(func, afunc=on_the_loop, name=name)
 
 
-def stage(
-    func: Callable[..., Out],
-    afunc: Callable[..., Awaitable[Out]],
-    *,
-    name: str,
-    needs: tuple[str, ...] = (),
+def _as_is(value: Any) -> Any:
+    return value
+
+
+@dataclass(frozen=True)
+class Call:
+    """One call a stage makes: the runnable, its input, and what the stage makes of its
+    output (``then``), which is the stage's result or, for a stage that calls again, the
+    next ``Call``. ``invoke`` and ``ainvoke`` are the one place where a stage's sync and
+    async paths differ; the run's ``config`` makes the runnable's run a child of the
+    stage's."""
+
+    runnable: Runnable[Any, Any]
+    input: Any
+    then: Callable[[Any], Any] = _as_is
+
+    def invoke(self, config: RunnableConfig | None = None) -> Any:
+        out = self.then(self.runnable.invoke(self.input, config))
+        return out.invoke(config) if isinstance(out, Call) else out
+
+    async def ainvoke(self, config: RunnableConfig | None = None) -> Any:
+        out = self.then(await self.runnable.ainvoke(self.input, config))
+        return await out.ainvoke(config) if isinstance(out, Call) else out
+
+
+def calling(
+    plan: Callable[[Any], Call], *, name: str, needs: tuple[str, ...] = ()
 ) -> RunnableLambda[Any, Any]:
-    """A stage that waits on I/O (a model, a search pool): ``func`` for sync callers,
-    ``afunc`` for async ones; both may take the run's ``config`` (LangChain passes it to a
-    parameter of that name) to hand to the runnables they call.
+    """A stage that waits on I/O (a model, a search, a reranker): ``plan`` (quick and pure)
+    says for a state which ``Call`` to make; sync callers ``invoke`` it, async callers
+    ``ainvoke`` it. ``needs``: the state's keys ``plan`` reads (``_unless_cut_short``)."""
 
-    ``needs``: the state's keys the stage reads. A stage is the mapper of a
-    ``RunnablePassthrough.assign``, which streams by starting the mapper in a task of its
-    own; when the run stops early (a client that goes away, an earlier stage that fails),
-    LangChain leaves that task running, never awaited, on a state that ends short
-    (langchain-ai/langchain#40508). Without a key it needs, the async stage is cancelled, as
-    its run was, instead of failing on a KeyError nobody retrieves (the log's "Task
-    exception was never retrieved"). Sync runs never end short: they are left as they are.
-    """
-    if not needs:
-        return RunnableLambda(func, afunc=afunc, name=name)
+    def call(state: Any, config: RunnableConfig) -> Any:
+        return plan(state).invoke(config)
 
-    async def unless_cut_short(state: Mapping[str, Any], config: RunnableConfig) -> Out:
-        missing = [key for key in needs if key not in state]
-        if missing:
-            raise asyncio.CancelledError(f"the run ended before {missing[0]!r} reached {name}")
-        return await afunc(state, config)
+    async def acall(state: Any, config: RunnableConfig) -> Any:
+        _unless_cut_short(state, needs, name)
+        return await plan(state).ainvoke(config)
 
-    return RunnableLambda(func, afunc=unless_cut_short, name=name)
-
-
-def answer_stage(
-    transform: Callable[[Iterator[Any], RunnableConfig], Iterator[AddableDict]],
-    atransform: Callable[[AsyncIterator[Any], RunnableConfig], AsyncIterator[AddableDict]],
-) -> Runnable[Any, Any]:
-    """The ``answer`` stage: a ``RunnableGenerator`` over the state streamed in, whose
-    ``AddableDict`` chunks ``invoke`` (and LangServe, ``astream_log``) add up into one."""
-    # RunnableGenerator hands the run's config to a transform that takes one; its type hints
-    # name the input only.
-    return RunnableGenerator(transform, atransform, name="answer")  # type: ignore[arg-type]
+    return RunnableLambda(call, afunc=acall, name=name)

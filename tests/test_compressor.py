@@ -9,12 +9,19 @@ the real embedder: it cuts and keeps the retrieved order, and its scores are ass
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
-from langchain_core.documents import Document
+from langchain_classic.retrievers.document_compressors.cross_encoder import BaseCrossEncoder
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
+from pydantic import Field
 
 from ragchains.chains.retrieve import create_retrieve_chain
 from ragchains.factory import build_compressor, build_retriever, open_index
@@ -291,3 +298,88 @@ def test_similarity_fallback_scores_from_the_index_vectors(
     unknown = Document(id="not-in-index", page_content="The standard plan costs $45.00.")
     scores = from_index.score_documents(query, [*docs[:1], unknown])
     assert encoded == [1, 1] and scores[1] > 0.5  # the new chunk; the query was remembered
+
+
+# ----------------------------------------------------------------------------- the contract
+class WordOverlap(BaseCrossEncoder):
+    """A cross-encoder for LangChain's ``CrossEncoderReranker``: the share of the query's
+    words in the chunk."""
+
+    def score(self, text_pairs: list[tuple[str, str]]) -> list[float]:
+        def overlap(query: str, text: str) -> float:
+            words = set(query.lower().split())
+            return len(words & set(text.lower().rstrip(".").split())) / len(words)
+
+        return [overlap(query, text) for query, text in text_pairs]
+
+
+class ContractOnly(BaseDocumentCompressor):
+    """A reranker with nothing beyond LangChain's contract (no ``rerank``): it scores into
+    ``relevance_score`` and keeps its ``top_n`` best at or above its ``threshold``."""
+
+    top_n: int = 2
+    threshold: float | None = None
+    calls: list = Field(default_factory=list)
+
+    def default_threshold(self) -> float:
+        return 0.3 if self.threshold is None else self.threshold
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        self.calls.append((self.top_n, self.threshold))
+        scores = WordOverlap().score([(query, d.page_content) for d in documents])
+        ranked = sorted(zip(documents, scores, strict=True), key=lambda p: p[1], reverse=True)
+        return [
+            d.model_copy(update={"metadata": {**d.metadata, "relevance_score": s}})
+            for d, s in ranked
+            if s >= self.default_threshold()
+        ][: self.top_n]
+
+
+def fixed(documents: list[Document]) -> Runnable[str, list[Document]]:
+    return RunnableLambda(lambda _query: list(documents))
+
+
+@pytest.mark.filterwarnings("ignore:`langchain-community` is being sunset:DeprecationWarning")
+@pytest.mark.parametrize("run", ["invoke", "ainvoke"])
+def test_any_compressor_compresses_through_its_contract(run: str) -> None:
+    """LangChain's own compressors, which say no threshold and (CrossEncoderReranker) leave
+    no scores, work as they are, sync and async: their order and their cut."""
+    from langchain_classic.retrievers.document_compressors import (
+        CrossEncoderReranker,
+        EmbeddingsFilter,
+    )
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    def kept(compressor: BaseDocumentCompressor, query: str) -> list[str | None]:
+        chain = create_retrieve_chain(retriever=fixed(DOCS), compressor=compressor)
+        found = chain.invoke(query) if run == "invoke" else asyncio.run(chain.ainvoke(query))
+        return [d.id for d in found]
+
+    reranker = CrossEncoderReranker(model=WordOverlap(), top_n=2)
+    assert kept(reranker, "premium plan dental") == ["c3", "c0"]
+    similar = EmbeddingsFilter(embeddings=DeterministicFakeEmbedding(size=16), k=3)
+    assert kept(similar, "plan") == [d.id for d in similar.compress_documents(DOCS, "plan")]
+
+
+@pytest.mark.parametrize("run", ["invoke", "ainvoke"])
+def test_the_stage_cuts_a_top_n_compressor_at_the_turns_threshold(run: str) -> None:
+    """A compressor that keeps a ``top_n`` is asked for every candidate it scores: the turn
+    learns the best score of all and cuts at the request's threshold, with nothing but
+    ``compress_documents``."""
+    compressor = ContractOnly()
+    chain = create_retrieve_chain(retriever=fixed(DOCS), compressor=compressor)
+    schema = chain.get_config_jsonschema()["$defs"]["Configurable"]["properties"]
+    assert schema["threshold"]["default"] == 0.3  # the compressor's own
+
+    def kept(query: str, **configurable: Any) -> list[tuple[str | None, float]]:
+        config = RunnableConfig(configurable=configurable)
+        go = chain.invoke if run == "invoke" else lambda q, c: asyncio.run(chain.ainvoke(q, c))
+        return [(d.id, d.metadata["relevance_score"]) for d in go(query, config)]
+
+    query = "the standard plan costs per month"
+    assert kept(query) == [("c0", 1.0), ("c3", pytest.approx(1 / 3))]  # its top_n at 0.3
+    assert compressor.calls[-1] == (len(DOCS), -math.inf)  # every candidate scored
+    assert kept(query, threshold=0.5) == [("c0", 1.0)]
+    assert compressor.threshold is None and compressor.top_n == 2  # a copy was asked

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -589,6 +590,54 @@ def test_every_step_output_serialises_as_langserve_streams_it(
 
 
 # ----------------------------------------------------------------------------- answer style
+def test_requery_searches_again_through_the_turns_own_stages(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder
+) -> None:
+    """The new query runs the same retrieve and compress stages as the first, inside the
+    requery stage's run."""
+    model = plain_model("search_sources(search_query='bad query')", "better query", "Fine.")
+    graphs, _ = build(index, embedder, model, scores={"bad query": 0.1, "better query": 0.5})
+    asked = {"question": "bad query"}
+
+    async def events() -> list[dict[str, Any]]:
+        return [e async for e in graphs.chat.astream_events(asked, version="v2")]
+
+    seen = asyncio.run(events())
+    (requery,) = [
+        e["run_id"] for e in seen if e["event"] == "on_chain_start" and e["name"] == "requery"
+    ]
+    for stage in ("retrieve", "compress"):
+        ended = [e for e in seen if e["event"] == "on_chain_end" and e["name"] == stage]
+        assert [requery in e["parent_ids"] for e in ended] == [False, True], stage
+
+
+class SlowRetriever(SpyRetriever):
+    """The spy, a quarter of a second slower at every search."""
+
+    def _search(self, index: Any, query: str, *, k: int, filters: list[MetadataFilter]) -> Any:
+        time.sleep(0.25)
+        return super()._search(index, query, k=k, filters=filters)
+
+
+@pytest.mark.parametrize("run", ["invoke", "ainvoke"])
+def test_timings_are_the_stages_runs_as_callbacks_saw_them(
+    index: SearchIndex, embedder: SentenceTransformerEmbedder, run: str
+) -> None:
+    """No stage times itself: the chain's clock (a callback handler) saw each stage's run."""
+    graphs = create_chains(
+        llm=LLM.of(plain_model(*REPLIES), count_tokens=len),
+        retriever=SlowRetriever(index=index, embedder=embedder, k=10),
+        compressor=RerankCompressor(primary=ScriptedScorer(), top_n=4),
+        prompts=PROMPTS,
+    )
+    chat = graphs.chat
+    out = chat.invoke(FOLLOW_UP) if run == "invoke" else asyncio.run(chat.ainvoke(FOLLOW_UP))
+    timings = out["timings"]
+    assert list(timings) == ["rewrite", "retrieve", "compress", "answer", "total"]  # no requery
+    assert timings["retrieve"] >= 0.25  # two phrasings, searched at once
+    assert sum(v for k, v in timings.items() if k != "total") <= timings["total"]
+
+
 def test_the_answer_style_comes_first_and_a_model_without_grammar_answers_freely(
     index: SearchIndex, embedder: SentenceTransformerEmbedder
 ) -> None:

@@ -197,17 +197,6 @@ class StageMetrics(RunFollower):
         self._started: dict[UUID, float] = {}  # each stage's run: when it started
         self._chains: dict[UUID, str] = {}  # each chain's top run: its chain label
 
-    def on_chain_start(
-        self,
-        serialized: dict[str, Any] | None,
-        inputs: Any,
-        *,
-        run_id: UUID,
-        parent_run_id: UUID | None = None,
-        **kwargs: Any,
-    ) -> None:
-        self.run_started(run_id, parent_run_id, kwargs.get("name"))
-
     def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self._end(run_id, outputs, failed=False)
 

@@ -5,12 +5,16 @@ chat chain's ``rewrite``, ``retrieve``, ``compress``, ``requery`` and ``answer``
 chain has no ``rewrite`` or ``requery``). The chain's own run is never a stage, so the
 ``/retrieve`` route's run (named ``retrieve``) holds its ``retrieve`` and ``compress``
 stages; runs inside a stage (its model call, its search) belong to that stage.
+
+``StageClock`` times each turn's stages from those callbacks, for the turn's own output
+(its ``timings``): the stages measure nothing themselves.
 """
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -73,9 +77,10 @@ class StageTracker:
 
 
 class RunFollower(BaseCallbackHandler):
-    """A callback handler that follows the runs it does not look into (retrievers', tools')
-    only to place the runs inside them: each start goes to ``run_started``, each end or
-    error to ``run_ended``. Subclasses handle chain and model runs themselves."""
+    """A callback handler that follows runs to place the runs inside them: each start goes
+    to ``run_started``, each end or error to ``run_ended``. Retrievers' and tools' runs are
+    only followed; subclasses that look into chain runs (their outputs, their errors) or
+    model runs handle those themselves."""
 
     # Called on the event loop, in the run's own context, not in a thread of the default
     # pool: each call is a few dictionary operations, and runs stay in order.
@@ -86,6 +91,23 @@ class RunFollower(BaseCallbackHandler):
 
     def run_ended(self, run_id: UUID) -> None:
         raise NotImplementedError
+
+    def on_chain_start(
+        self,
+        serialized: dict[str, Any] | None,
+        inputs: Any,
+        *,
+        run_id: UUID,
+        parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self.run_started(run_id, parent_run_id, kwargs.get("name"))
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.run_ended(run_id)
+
+    def on_chain_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
+        self.run_ended(run_id)
 
     def on_retriever_start(
         self,
@@ -120,3 +142,73 @@ class RunFollower(BaseCallbackHandler):
 
     def on_tool_error(self, error: BaseException, *, run_id: UUID, **kwargs: Any) -> None:
         self.run_ended(run_id)
+
+
+@dataclass
+class _Timed:
+    """A turn being timed: when it started, its stages' seconds so far (those that ended),
+    and the stages still running (run id -> name and start)."""
+
+    started: float
+    took: dict[str, float] = field(default_factory=dict)
+    running: dict[UUID, tuple[str, float]] = field(default_factory=dict)
+
+
+class StageClock(RunFollower):
+    """How long each stage of a turn took, from its runs' callbacks.
+
+    A chain that reports its timings carries one (``with_config(callbacks=[clock])``) and,
+    from any run inside the turn (its answer stage, before its last chunk), reads them with
+    ``timings``: every stage that ran, in ``STAGES`` order, with the ones still running
+    counted until then, and ``total`` since the turn's own run started. Turns are forgotten
+    as their runs end. Chain and retriever runs only, as ``StageMetrics`` sees them.
+    """
+
+    ignore_llm = True
+    ignore_chat_model = True
+    ignore_agent = True  # tools too
+    ignore_retry = True
+    ignore_custom_event = True
+
+    def __init__(self) -> None:
+        self.tracker = StageTracker()
+        self._turns: dict[UUID, _Timed] = {}  # each turn's top run
+        self._lock = threading.Lock()
+
+    def run_started(self, run_id: UUID, parent_run_id: UUID | None, name: str | None) -> None:
+        run = self.tracker.start(run_id, parent_run_id, name)
+        now = time.perf_counter()
+        with self._lock:
+            if StageTracker.is_top(run_id, run):
+                self._turns[run_id] = _Timed(now)
+            elif StageTracker.is_stage(run_id, run) and (turn := self._turns.get(run.top)):
+                turn.running[run_id] = (str(run.stage), now)
+
+    def run_ended(self, run_id: UUID) -> None:
+        run = self.tracker.end(run_id)
+        if run is None:
+            return
+        now = time.perf_counter()
+        with self._lock:
+            if StageTracker.is_top(run_id, run):
+                self._turns.pop(run_id, None)
+            elif StageTracker.is_stage(run_id, run) and (turn := self._turns.get(run.top)):
+                stage, started = turn.running.pop(run_id, ("", now))
+                if stage:
+                    turn.took[stage] = turn.took.get(stage, 0.0) + now - started
+
+    def timings(self, run_id: UUID) -> dict[str, float]:
+        """The seconds of each stage of the turn ``run_id`` is in, and ``total``; empty for
+        a run this clock never saw."""
+        run = self.tracker.get(run_id)
+        now = time.perf_counter()
+        with self._lock:
+            turn = self._turns.get(run.top) if run is not None else None
+            if turn is None:
+                return {}
+            took = dict(turn.took)
+            for stage, started in turn.running.values():
+                took[stage] = took.get(stage, 0.0) + now - started
+            total = now - turn.started
+        seconds = {stage: round(took[stage], 4) for stage in STAGES if stage in took}
+        return {**seconds, "total": round(total, 4)}
