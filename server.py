@@ -30,7 +30,7 @@ import langserve
 from fastapi import Depends, FastAPI, HTTPException, Request
 from fastapi_offline import FastAPIOffline
 from langchain_core.callbacks import BaseCallbackHandler
-from langchain_core.tracers.log_stream import RunLogPatch
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator
 from langserve import add_routes
 from opentelemetry.trace import TracerProvider
 from starlette import routing
@@ -52,11 +52,12 @@ from ragchains.serving.admission import (
     end_model_work,
     langserve_admission,
 )
+from ragchains.serving.bodies import MALFORMED, BodyLimits, JsonBody, JsonOnly
 from ragchains.serving.collection import collection_router
 from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
-from ragchains.serving.guards import add_guards, request_json
+from ragchains.serving.guards import add_guards
 from ragchains.serving.keys import KeyRing
 from ragchains.serving.mcp_server import McpEndpoint, RagTools
 from ragchains.serving.openai_api import completion_request, openai_router
@@ -65,7 +66,6 @@ from ragchains.serving.page import add_page
 from ragchains.serving.probes import Health, probes_router
 from ragchains.serving.requests import (
     BODY_KEYS,
-    KnownKeysOnly,
     Limits,
     Route,
     check_body,
@@ -121,7 +121,7 @@ def create_app(
         observers.append(
             StageSpans(tracer, record_content=settings.trace_content, model=service.llm.name)
         )
-    routes = served_routes(service, limits, list(ROUTES), observers, binding=_Served)
+    routes = served_routes(service, limits, list(ROUTES), observers)
 
     def on_llm_failure(failure: LLMFailure) -> None:
         health.record(failure)
@@ -145,11 +145,18 @@ def create_app(
     app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
-    app.router.routes.append(routing.Route("/mcp", mcp, include_in_schema=False))
+    app.router.routes.append(routing.Route("/mcp", JsonOnly(mcp), include_in_schema=False))
     add_page(app, ROUTES)
     # Innermost: each request's ticket for the model's queue, from the arrival of its whole
     # body (a slow sender does not jump the queue) to its last byte.
     app.add_middleware(ModelTickets, max_wait=settings.model_queue_wait)
+    # Each body's bytes counted and timed as its route reads them (routes check what the
+    # bytes say: json_body).
+    app.add_middleware(
+        BodyLimits,
+        max_bytes=lambda path: settings.max_request_bytes,
+        timeout=settings.body_timeout,
+    )
     # Around it: a request whose client goes ends there, its ticket (and the model's work for
     # it) with it.
     app.add_middleware(
@@ -283,7 +290,7 @@ def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits
         admission = [Depends(langserve_admission(route, llm))] if name in MODEL_ROUTES else []
         add_routes(
             app,
-            route.runnable,
+            _served(route),
             path=f"/{name}",
             per_req_config_modifier=_config_check(route),
             dependencies=[
@@ -300,56 +307,56 @@ def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits
 
 # The metadata key that marks a run the playground asked for.
 PLAYGROUND_METADATA = "ragchains_playground"
+# Where a request's resolved choices wait for LangServe's config hook, in the request's
+# state: one per config LangServe reads, in its order (see check_body).
+RESOLVED_CONFIGS = "ragchains_resolved_configs"
 
 
-class _Served(KnownKeysOnly):  # type: ignore[no-redef]  # pydantic plugin
-    """A route's chain as LangServe calls it, with the playground's stream_log merged
-    (``astream_log``). LangServe's event aggregator (an async callback handler it adds to
-    every call) stays: it costs about 1 ms of a turn's 14 ms of server CPU on 64 concurrent
-    streams with stock LCEL (bench.server_overhead), and leaving it out took overriding
-    RunnableBinding's private ``_merge_configs``."""
+def _served(route: Route) -> Runnable[Any, Any]:
+    """A route's chain as LangServe serves it: for a run the playground asked for, its
+    streamed output added up into one object (``playground_output``); the types are the
+    route's, so every schema LangServe publishes stays the chain's."""
+    summed: Any = playground_output  # typed as LangChain types a transform with no config
+    return (route.runnable | RunnableGenerator(summed)).with_types(
+        input_type=route.request_model, output_type=route.runnable.OutputType
+    )
 
-    async def astream_log(  # type: ignore[override]
-        self, input: Any, config: Any = None, **kwargs: Any
-    ) -> AsyncIterator[RunLogPatch]:
-        """For the playground, the run's output as one object that grows as it streams.
 
-        Works around LangServe's playground printing each chunk of a run's
-        ``streamed_output`` as a JSON object of its own (it adds up only message chunks), so
-        a turn's answer showed as one object per token (``}{"answer": " di"}{"answer":
-        "em"``). The chunks are ``AddableDict``s: for a request from the playground,
-        ``streamed_output`` holds their sum so far, one element replaced as it grows. Other
-        callers get the chunks as streamed.
-        """
-        patches = super().astream_log(input, config, **kwargs)
-        if not ((config or {}).get("metadata") or {}).get(PLAYGROUND_METADATA):
-            async for patch in patches:
-                yield patch
-            return
-        output: Any = None
-        async for patch in patches:
-            ops = []
-            for op in patch.ops:
-                if op["op"] == "add" and op["path"] == "/streamed_output/-":
-                    first = output is None
-                    output = op["value"] if first else output + op["value"]
-                    path = "/streamed_output/-" if first else "/streamed_output/0"
-                    op = {"op": "add" if first else "replace", "path": path, "value": output}
-                ops.append(op)
-            yield RunLogPatch(*ops)
+async def playground_output(
+    chunks: AsyncIterator[Any], config: RunnableConfig
+) -> AsyncIterator[Any]:
+    """The chunks as streamed, or for the playground one object, their sum.
+
+    Works around LangServe's playground printing each chunk of a run's ``streamed_output``
+    as a JSON object of its own (it adds up only message chunks): a turn's answer showed as
+    one object per token (``}{"answer": " di"}{"answer": "em"``). The chunks are
+    ``AddableDict``s, so their sum is the output; the playground shows it when the run ends,
+    and its steps as they run."""
+    if not (config.get("metadata") or {}).get(PLAYGROUND_METADATA):
+        async for chunk in chunks:
+            yield chunk
+        return
+    total: Any = None
+    async for chunk in chunks:
+        total = chunk if total is None else total + chunk
+    if total is not None:
+        yield total
 
 
 def _config_check(route: Route) -> Any:
     """LangServe's ``per_req_config_modifier``, the one hook that sees a request's config
     after LangServe has merged a share link's (/c/{config_hash}/..., decoded inside
     LangServe) with the body's, and before any work, while a stream can still answer with a
-    status. Also marks a run the playground asked for (see _Served.astream_log)."""
+    status. Hands the run the choices ``_body_check`` resolved (a share link's are resolved
+    here, merged with the body's), and marks a run the playground asked for."""
 
     def check(config: dict[str, Any], request: Request) -> dict[str, Any]:
-        # A body's own configurable was checked as sent (check_body); a share link's is
-        # checked here, merged with it.
-        if request.path_params.get("config_hash"):
-            route.check(config.get("configurable") or {})
+        pending = getattr(request.state, RESOLVED_CONFIGS, None)
+        if request.path_params.get("config_hash") or not pending:
+            configurable = route.resolve(config.get("configurable") or {})
+        else:
+            configurable = pending.pop(0)
+        config = {**config, "configurable": configurable}
         # The playground's page is the referrer of the runs it asks for, through stream_log
         # (the only endpoint that reads the mark: elsewhere it would reach events' metadata).
         playground = urlsplit(request.headers.get("referer", "")).path.endswith("/playground/")
@@ -373,15 +380,14 @@ def _body_check(route: Route, limits: Limits) -> Any:
     parsed body on the request, so LangServe does not parse it again.
     """
 
-    async def check(request: Request) -> None:
+    async def check(request: Request, body: JsonBody) -> None:
         endpoint = request.url.path.rsplit("/", 1)[-1]
-        if request.method != "POST" or endpoint not in BODY_KEYS:
-            return
-        try:
-            body = await request_json(request)
-        except ValueError:
+        if request.method != "POST" or endpoint not in BODY_KEYS or body in (None, MALFORMED):
             return  # LangServe answers malformed JSON with 422
-        check_body(route, endpoint, body, limits)
+        # A share link's configurable is resolved once merged with the link's (_config_check).
+        shared = bool(request.path_params.get("config_hash"))
+        resolved = check_body(route, endpoint, body, limits, resolve=not shared)
+        setattr(request.state, RESOLVED_CONFIGS, [] if shared else resolved)
 
     return check
 

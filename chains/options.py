@@ -224,6 +224,13 @@ def threshold_spec(default: float) -> ConfigurableFieldSpec:
     )
 
 
+# Where a request's choices travel once resolved (the server resolves them before any work,
+# to answer a bad one with a status), so that the chain's configure stage does not resolve
+# them again. No spec declares it: it is no choice of the caller's, and a "__" key is not
+# copied into the runs' metadata.
+RESOLVED_KEY = "__ragchains_options"
+
+
 class OptionsError(ValueError):
     """A configurable value of the wrong kind (a bad k, a threshold that is not a number)."""
 
@@ -331,7 +338,11 @@ class Configure(RunnableLambda[Any, Options]):
 
     def __init__(self, choices: "Choices") -> None:
         def configure(_: Any, config: RunnableConfig) -> Options:
-            return choices.resolve(config.get("configurable"))
+            configurable = config.get("configurable") or {}
+            resolved = configurable.get(RESOLVED_KEY)
+            if isinstance(resolved, Options):  # resolved already, by the server
+                return resolved
+            return choices.resolve(configurable)
 
         async def aconfigure(_: Any, config: RunnableConfig) -> Options:
             return configure(_, config)

@@ -20,6 +20,9 @@ PRODUCT = [REPO / name for name in ("chains", "retrievers", "prompts", "ingest",
 PRODUCT += [REPO / "ragchains", REPO / "server.py"]
 # The methods that make a runnable run: a class of ours that defines one is a runtime of its own.
 RUNTIME = {"invoke", "ainvoke", "stream", "astream", "transform", "atransform", "batch", "abatch"}
+# ... and those that stream a run's log and events, or publish what a run may be configured
+# with: LangServe calls them; a class of ours that redefines one changes what LangServe serves.
+RUNTIME |= {"astream_log", "astream_events", "config_schema", "get_config_jsonschema"}
 
 
 def product_files() -> list[Path]:
@@ -93,3 +96,50 @@ def test_no_runnable_of_ours_runs_itself(module_name: str) -> None:
             continue
         own = RUNTIME & set(vars(cls))
         assert not own, f"{module_name}.{cls.__name__} runs itself: {sorted(own)}"
+
+
+# The frameworks the service runs on: their classes are used as they document them, never
+# subclassed from the inside (issue 41). asyncio's and pydantic's are not among them.
+FRAMEWORKS = ("uvicorn", "starlette", "fastapi", "langserve", "sse_starlette")
+
+
+@pytest.mark.parametrize("module_name", sorted(set(_product_modules())))
+def test_no_class_of_ours_subclasses_a_servers_internals(module_name: str) -> None:
+    module = importlib.import_module(module_name)
+    for _, cls in inspect.getmembers(module, inspect.isclass):
+        if cls.__module__ != module.__name__:
+            continue
+        inherited = [base for base in cls.__mro__[1:] if base.__module__.startswith(FRAMEWORKS)]
+        assert not inherited, f"{module_name}.{cls.__name__} subclasses {inherited}"
+
+
+def private_writes(path: Path) -> list[str]:
+    """Assignments to another object's private attribute (``request._json = …``) in
+    ``path``, as ``file:line target``; an object's own (``self._x``, ``cls._x``) are its
+    business."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute)
+                and target.attr.startswith("_")
+                and not target.attr.startswith("__")
+                and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"))
+            ):
+                found.append(f"{path.name}:{node.lineno} {ast.unparse(target)}")
+    return found
+
+
+def test_no_private_attribute_of_another_object_is_written() -> None:
+    assert [hit for path in product_files() for hit in private_writes(path)] == []
+
+
+def test_the_check_finds_a_private_write(tmp_path: Path) -> None:
+    planted = tmp_path / "planted.py"
+    planted.write_text("request._json = body\nself._mine = 1\n", encoding="utf-8")
+    assert private_writes(planted) == ["planted.py:1 request._json"]

@@ -23,7 +23,6 @@ from pydantic import ValidationError
 
 from ragchains.chains.llm import LLM
 from ragchains.chains.modelqueue import REQUEST, ModelBusy, Ticket, first_queue, request_ticket
-from ragchains.serving.guards import request_json
 from ragchains.serving.requests import BODY_KEYS, Route
 
 # Where a request's ticket waits in its state, for work the request hands to tasks that do
@@ -108,7 +107,7 @@ async def _batch_size(request: Request) -> int:
     """How many inputs a batch runs (its body was checked before: ``requests.check_body``);
     each is a request's work for the model."""
     try:
-        body = await request_json(request)
+        body = await request.json()  # parsed once already, by json_body
     except ValueError:
         return 1
     inputs = body.get("inputs") if isinstance(body, dict) else None
@@ -119,7 +118,7 @@ async def _valid_input(request: Request, route: Route) -> bool:
     """Whether a single-input body's input passes the route's checks (batches were checked
     in full before: ``requests.check_body``)."""
     try:
-        body = await request_json(request)
+        body = await request.json()  # parsed once already, by json_body
         route.request_model.model_validate(body.get("input") if isinstance(body, dict) else None)
     except (ValueError, ValidationError):
         return False

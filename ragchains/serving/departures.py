@@ -10,8 +10,8 @@ listens for the client's disconnect, and cancels it if the client goes before th
 complete. Everything the request started unwinds from there: the model's producer and its
 ticket (``chains.modelqueue``), an upstream's connection.
 
-It runs inside the body's checks (``BodyMiddleware`` has read the whole body by then), so
-listening takes nothing the route would read: the messages it receives are handed on.
+Listening takes nothing the route would read: the messages it receives (the body's, which
+the route reads through ``BodyLimits`` inside this middleware) are handed on in order.
 """
 
 from __future__ import annotations

@@ -7,9 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
+from fastapi.exceptions import RequestValidationError
+from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError
+from ragchains.serving.bodies import MALFORMED, JsonBody
 
 log = logging.getLogger("ragchains.server")
 
@@ -20,10 +23,17 @@ def feedback_router(store: FeedbackStore, on_vote: Callable[[int], None]) -> API
     """``on_vote``: told each stored vote's score (1 up, 0 down)."""
     router = APIRouter(tags=["feedback"])
 
-    @router.post("/feedback", status_code=201)
-    async def feedback(body: FeedbackIn) -> dict[str, Any]:
+    # The body is read through json_body (FastAPI would parse a body parameter before any
+    # dependency could check its text), so its schema is declared here.
+    body_schema = {"content": {"application/json": {"schema": FeedbackIn.model_json_schema()}}}
+
+    documented = {"requestBody": {**body_schema, "required": True}}
+
+    @router.post("/feedback", status_code=201, openapi_extra=documented)
+    async def feedback(sent: JsonBody) -> dict[str, Any]:
         """A thumbs up (score 1) or down (0) on one answer, with an optional comment; kept
         in the feedback store (`ragchains feedback export` reads it)."""
+        body = read_feedback(sent)
         try:
             record = await run_in_threadpool(store.add, body)
         except FeedbackStoreError as exc:  # the file, not the request, is at fault
@@ -34,3 +44,15 @@ def feedback_router(store: FeedbackStore, on_vote: Callable[[int], None]) -> API
         return {"id": record.id, "created_at": record.created_at}
 
     return router
+
+
+def read_feedback(sent: Any) -> FeedbackIn:
+    """The body as FeedbackIn, or a 422 naming where it is wrong, as FastAPI reports its own."""
+    if sent is MALFORMED:
+        problem = {"loc": ("body",), "msg": "the body is not valid JSON", "type": "json_invalid"}
+        raise RequestValidationError([problem])
+    try:
+        return FeedbackIn.model_validate(sent)
+    except ValidationError as exc:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
+        raise RequestValidationError(errors) from exc

@@ -306,13 +306,12 @@ class RagTools:
 
     @staticmethod
     def _choices(route: Route, given: Any, keys: tuple[str, ...]) -> dict[str, Any]:
-        """The chosen configurable values, checked as the route checks a request's."""
+        """The chosen configurable values, resolved as the route resolves a request's."""
         chosen = {key: getattr(given, key) for key in keys if getattr(given, key) is not None}
         try:
-            route.check(chosen)
+            return route.resolve(chosen)
         except HTTPException as exc:
             raise ToolProblem(str(exc.detail)) from exc
-        return chosen
 
     async def _run(
         self,

@@ -24,8 +24,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 from ragchains.chains.options import problem_text
 from ragchains.factory import Service
 from ragchains.serving.admission import admit, request_ticket_of
+from ragchains.serving.bodies import MALFORMED, JsonBody
 from ragchains.serving.errors import error_body, failed
-from ragchains.serving.guards import request_json
 from ragchains.serving.requests import Limits, Route
 from ragchains.textrules import SAYS_SOMETHING, text_type
 
@@ -150,16 +150,16 @@ def openai_router(service: Service, chat: Route, completion: type[BaseModel]) ->
         }
 
     @router.post("/chat/completions")
-    async def chat_completions(request: Request) -> Any:
+    async def chat_completions(request: Request, sent: JsonBody) -> Any:
+        if sent is MALFORMED:
+            raise HTTPException(422, "the body is not valid JSON")
         try:
-            body: Any = completion.model_validate(await request_json(request))
-        except json.JSONDecodeError as exc:
-            raise HTTPException(422, "the body is not valid JSON") from exc
+            body: Any = completion.model_validate(sent)
         except ValidationError as exc:
             raise HTTPException(422, _first_problem(exc)) from exc
         if "domain" in body.configurable:
             raise HTTPException(422, "choose the domain with 'model', not configurable.domain")
-        configurable = chat.check({**body.configurable, "domain": body.model})
+        configurable = chat.resolve({**body.configurable, "domain": body.model})
         try:
             turn = chat.request_model.model_validate(to_chat_input(body.messages))
         except ValidationError as exc:

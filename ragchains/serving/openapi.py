@@ -43,7 +43,7 @@ MEANING = {
     503: "The document store cannot be reached, or an index file was found damaged",
     504: "The chat model timed out",
 }
-BODY_CHECKS = (400, 408, 413, 415, 422)  # BodyMiddleware and the routes' own checks
+BODY_CHECKS = (400, 408, 413, 415, 422)  # BodyLimits and the routes' own checks
 MODEL_FAILURES = (502, 504)  # serving.errors.failed: the chat model failed, timed out
 MODEL_FREE = frozenset({"retrieve"})  # routes whose chain calls no model
 

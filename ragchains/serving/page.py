@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from importlib import resources
 from pathlib import Path
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
+from starlette.datastructures import MutableHeaders
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragchains import __version__
 
@@ -26,13 +27,20 @@ PAGE_HEADERS = {
 }
 
 
-class _PageFiles(StaticFiles):
-    """The page's files, revalidated on each load so an upgrade is seen at once."""
+class NoCache:
+    """ASGI: the wrapped app's replies revalidated on each load (``Cache-Control:
+    no-cache``), so that an upgrade of the page's files is seen at once."""
 
-    def file_response(self, *args: Any, **kwargs: Any) -> Response:
-        response = super().file_response(*args, **kwargs)
-        response.headers["Cache-Control"] = "no-cache"
-        return response
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def revalidated(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                MutableHeaders(scope=message)["Cache-Control"] = "no-cache"
+            await send(message)
+
+        await self.app(scope, receive, revalidated)
 
 
 def add_page(app: FastAPI, routes: dict[str, str]) -> None:
@@ -60,4 +68,4 @@ def add_page(app: FastAPI, routes: dict[str, str]) -> None:
         from here (an original file, the API docs), which would show as a console error."""
         return Response(status_code=204, headers={"Cache-Control": "max-age=86400"})
 
-    app.mount("/ui", _PageFiles(directory=WEB), name="ui")
+    app.mount("/ui", NoCache(StaticFiles(directory=WEB)), name="ui")

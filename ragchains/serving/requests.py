@@ -14,7 +14,7 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import Runnable, RunnableBinding
+from langchain_core.runnables import Runnable
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -31,6 +31,7 @@ from ragchains.chains.graph import AskInput, ChatInput
 from ragchains.chains.options import (
     DOMAIN_KEY,
     LATEST,
+    RESOLVED_KEY,
     Choices,
     Configure,
     OptionsError,
@@ -247,32 +248,28 @@ def request_models(limits: Limits, fields: Mapping[str, str]) -> dict[str, type[
     }
 
 
-class KnownKeysOnly(RunnableBinding[Any, Any]):  # type: ignore[no-redef]  # pydantic plugin
-    """A chain whose config schema refuses ``configurable`` keys the chain does not declare.
+def known_keys_model(chain: Runnable[Any, Any]) -> type[BaseModel]:
+    """The model of a request's ``config`` holding the ``configurable`` keys ``chain``
+    declares (its ``config_specs``), and no others.
 
-    Works around LangServe validating a request's config only against
-    ``runnable.config_schema()`` (APIHandler builds its ``_ConfigPayload`` from it once), and
-    langchain-core's ``config_schema`` ignoring unknown keys: a misspelt ``domian`` would
-    quietly answer from the default domain, and a share link's would be dropped before any
-    check of ours sees it. The same schema is the one the playground, /config_schema and
-    the OpenAPI document show. In-process callers are not affected: the chains ignore keys
-    they do not read.
-    """
-
-    def config_schema(self, *, include: Sequence[str] | None = None) -> type[BaseModel]:
-        fields = {
-            spec.id: (
-                spec.annotation,
-                Field(spec.default, title=spec.name, description=spec.description),
-            )
-            for spec in self.config_specs
-        }
-        configurable = create_model(  # type: ignore[call-overload]
-            "Configurable", __config__=ConfigDict(extra="forbid"), **fields
+    LangServe validates a request's config against ``runnable.config_schema()``, whose
+    ``configurable`` ignores unknown keys: a misspelt ``domian`` would quietly answer from
+    the default domain. This model refuses them, in the body's checks (``check_body``) and
+    in the schema the OpenAPI document publishes; in-process callers are not affected (the
+    chains ignore keys they do not read)."""
+    fields = {
+        spec.id: (
+            spec.annotation,
+            Field(spec.default, title=spec.name, description=spec.description),
         )
-        return create_model(  # type: ignore[call-overload,no-any-return]
-            self.get_name("Config"), configurable=(configurable, None)
-        )
+        for spec in chain.config_specs
+    }
+    configurable = create_model(  # type: ignore[call-overload]
+        "Configurable", __config__=ConfigDict(extra="forbid"), **fields
+    )
+    return create_model(  # type: ignore[call-overload,no-any-return]
+        chain.get_name("Config"), configurable=(configurable, None)
+    )
 
 
 def configurable_problem(prompts: PromptRegistry, errors: Sequence[Any]) -> HTTPException:
@@ -304,8 +301,8 @@ def chain_choices(chain: Runnable[Any, Any]) -> Choices:
 
 
 class Route:
-    """A chain as one route serves it (``runnable``: the limit-checking input model, unknown
-    configurable keys refused) and the check of each request's choices, built once."""
+    """A chain as one route serves it (``runnable``: typed with the limit-checking input
+    model) and the one resolver of each request's choices (``resolve``), built once."""
 
     def __init__(
         self,
@@ -313,20 +310,18 @@ class Route:
         chain: Runnable[Any, Any],
         request_model: type[BaseModel],
         prompts: PromptRegistry,
-        *,
-        binding: type[KnownKeysOnly] = KnownKeysOnly,
     ) -> None:
         self.name = name
         self.prompts = prompts
-        self.runnable = binding(bound=chain.with_types(input_type=request_model))
+        self.runnable = chain.with_types(input_type=request_model)
         self.request_model = request_model
-        self._config_model = self.runnable.config_schema(include=["configurable"])
+        self._config_model = known_keys_model(chain)
         self._choices = chain_choices(chain)
 
     def config_schema(self, ref_template: str) -> dict[str, Any]:
         """The JSON Schema of a request's ``config`` as ``check_body`` checks it: the run
         options (``RunOptions``) and the ``configurable`` choices with their bounds, each
-        domain allowing only its own prompts' versions (``Route.check`` refuses the others).
+        domain allowing only its own prompts' versions (``Route.resolve`` refuses others).
         LangServe publishes the choices' bare types only (``_rename_pydantic_model``)."""
         schema = RunOptions.model_json_schema(ref_template=ref_template)
         configurable = self._config_model.model_fields["configurable"].annotation
@@ -348,29 +343,34 @@ class Route:
             schemas.append({"properties": properties, "required": required})
         return schemas
 
-    def check(self, configurable: Any) -> dict[str, Any]:
-        """A request's ``configurable``, checked in full before any work: the one check the
-        server makes of it (a body's, a share link's, /v1/chat/completions'). Two parts,
-        each defined once elsewhere: the keys and types the chain declares (its config
-        schema, which LangServe also validates, though only by bare types: its
-        ``_rename_pydantic_model`` rebuilds the model from annotations without bounds), then
-        the chain's own ``Choices.resolve``, as its ``configure`` stage runs it (bounds, and
-        whether the chosen domain has each chosen prompt version). Returns the choices with
-        defaults filled in; raises HTTPException 400 or 422."""
+    def known_keys(self, configurable: Any) -> dict[str, Any]:
+        """``configurable`` checked for its keys and their types as the chain declares them
+        (not resolved); raises HTTPException 400 or 422."""
         if not isinstance(configurable, dict):
             raise HTTPException(422, "configurable must be an object")
         try:
             config = self._config_model.model_validate({"configurable": configurable})
         except ValidationError as exc:
             raise configurable_problem(self.prompts, exc.errors()) from exc
-        values = dict(config.model_dump()["configurable"] or {})
+        return dict(config.model_dump()["configurable"] or {})
+
+    def resolve(self, configurable: Any) -> dict[str, Any]:
+        """A request's ``configurable``, resolved before any work: the one resolution the
+        server makes of it (a body's, a share link's, /v1's, an MCP tool's). Two parts, each
+        defined once elsewhere: the keys and types the chain declares (``known_keys``), then
+        the chain's own ``Choices.resolve``, as its ``configure`` stage runs it (bounds, and
+        whether the chosen domain has each chosen prompt version). Returns the choices with
+        defaults filled in and the resolved ``Options`` under ``RESOLVED_KEY``, which the
+        chain's ``configure`` stage takes instead of resolving again; raises HTTPException
+        400 or 422."""
+        values = self.known_keys(configurable)
         try:
-            self._choices.resolve(values)
+            options = self._choices.resolve(values)
         except PromptSelectionError as exc:
             raise HTTPException(400, str(exc)) from exc
         except OptionsError as exc:
             raise HTTPException(422, str(exc)) from exc
-        return values
+        return {**values, RESOLVED_KEY: options}
 
 
 def _without_optional(annotation: Any) -> type[BaseModel]:
@@ -383,8 +383,6 @@ def served_routes(
     limits: Limits,
     names: Sequence[str],
     observers: Sequence[BaseCallbackHandler],
-    *,
-    binding: type[KnownKeysOnly] = KnownKeysOnly,
 ) -> dict[str, Route]:
     """The service's chains ``names`` as routes serve them (HTTP, MCP's tools): the server's
     limits on their input and ``observers`` (traces, metrics) on their runs."""
@@ -395,7 +393,6 @@ def served_routes(
             service.chains[name].with_config(callbacks=list(observers)),
             requests[name],
             service.prompts,
-            binding=binding,
         )
         for name in names
     }
@@ -443,12 +440,19 @@ def _invalid(loc: tuple[Any, ...], message: str, kind: str = "value_error") -> E
     return RequestValidationError([{"loc": ("body", *loc), "msg": message, "type": kind}])
 
 
-def check_body(route: Route, endpoint: str, body: Any, limits: Limits) -> None:
+def check_body(
+    route: Route, endpoint: str, body: Any, limits: Limits, *, resolve: bool = True
+) -> list[dict[str, Any]]:
     """A LangServe request's body checked before LangServe reads it: an object with only its
     endpoint's keys, configs that are objects with known keys, and for a batch a list of
     inputs (at most ``limits.batch_inputs``, 413) each valid for the route. LangServe checks
     batch items and configs only as it runs them, answering a bad one with 500. A problem
-    is a RequestValidationError (422) naming where."""
+    is a RequestValidationError (422) naming where, or the resolver's 400 or 422.
+
+    Returns each config's ``configurable`` resolved (``Route.resolve``), in the order
+    LangServe reads the configs: one per item of a list of configs, else one. With
+    ``resolve`` false (a share link's request, whose configurable LangServe merges with the
+    link's) the keys are checked and nothing is resolved."""
     if not isinstance(body, dict):
         raise _invalid((), "the body must be a JSON object", "dict_type")
     unknown = sorted(set(body) - BODY_KEYS[endpoint])
@@ -458,12 +462,13 @@ def check_body(route: Route, endpoint: str, body: Any, limits: Limits) -> None:
         raise _invalid(("kwargs",), "kwargs must be an object", "dict_type")
     configs = body.get("config", {})
     if endpoint == "batch" and isinstance(configs, list):
-        for n, config in enumerate(configs):
-            _check_config(route, config, ("config", n))
+        resolved = [
+            _check_config(route, config, ("config", n), resolve) for n, config in enumerate(configs)
+        ]
     else:
-        _check_config(route, configs, ("config",))
+        resolved = [_check_config(route, configs, ("config",), resolve)]
     if endpoint != "batch":
-        return
+        return resolved
     inputs = body.get("inputs")
     if not isinstance(inputs, list):
         raise _invalid(("inputs",), "inputs must be a list of inputs", "list_type")
@@ -479,11 +484,12 @@ def check_body(route: Route, endpoint: str, body: Any, limits: Limits) -> None:
         except ValidationError as exc:
             errors = [{**err, "loc": ("body", "inputs", n, *err["loc"])} for err in exc.errors()]
             raise RequestValidationError(errors) from exc
+    return resolved
 
 
-def _check_config(route: Route, config: Any, loc: tuple[Any, ...]) -> None:
+def _check_config(route: Route, config: Any, loc: tuple[Any, ...], resolve: bool) -> dict[str, Any]:
     """A config as sent: an object of RunnableConfig's keys whose ``configurable`` choices
-    pass the route's check as written (LangServe's own check turns "5" into 5 first)."""
+    pass the route's resolver as written (LangServe's own check turns "5" into 5 first)."""
     if not isinstance(config, dict):
         raise _invalid(loc, "config must be an object", "dict_type")
     unknown = sorted(set(config) - CONFIG_KEYS)
@@ -494,5 +500,5 @@ def _check_config(route: Route, config: Any, loc: tuple[Any, ...]) -> None:
     except ValidationError as exc:
         errors = [{**err, "loc": ("body", *loc, *err["loc"])} for err in exc.errors()]
         raise RequestValidationError(errors) from exc
-    if "configurable" in config:
-        route.check(config["configurable"])
+    configurable = config.get("configurable") or {}
+    return route.resolve(configurable) if resolve else route.known_keys(configurable)
