@@ -40,7 +40,7 @@ from ragchains.chains.llm import LLM
 from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
 from ragchains.feedback import FeedbackStore, feedback_path
 from ragchains.ingest.parsing import BudgetedCalls, ParseBudget
-from ragchains.llms import LLMFailure
+from ragchains.models.providers import LLMFailure
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
 from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder

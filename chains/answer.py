@@ -65,7 +65,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from ragchains.chains.compress import compressor_score
-from ragchains.chains.llm import LLM, ChatHistory, as_llm
+from ragchains.chains.llm import ANSWER_TAG, LLM, ChatHistory, as_llm
 from ragchains.chains.options import ANSWER_STYLES, AUTO, AnswerStyle, Choices, Options
 from ragchains.chains.quote import (
     QUOTE_SENTENCES,
@@ -78,7 +78,7 @@ from ragchains.chains.quote import (
 )
 from ragchains.chains.retrieve import citation_label, to_source
 from ragchains.chains.state import agathered, gathered, quick, read_input
-from ragchains.prompts.registry import PromptRegistry, default_registry
+from ragchains.prompts.registry import Prompt, PromptRegistry, default_registry
 
 log = logging.getLogger(__name__)
 
@@ -353,8 +353,7 @@ class Answerer:
     ) -> None:
         if answer_style not in ANSWER_STYLES:
             raise ValueError(f"answer_style must be auto, quote or free, not {answer_style!r}")
-        # Its model calls start answers: in the model's queue they keep to arrival order.
-        self.llm = llm.answering()
+        self.llm = llm
         self.history_tokens = history_tokens
         self.answer_style = answer_style
 
@@ -381,7 +380,7 @@ class Answerer:
             if not offered:  # nothing quotable (headings only): nothing to answer from
                 return AnswerPlan(None, {}, documents, None, style, notes)
             # Greedy decoding whatever the prompt file says: a quote is copied, not sampled.
-            chain = self.llm.prompted(
+            chain = self._prompted(
                 prompt,
                 grammar=quote_grammar(offered, DONT_KNOW, sentences=QUOTE_SENTENCES),
                 temperature=0.0,
@@ -390,9 +389,15 @@ class Answerer:
             variables["context"] = format_quotes(offered[::-1])
             return AnswerPlan(chain, variables, documents, prompt.ref, style, notes, offered)
         prompt = options.prompt("answer")
-        chain = self.llm.prompted(prompt, grammar=citation_grammar(labels))
+        chain = self._prompted(prompt, grammar=citation_grammar(labels))
         variables["context"] = format_context(documents)
         return AnswerPlan(chain, variables, documents, prompt.ref, style, notes)
+
+    def _prompted(self, prompt: Prompt, **options: Any) -> Runnable[dict[str, Any], Any]:
+        """``prompt | model``, its run tagged as the one that writes the answer: so traces
+        show it, and a model that orders its calls may serve answers in their requests'
+        order (the tag is handed down to the model's run)."""
+        return self.llm.prompted(prompt, **options).with_config(tags=[ANSWER_TAG])
 
     def reply(self, state: AnswerState, run: UUID) -> "Reply":
         """The answer to one state, to be written (``replying``). ``run``, the stage's run,

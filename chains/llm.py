@@ -1,14 +1,13 @@
 """What the chains need to know about a chat model, whichever provider serves it.
 
-The chains never import a provider. ``ragchains/llms.py`` builds a provider's model and
-describes it with an ``LLM``: the runnable, its own token counter, and which of the two
-ways of getting structured replies it supports (tool calling, or a GBNF grammar that
-constrains decoding, as llama.cpp does).
+The chains never import a provider, nor anything about how a model's calls are scheduled.
+``ragchains.models`` builds a provider's model and describes it with an ``LLM``: the
+runnable, its own token counter, and which of the two ways of getting structured replies it
+supports (tool calling, or a GBNF grammar that constrains decoding, as llama.cpp does).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -20,10 +19,14 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import Runnable, RunnableConfig
 from pydantic import BeforeValidator
 
-from ragchains.chains.modelqueue import FIRST_TOKEN, takes_turns
 from ragchains.prompts.registry import Prompt
 
 ChatRunnable = Runnable[LanguageModelInput, BaseMessage] | Runnable[LanguageModelInput, Any]
+
+# The tag of the run that writes the answer a user reads (the answer stage's ``prompt |
+# model``). It says what the run is, as LangChain's tags do; LangChain hands it down to the
+# runs below, the model's among them, where a model that orders its calls may read it.
+ANSWER_TAG = "answer"
 
 
 def approximate_tokens(text: str) -> int:
@@ -50,11 +53,8 @@ class LLM:
     tool_calling: bool = False
     grammar: bool = False  # takes a GBNF grammar per call
     # The keyword arguments that send one call's max_tokens and grammar: a server may want
-    # the grammar in its own field of the request body (``ragchains.llms``).
+    # the grammar in its own field of the request body (``ragchains.models.providers``).
     call_options: Callable[[int, str | None], dict[str, Any]] = grammar_keyword
-    # Calls through ``bound`` start an answer: they wait at the model queue's answer gate
-    # (``chains.modelqueue``; set by ``answering``, for models that take turns).
-    first_token: bool = False
 
     @classmethod
     def of(cls, model: Any, **kwargs: Any) -> LLM:
@@ -66,12 +66,6 @@ class LLM:
         if callable(counter):
             kwargs.setdefault("count_tokens", counter)
         return cls(model=model, name=kwargs.pop("name", type(model).__name__), **kwargs)
-
-    def answering(self) -> LLM:
-        """This model as a stage that answers calls it: its calls start answers, which a
-        model that takes turns orders by its requests' arrival (a model that does not, say
-        one of a caller's own, gets no such option)."""
-        return dataclasses.replace(self, first_token=takes_turns(self.model))
 
     def bound(
         self,
@@ -87,8 +81,6 @@ class LLM:
             # Tools or a grammar, not both: a server that takes both applies one to the other.
             model, grammar = model.bind_tools(tools), None
         options = self.call_options(max_tokens, grammar if self.grammar else None)
-        if self.first_token:
-            options[FIRST_TOKEN] = True
         return model.bind(temperature=temperature, **options)
 
     def prompted(

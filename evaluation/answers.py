@@ -310,7 +310,7 @@ def evaluate_answers(
 
 def _model_failure(exc: Exception) -> str:
     """A chat model's failure as one line; anything else is a bug and is raised."""
-    from ragchains.llms import explain_failure
+    from ragchains.models.providers import explain_failure
 
     failure = explain_failure(exc)
     if failure is None:

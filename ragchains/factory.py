@@ -182,7 +182,7 @@ def build_llm(settings: Settings) -> LLM:
     """The configured chat model; ``LLMConfigError`` says what is missing."""
     # Imported here: llama.cpp and the OpenAI client load only when a model is wanted.
     if settings.llm_provider == "embedded":
-        from ragchains.embedded_llm import embedded_llm
+        from ragchains.models.embedded import embedded_llm
 
         return embedded_llm(
             settings.llm_model_path,
@@ -190,7 +190,7 @@ def build_llm(settings: Settings) -> LLM:
             threads=settings.llm_threads,
             seed=settings.llm_seed,
         )
-    from ragchains.llms import openai_llm
+    from ragchains.models.providers import openai_llm
 
     return openai_llm(
         model=settings.openai_model,

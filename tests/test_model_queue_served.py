@@ -24,7 +24,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from ragchains.embedded_llm import embedded_llm
+from ragchains.models.embedded import embedded_llm
 from tests.servers import FakeOpenAI, ragchains_serve, wait_until
 
 pytestmark = pytest.mark.slow

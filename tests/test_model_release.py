@@ -19,7 +19,8 @@ import pytest
 from langchain_core.messages import AIMessageChunk
 from langchain_core.outputs import ChatGenerationChunk
 
-from ragchains.chains.modelqueue import (
+from ragchains.models.embedded import ChatLlamaCpp, queued_llama
+from ragchains.models.queue import (
     REQUEST,
     ModelBusy,
     ModelQueue,
@@ -27,7 +28,6 @@ from ragchains.chains.modelqueue import (
     Ticket,
     request_ticket,
 )
-from ragchains.embedded_llm import ChatLlamaCpp, QueuedChatLlamaCpp
 from ragchains.serving.departures import CLIENT_GONE, CancelOnDisconnect
 
 GUARD = 60.0  # seconds: only a regression (a hang) comes near it
@@ -45,16 +45,14 @@ class _SlowDecoding(ChatLlamaCpp):
             yield ChatGenerationChunk(message=AIMessageChunk(f"t{n} "))
 
 
-class _Slow(QueuedChatLlamaCpp, _SlowDecoding):  # type: ignore[misc]
-    """The embedded model's queue and its one decoding thread, over slow fake decoding."""
-
-
 made: list[int] = []
 
 
-def slow_model() -> _Slow:
+def slow_model() -> Any:
+    """The embedded model's queue and its one decoding thread, over slow fake decoding."""
     made.clear()
-    return _Slow.model_construct(model_path="none.gguf", streaming=True, queue=ModelQueue(1))
+    decoding = _SlowDecoding.model_construct(model_path="none.gguf", streaming=True)
+    return queued_llama(decoding, ModelQueue(1))
 
 
 def wait_for(check: Any, what: str) -> None:
@@ -237,7 +235,7 @@ def test_the_embedded_model_stops_inside_a_prompt_it_is_reading(smollm: Any) -> 
     """Cancelled while llama.cpp reads a long prompt, the decode is aborted within it (the
     context holds fewer tokens than the prompt), and the next call answers as a clean one."""
     model = smollm.model.bind(temperature=0, max_tokens=8)
-    client = smollm.model.client
+    client = smollm.model.model.client  # the llama.cpp model behind its queue
     prompt = "Repeat after me: " + " ".join(f"word{n}" for n in range(900))
     prompt_tokens = len(client.tokenize(prompt.encode()))
     clean = str(model.invoke("Say hello.").content)

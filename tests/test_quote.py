@@ -246,7 +246,7 @@ def test_llama_cpp_compiles_the_grammar_and_decodes_the_escapes(smollm: object) 
     """llama.cpp's own parser reads every escape; the model can then write the text."""
     import llama_cpp
 
-    vocab = smollm.model.client._model.vocab  # type: ignore[attr-defined]
+    vocab = smollm.model.model.client._model.vocab  # type: ignore[attr-defined]
     awkward = 'He said "Tomás paid €25 (C:\\temp) 👍".\tDone'
     found = [Quote(awkward, ('odd "label"\\#1',)), Quote("Plain.", ("p.md",))]
     grammar = quote_grammar(found, DONT_KNOW, sentences=2)

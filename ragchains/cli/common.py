@@ -245,7 +245,7 @@ def rewrite_chain(settings: Any, llm: Any, prompts: Any, fields: dict[str, str])
 # ----------------------------------------------------------------------------- turns
 def one_line(exc: Exception) -> str:
     """What the user is told when a turn fails: the model's failure, or the input's fault."""
-    from ragchains.llms import explain_failure
+    from ragchains.models.providers import explain_failure
 
     failure = explain_failure(exc)
     if failure is not None:  # the operator's own upstream: its words help (credentials masked)

@@ -11,7 +11,7 @@ Three sources, none of them timers in the stages:
   generation and age, the ingest runs recorded beside the index (``ragchains ingest``
   runs in another process: what it leaves in the index folder or the store is what a
   scrape reads), and the chat model's queue (its length, the wait it means, the waits and
-  refusals so far: ``chains.modelqueue``).
+  refusals so far: ``ragchains.models.queue``).
 
 Every label has a bounded set of values: route templates (an unknown path is ``other``),
 chain and stage names, fixed outcomes. No question text, no user, no raw path.
@@ -45,10 +45,10 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragchains.chains.graph import PROMPTS_USED
-from ragchains.chains.modelqueue import first_queue
 from ragchains.chains.requery import RequeryReport
 from ragchains.ingest.report import read_ingest_log
-from ragchains.llms import LLMFailure
+from ragchains.models.providers import LLMFailure
+from ragchains.models.queue import first_queue
 from ragchains.observability.stages import STAGES, RunFollower, StageTracker
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.departures import CLIENT_GONE, CLIENT_GONE_STATUS

@@ -1,4 +1,4 @@
-"""Admission to the chat model's queue (``chains.modelqueue``), for the HTTP routes.
+"""Admission to the chat model's queue (``ragchains.models.queue``), for the HTTP routes.
 
 Each request gets a ticket as it arrives (``ModelTickets``): its arrival orders its model
 calls, and ``model_queue_wait`` bounds how long they may wait in all. A route that calls the
@@ -22,7 +22,7 @@ from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
 from ragchains.chains.llm import LLM
-from ragchains.chains.modelqueue import REQUEST, ModelBusy, Ticket, first_queue, request_ticket
+from ragchains.models.queue import REQUEST, ModelBusy, Ticket, first_queue, request_ticket
 from ragchains.serving.requests import BODY_KEYS, Route
 
 # Where a request's ticket waits in its state, for work the request hands to tasks that do

@@ -8,7 +8,7 @@ model while an answer is written for nobody, and every later request would wait 
 but only if it is writing.) So the request runs as a task of its own while this middleware
 listens for the client's disconnect, and cancels it if the client goes before the reply is
 complete. Everything the request started unwinds from there: the model's producer and its
-ticket (``chains.modelqueue``), an upstream's connection.
+ticket (``ragchains.models.queue``), an upstream's connection.
 
 Listening takes nothing the route would read: the messages it receives (the body's, which
 the route reads through ``BodyLimits`` inside this middleware) are handed on in order.
@@ -22,7 +22,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from ragchains.chains.modelqueue import RequestEnded
+from ragchains.models.queue import RequestEnded
 
 log = logging.getLogger("ragchains.server")
 

@@ -19,9 +19,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ragchains.chains.modelqueue import model_busy
 from ragchains.chains.options import error_message
-from ragchains.llms import LLMFailure, explain_failure
+from ragchains.models.providers import LLMFailure, explain_failure
+from ragchains.models.queue import model_busy
 from ragchains.prompts.registry import PromptRegistry
 from ragchains.retrievers.indexformat import IndexLoadError
 from ragchains.retrievers.pgerrors import StoreError

@@ -12,7 +12,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from opentelemetry import trace
 from starlette.routing import Match
 
-from ragchains.llms import LLMFailure
+from ragchains.models.providers import LLMFailure
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import ErrorMiddleware, Scope, error_body, send_json

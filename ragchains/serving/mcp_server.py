@@ -40,11 +40,11 @@ from starlette.requests import Request
 
 from ragchains import __version__
 from ragchains.chains.answer import Citation
-from ragchains.chains.modelqueue import Ticket
 from ragchains.chains.options import problem_text
 from ragchains.chains.retrieve import Source, to_source
 from ragchains.factory import Service, filterable_fields
-from ragchains.llms import LLMFailure
+from ragchains.models.providers import LLMFailure
+from ragchains.models.queue import Ticket
 from ragchains.observability.tracing import REQUEST_CONTEXT, StageSpans, app_tracer
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.filters import OPERATORS

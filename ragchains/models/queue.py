@@ -9,10 +9,11 @@ its first answer token first, and the queue's order is the order of arrival.
 
 Arrival order alone does not make first tokens come in order: while an earlier request is
 still retrieving (after a re-query, say) and calls no model, a free slot would serve a later
-request's answer. So a call that starts an answer (its ``FIRST_TOKEN`` option set) gets a
-slot only while the free slots leave one for every earlier request admitted here and still
-open that has not had its own answer call granted (the *answer gate*): with one slot, after
-them all; with slots to spare, at once. Other calls take any free slot in order.
+request's answer. So a call that starts an answer (``first_token``: the answer stage's model
+run, ``ragchains.models.queued``) gets a slot only while the free slots leave one for every
+earlier request admitted here and still open that has not had its own answer call granted (the
+*answer gate*): with one slot, after them all; with slots to spare, at once. Other calls take
+any free slot in order.
 
 A request is a ``Ticket`` in a context variable (``request_ticket``): asyncio tasks and
 LangChain's runs (its executor threads copy the context) see the one their request
@@ -28,13 +29,13 @@ ahead, spread over the slots, at the recent time per request, a batch's per inpu
 refuses it at once with ``ModelBusy`` when the estimate is over the bound: a server answers
 that with 503 and Retry-After before any stream starts.
 
-The queue belongs with the model (``TakesTurns``): whoever composes the model in process
-gets the same order and bounds as the server, sync calls (``invoke`` and ``batch`` in
-threads, the command line) and async ones alike. A call holds its slot only while it runs,
-in a producer of its own (``chains.modelrelay``), never across a ``yield`` its reader might
-not resume. A request ends (``Ticket.close``: answered, or its client gone) and its calls
-end with it: one waiting leaves the queue, one running is stopped, a new one does not start
-(``RequestEnded``).
+The queue belongs with the model (``QueuedChatModel``, ``ragchains.models.queued``): whoever
+composes the model in process gets the same order and bounds as the server, sync calls
+(``invoke`` and ``batch`` in threads, the command line) and async ones alike. A call holds its
+slot only while it runs, in a producer of its own (``ragchains.models.relay``), never across a
+``yield`` its reader might not resume. A request ends (``Ticket.close``: answered, or its
+client gone) and its calls end with it: one waiting leaves the queue, one running is stopped,
+a new one does not start (``RequestEnded``).
 """
 
 from __future__ import annotations
@@ -47,35 +48,14 @@ import math
 import statistics
 import threading
 import time
-import weakref
 from collections import deque
-from collections.abc import (
-    AsyncGenerator,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Iterable,
-    Iterator,
-)
-from concurrent.futures import Executor, ThreadPoolExecutor
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, TypeVar, cast
+from typing import Any
 
-from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models.chat_models import BaseChatModel
-from langchain_core.messages import BaseMessage
-from langchain_core.outputs import ChatGenerationChunk, ChatResult
-from pydantic import Field
 
-from ragchains.chains.modelrelay import Handoff, produce_in_task, produce_in_thread
-
-T = TypeVar("T")
-
-# The call option of a model call that starts an answer (``LLM.answering`` binds it on the
-# models that take turns): it waits at the answer gate. An option, not a run tag: LangChain's
-# astream hands _astream no run manager to read tags from.
-FIRST_TOKEN = "ragchains_first_token"
 # How many recent waits (per call, per request) the queue keeps for its status.
 RECENT = 200
 # Weight of the newest sample in the running means of service time.
@@ -573,238 +553,6 @@ def _rounded(value: float | None) -> float | None:
 def _resolve(future: asyncio.Future[None]) -> None:
     if not future.done():
         future.set_result(None)
-
-
-# ----------------------------------------------------------------------------- models
-class TakesTurns(BaseChatModel):
-    """A chat model whose calls take turns in its ``queue`` (a mixin: put it before the
-    model's class, ``class Mine(TakesTurns, SomeChatModel)``, a model that streams:
-    implements ``_stream`` or ``_astream``). Sync and async calls alike wait in it, in order,
-    within their request's bound. A call with the ``FIRST_TOKEN`` option waits at the answer
-    gate too; the option never reaches the model's own code.
-
-    Each call, once its turn comes, is run by a producer that holds the turn until the call
-    ends (``chains.modelrelay``): a task for a model with an async path of its own (an
-    upstream server: cancelling it closes the connection), else a thread of ``_producers``
-    (``_in_producer`` wraps its work there: the embedded model's way to be interrupted). The
-    caller reads the chunks; when it goes, or its request ends, the call is stopped. The
-    wait comes before the call: a deadline the model sets on its call starts with its turn.
-    """
-
-    queue: ModelQueue = Field(default_factory=ModelQueue, exclude=True)
-    # Whether the model below implements LangChain's async hooks itself (else: its sync ones
-    # run in a producer thread, never LangChain's default of a sync stream advanced from
-    # executor threads, which nobody closes when its reader goes).
-    _async_stream: ClassVar[bool] = False
-    _async_generate: ClassVar[bool] = False
-    _producer_pools: ClassVar[weakref.WeakKeyDictionary[ModelQueue, ThreadPoolExecutor]] = (
-        weakref.WeakKeyDictionary()
-    )
-    _pools_lock: ClassVar[threading.Lock] = threading.Lock()
-
-    @classmethod
-    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
-        super().__pydantic_init_subclass__(**kwargs)
-        below = [
-            c for c in cls.__mro__[cls.__mro__.index(TakesTurns) + 1 :] if c is not BaseChatModel
-        ]
-        # Overriding _stream tells LangChain the model streams: one that does not would fail
-        # in stream and astream (the default _astream runs the missing _stream) instead of
-        # answering in one piece.
-        if not any("_stream" in vars(c) or "_astream" in vars(c) for c in below):
-            raise TypeError(
-                f"{cls.__name__}: TakesTurns queues a model that streams; its model "
-                "implements neither _stream nor _astream"
-            )
-        cls._async_stream = any("_astream" in vars(c) for c in below)
-        cls._async_generate = any("_agenerate" in vars(c) for c in below)
-
-    # ------------------------------------------------------------------ where calls run
-    def _producers(self) -> Executor:
-        """The threads that run the calls of a model without an async path (one each per
-        slot of its queue, made as needed; a model with one context has its own)."""
-        with TakesTurns._pools_lock:
-            pool = TakesTurns._producer_pools.get(self.queue)
-            if pool is None:
-                pool = ThreadPoolExecutor(self.queue.slots, thread_name_prefix="model-call")
-                TakesTurns._producer_pools[self.queue] = pool
-            return pool
-
-    def _in_producer(self, work: Iterator[Any], handoff: Handoff[Any]) -> Iterator[Any]:
-        """``work`` as the producer thread runs it (a model may wrap it to be interrupted
-        when ``handoff`` is stopped)."""
-        return work
-
-    def _call_options(self, kwargs: dict[str, Any]) -> dict[str, Any]:
-        """A call's options as the model below takes them (the ``FIRST_TOKEN`` option gone)."""
-        return kwargs
-
-    # ------------------------------------------------------------------ LangChain's hooks
-    def _generate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
-        kwargs = self._call_options(kwargs)
-        below = super()._generate  # type: ignore[safe-super]  # a mixin: the model's own
-        if _PRODUCING.get():  # LangChain's own path within a call that has its turn
-            return below(messages, stop, run_manager, **kwargs)
-        work = _producing(lambda: iter([below(messages, stop, run_manager, **kwargs)]))
-        return _only(self._in_thread(work, self.queue.acquire_blocking(first_token=first_token)))
-
-    def _stream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: CallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> Iterator[ChatGenerationChunk]:
-        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
-        kwargs = self._call_options(kwargs)
-        below = super()._stream
-        if _PRODUCING.get():
-            yield from below(messages, stop, run_manager, **kwargs)
-            return
-        work = _producing(lambda: below(messages, stop, run_manager, **kwargs))
-        chunks = self._in_thread(work, self.queue.acquire_blocking(first_token=first_token))
-        try:
-            yield from chunks
-        finally:
-            chunks.stop()  # the reader has gone (its generator closed) or read all
-
-    async def _agenerate(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> ChatResult:
-        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
-        kwargs = self._call_options(kwargs)
-        if _PRODUCING.get():
-            return await super()._agenerate(messages, stop, run_manager, **kwargs)
-        reader: Handoff[ChatResult]
-        if self._async_generate:
-            call = super()._agenerate
-
-            async def produce(handoff: Handoff[ChatResult]) -> None:
-                _PRODUCING.set(True)
-                async with self.queue.turn(first_token=first_token):
-                    handoff.put(await call(messages, stop, run_manager, **kwargs))
-
-            reader = self._in_task(produce)
-        else:
-            below = super()._generate  # type: ignore[safe-super]
-            manager = run_manager.get_sync() if run_manager else None  # for its sync hook
-            work = _producing(lambda: iter([below(messages, stop, manager, **kwargs)]))
-            hold = await self.queue.acquire(first_token=first_token)
-            reader = self._in_thread(work, hold, asynchronous=True)
-        return _only([result async for result in reader])
-
-    async def _astream(
-        self,
-        messages: list[BaseMessage],
-        stop: list[str] | None = None,
-        run_manager: AsyncCallbackManagerForLLMRun | None = None,
-        **kwargs: Any,
-    ) -> AsyncIterator[ChatGenerationChunk]:
-        first_token = bool(kwargs.pop(FIRST_TOKEN, False))
-        kwargs = self._call_options(kwargs)
-        if _PRODUCING.get():
-            async for chunk in super()._astream(messages, stop, run_manager, **kwargs):
-                yield chunk
-            return
-        reader: Handoff[ChatGenerationChunk]
-        if self._async_stream:
-            call = super()._astream
-
-            async def produce(handoff: Handoff[ChatGenerationChunk]) -> None:
-                _PRODUCING.set(True)
-                # The model's stream is closed when the task is cancelled: an upstream's
-                # connection with it.
-                async with (
-                    self.queue.turn(first_token=first_token),
-                    contextlib.aclosing(
-                        cast(AsyncGenerator[Any, None], call(messages, stop, run_manager, **kwargs))
-                    ) as chunks,
-                ):
-                    async for chunk in chunks:
-                        if not handoff.put(chunk):
-                            return
-
-            reader = self._in_task(produce)
-        else:
-            below = super()._stream
-            manager = run_manager.get_sync() if run_manager else None  # for its sync hook
-            work = _producing(lambda: below(messages, stop, manager, **kwargs))
-            hold = await self.queue.acquire(first_token=first_token)
-            reader = self._in_thread(work, hold, asynchronous=True)
-        try:
-            async for chunk in reader:
-                yield chunk
-        finally:
-            reader.stop()  # the reader has gone (cancelled, closed) or has read all
-
-    # ------------------------------------------------------------------ producers
-    def _in_thread(
-        self, work: Iterator[T], hold: _Hold, *, asynchronous: bool = False
-    ) -> Handoff[T]:
-        """The chunks of ``work`` run in a producer thread that holds ``hold`` until it ends;
-        for a reader here (``for``) or, ``asynchronous``, on this event loop (``async for``)."""
-        loop = asyncio.get_running_loop() if asynchronous else None
-        handoff: Handoff[T] = Handoff(loop)
-        untie = _stopped_with_request(handoff)
-
-        def ended() -> None:
-            untie()
-            self.queue.release(hold)
-
-        produce_in_thread(
-            self._producers(), self._in_producer(work, handoff), handoff, on_end=ended
-        )
-        return handoff
-
-    def _in_task(self, produce: Callable[[Handoff[T]], Awaitable[None]]) -> Handoff[T]:
-        """The chunks ``produce`` hands over from a task of its own (which takes the turn)."""
-        handoff: Handoff[T] = Handoff(asyncio.get_running_loop())
-        untie = _stopped_with_request(handoff)
-        produce_in_task(produce, handoff).add_done_callback(lambda _: untie())
-        return handoff
-
-
-# Set in a producer's context: the hooks LangChain calls from within a call that has its turn
-# (its default async hooks run the sync ones) take no second turn.
-_PRODUCING: ContextVar[bool] = ContextVar("ragchains_model_producing", default=False)
-
-
-def _producing(make: Callable[[], Iterator[T]]) -> Iterator[T]:
-    """``make()``'s items, made in the producer (the call starts there, not here), marked as
-    a call that has its turn."""
-    _PRODUCING.set(True)  # in the producer thread's copy of the caller's context
-    yield from make()
-
-
-def _stopped_with_request(handoff: Handoff[Any]) -> Callable[[], None]:
-    """Stop ``handoff``'s producer when the current request ends; what unties the two."""
-    ticket = current_ticket()
-    if ticket is None:
-        return _nothing
-    return ticket.on_close(lambda: handoff.stop(RequestEnded()))
-
-
-def _only(items: Iterable[T]) -> T:
-    (item,) = items
-    return item
-
-
-def takes_turns(model: Any) -> bool:
-    """Whether every chat model in ``model`` (a binding, a model with fallbacks) takes turns:
-    only then may a call carry the ``FIRST_TOKEN`` option."""
-    models = list(_chat_models(model))
-    return bool(models) and all(isinstance(m, TakesTurns) for m in models)
 
 
 def _chat_models(model: Any) -> Iterator[BaseChatModel]:
