@@ -27,7 +27,7 @@ VENDOR_STAMP := $(VENDOR)/.installed
 # npm wherever it is installed; where it is not, Debian's (with Node.js), through apt.
 NPM := $(shell command -v npm || echo /usr/bin/npm)
 
-.PHONY: setup quickstart test test-long lint format bench clean
+.PHONY: setup quickstart test test-long eval lint format bench clean
 
 setup: $(TESSERACT) $(STAMP) $(VENDOR_STAMP)
 
@@ -83,12 +83,17 @@ $(CHROMIUM):
 # process); most tests wait on a server, a browser or a subprocess, so two workers on two
 # cores take 9.5 minutes where one took 16.
 test: setup $(CHROMIUM) $(IPROUTE)
-	$(BIN)/pytest -n auto --dist loadfile --durations=25 -m "not long"
+	$(BIN)/pytest -n auto --dist loadfile --durations=25 -m "not long and not eval"
 
 # The tests marked long: full-strength runs of what the suite checks with a representative
 # (a client leaving at ten points of each route rather than once mid-answer: about 10 minutes).
 test-long: setup $(CHROMIUM) $(IPROUTE)
 	$(BIN)/pytest -n auto --dist loadfile --durations=10 -m long
+
+# Evaluation runs kept out of the suite (each has a representative there): whole question
+# sets asked of a real model through the served routes, with the suite's assertions.
+eval: setup
+	$(BIN)/pytest -n auto --dist loadfile --durations=10 -m eval
 
 # mypy cannot follow the editable install's import hook (package-dir maps ragchains.chains to
 # chains/, ...): scripts/typecheck.py runs it on links laid out as the wheel is.

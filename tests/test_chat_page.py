@@ -206,6 +206,17 @@ def export(db: Path) -> list[dict[str, Any]]:
 
 @pytest.fixture(params=VIEWPORTS, ids=viewport_id)
 def size(request: pytest.FixtureRequest) -> tuple[int, int]:
+    """Each viewport: for what the page lays out (the answer, its sources, the panel)."""
+    return tuple(request.param)  # type: ignore[return-value]
+
+
+@pytest.fixture(
+    params=[VIEWPORTS[0], *(pytest.param(v, marks=pytest.mark.long) for v in VIEWPORTS[1:])],
+    ids=viewport_id,
+)
+def behaviour_size(request: pytest.FixtureRequest) -> tuple[int, int]:
+    """For what the page does whatever its width (the history sent, the domain's prompts, an
+    error, Stop, a vote): the narrowest viewport in the suite, the others in make test-long."""
     return tuple(request.param)  # type: ignore[return-value]
 
 
@@ -285,9 +296,9 @@ def test_screenshot_for_the_readme(
 
 
 def test_follow_up_in_chat_mode_uses_the_history(
-    url: str, opened: Callable[..., ChatPage], size: tuple[int, int]
+    url: str, opened: Callable[..., ChatPage], behaviour_size: tuple[int, int]
 ) -> None:
-    chat = opened(url, size)
+    chat = opened(url, behaviour_size)
     page = chat.page
     chat.use(mode="Chat", domain="default")
     first = chat.wait_done(chat.ask(ANSWERABLE))
@@ -312,9 +323,9 @@ def test_follow_up_in_chat_mode_uses_the_history(
 
 
 def test_switching_domain_changes_the_prompt_versions(
-    url: str, opened: Callable[..., ChatPage], size: tuple[int, int]
+    url: str, opened: Callable[..., ChatPage], behaviour_size: tuple[int, int]
 ) -> None:
-    chat = opened(url, size)
+    chat = opened(url, behaviour_size)
     chat.use(mode="Ask", domain="default")
     first = chat.ask(ANSWERABLE)
     chat.wait_done(first)
@@ -346,15 +357,15 @@ def test_an_unanswerable_question_shows_the_abstention(
 
 
 def test_thumbs_down_with_a_comment_reaches_the_feedback_store(
-    page_server: tuple[str, Path], opened: Callable[..., ChatPage], size: tuple[int, int]
+    page_server: tuple[str, Path], opened: Callable[..., ChatPage], behaviour_size: tuple[int, int]
 ) -> None:
     base, store = page_server
-    chat = opened(base, size)
+    chat = opened(base, behaviour_size)
     chat.use(mode="Ask", domain="default")
     turn = chat.ask(ANSWERABLE)
     answer = chat.wait_done(turn)
     run_id = fact(chat.thoughts(turn), "Run id")
-    comment = f"wrong number of days ({viewport_id(size)})"
+    comment = f"wrong number of days ({viewport_id(behaviour_size)})"
     feedback = answer.get_by_role("group", name="Feedback")
     feedback.get_by_role("button", name="Bad answer").click()
     feedback.get_by_label("Feedback comment").fill(comment)
@@ -376,9 +387,9 @@ def test_a_failing_model_shows_its_error_and_the_next_question_works(
     openai_server: str,
     upstream: FakeOpenAI,
     opened: Callable[..., ChatPage],
-    size: tuple[int, int],
+    behaviour_size: tuple[int, int],
 ) -> None:
-    chat = opened(openai_server, size)
+    chat = opened(openai_server, behaviour_size)
     chat.use(mode="Ask")
     upstream.behave_as = "broken"
     try:
@@ -401,11 +412,11 @@ def test_stop_cancels_a_long_answer(
     openai_server: str,
     upstream: FakeOpenAI,
     opened: Callable[..., ChatPage],
-    size: tuple[int, int],
+    behaviour_size: tuple[int, int],
 ) -> None:
     """The upstream writes a word every 0.2 s for a minute; Stop ends the answer in the page
     and, through the server, the model's stream."""
-    chat = opened(openai_server, size)
+    chat = opened(openai_server, behaviour_size)
     page = chat.page
     chat.use(mode="Ask")
     dropped = upstream.dropped_streams

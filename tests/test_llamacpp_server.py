@@ -88,34 +88,52 @@ def test_ask_quotes_the_sources_through_the_servers_grammar(served: str) -> None
     grounded_or_marked(out)
 
 
-def test_every_answer_over_the_chat_set_cites_or_is_marked(served: str, tmp_path: Path) -> None:
-    """`ragchains eval answers` over the committed chat set (8 conversations over samples/),
-    asked of the served /chat route in the free style (the quote style cites by
-    construction): every answer cites a source or says it does not (uncited, abstained),
-    and no searched query invents a number or a name."""
+CHAT_SET = REPO / "evaluation/qa/samples-chat.jsonl"
+
+
+def every_answer_cites_or_is_marked(served: str, dataset: Path, out: Path) -> list[dict]:
+    """`ragchains eval answers` over ``dataset``, asked of the served /chat route in the free
+    style (the quote style cites by construction): every answer cites a source or says it
+    does not (uncited, abstained), and no searched query invents a number or a name. The
+    rows, one per turn."""
     style = "free"
-    config = tmp_path / "chat.yaml"
+    config = out / "chat.yaml"
     config.write_text(
         yaml.safe_dump(
-            {
-                "dataset": str(REPO / "evaluation/qa/samples-chat.jsonl"),
-                "target": {"url": f"{served}/chat", "answer_style": style},
-            }
+            {"dataset": str(dataset), "target": {"url": f"{served}/chat", "answer_style": style}}
         )
     )
     done = subprocess.run(
-        [str(RAGCHAINS), "eval", "answers", "--config", str(config), "--out", str(tmp_path / "run"),
+        [str(RAGCHAINS), "eval", "answers", "--config", str(config), "--out", str(out / "run"),
          "--quiet"],
         cwd=REPO, env=user_env(), capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    metrics = json.loads((tmp_path / "run" / "summary.json").read_text())["metrics"]
+    metrics = json.loads((out / "run" / "summary.json").read_text())["metrics"]
     assert metrics["errors"] == 0
     assert metrics["unmarked_uncited"] == 0 and metrics["invented_terms"] == 0, metrics
-    rows = [
-        json.loads(line) for line in (tmp_path / "run" / "items.jsonl").read_text().splitlines()
-    ]
-    assert len(rows) == 21 and all(r["answer_style"] == style for r in rows)
+    rows = [json.loads(line) for line in (out / "run" / "items.jsonl").read_text().splitlines()]
+    assert all(r["answer_style"] == style for r in rows)
+    return rows
+
+
+@pytest.mark.eval
+def test_every_answer_over_the_chat_set_cites_or_is_marked(served: str, tmp_path: Path) -> None:
+    """The committed chat set (8 conversations over samples/, 21 turns): an evaluation run
+    (about 5 minutes on 2 cores), in `make eval`; the suite runs two conversations."""
+    rows = every_answer_cites_or_is_marked(served, CHAT_SET, tmp_path)
+    assert len(rows) == 21
+
+
+def test_two_conversations_of_the_chat_set_cite_or_are_marked(served: str, tmp_path: Path) -> None:
+    """The chat set's representative in the suite: its first two conversations (a follow-up
+    that needs the history; a question the documents do not answer, then one they do)."""
+    turns = [json.loads(line) for line in CHAT_SET.read_text().splitlines()]
+    kept = list(dict.fromkeys(t["conversation"] for t in turns))[:2]
+    subset = tmp_path / "two-conversations.jsonl"
+    subset.write_text("".join(json.dumps(t) + "\n" for t in turns if t["conversation"] in kept))
+    rows = every_answer_cites_or_is_marked(served, subset, tmp_path)
+    assert len(rows) == sum(t["conversation"] in kept for t in turns) >= 4
 
 
 def test_chat_follow_up_searches_the_conversations_words(served: str) -> None:
