@@ -147,11 +147,18 @@ class RunFollower(BaseCallbackHandler):
 @dataclass
 class _Timed:
     """A turn being timed: when it started, its stages' seconds so far (those that ended),
-    and the stages still running (run id -> name and start)."""
+    the stages still running (run id -> name and start), and when the last stage ended."""
 
     started: float
     took: dict[str, float] = field(default_factory=dict)
     running: dict[UUID, tuple[str, float]] = field(default_factory=dict)
+    last_end: float = 0.0
+
+    def since(self, started: float) -> float:
+        """When a stage that started at ``started`` began its work: streamed, every stage of
+        a sequence starts with the stream, then waits for the stage before it; its time is
+        counted from the later of its start and the last stage's end."""
+        return max(started, self.last_end)
 
 
 class StageClock(RunFollower):
@@ -195,7 +202,8 @@ class StageClock(RunFollower):
             elif StageTracker.is_stage(run_id, run) and (turn := self._turns.get(run.top)):
                 stage, started = turn.running.pop(run_id, ("", now))
                 if stage:
-                    turn.took[stage] = turn.took.get(stage, 0.0) + now - started
+                    turn.took[stage] = turn.took.get(stage, 0.0) + now - turn.since(started)
+                    turn.last_end = now
 
     def timings(self, run_id: UUID) -> dict[str, float]:
         """The seconds of each stage of the turn ``run_id`` is in, and ``total``; empty for
@@ -208,7 +216,7 @@ class StageClock(RunFollower):
                 return {}
             took = dict(turn.took)
             for stage, started in turn.running.values():
-                took[stage] = took.get(stage, 0.0) + now - started
+                took[stage] = took.get(stage, 0.0) + max(now - turn.since(started), 0.0)
             total = now - turn.started
         seconds = {stage: round(took[stage], 4) for stage in STAGES if stage in took}
         return {**seconds, "total": round(total, 4)}

@@ -14,7 +14,7 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
-from langchain_core.runnables import Runnable
+from langchain_core.runnables import Runnable, RunnableBinding
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -390,7 +390,9 @@ def served_routes(
     return {
         name: Route(
             name,
-            service.chains[name].with_config(callbacks=list(observers)),
+            # A binding of its own: with_config on the chain's binding would replace the
+            # callbacks the chain carries (its StageClock) instead of adding to them.
+            RunnableBinding(bound=service.chains[name], config={"callbacks": list(observers)}),
             requests[name],
             service.prompts,
         )
