@@ -22,7 +22,7 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ragchains.serving.errors import error_body, send_json
+from ragchains.serving.errors import refuse
 
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 # How deep a JSON body may nest: requests nest a few levels (a filter in a list in the
@@ -54,8 +54,7 @@ class BodyLimits:
         limit = self.max_bytes(scope["path"])
         length = dict(scope["headers"]).get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > limit):
-            body = error_body(scope["path"], 413, too_large(limit))
-            await send_json(send, 413, body)
+            await refuse(scope, send, 413, too_large(limit))
             return
         await self.app(scope, _bounded(receive, limit, self.timeout), send)
 
@@ -251,7 +250,7 @@ class JsonOnly:
             return
         content_type = dict(scope["headers"]).get(b"content-type")
         if content_type is not None and not is_json_type(content_type.decode("latin-1")):
-            await self._refuse(scope, send, 415, NOT_JSON)
+            await refuse(scope, send, 415, NOT_JSON)
             return
         chunks: list[bytes] = []
         try:
@@ -263,14 +262,14 @@ class JsonOnly:
                 if not message.get("more_body"):
                     break
         except HTTPException as exc:  # BodyLimits: too large or too slow
-            await self._refuse(scope, send, exc.status_code, str(exc.detail), exc.headers)
+            await refuse(scope, send, exc.status_code, str(exc.detail), **(exc.headers or {}))
             return
         body = b"".join(chunks)
         problem = check_json_bytes(body) if body else None
         if body and content_type is None:
             problem = NOT_JSON
         if problem is not None:
-            await self._refuse(scope, send, 415 if problem == NOT_JSON else 400, problem)
+            await refuse(scope, send, 415 if problem == NOT_JSON else 400, problem)
             return
         replay = [{"type": "http.request", "body": body, "more_body": False}]
 
@@ -278,9 +277,3 @@ class JsonOnly:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, replayed, send)
-
-    @staticmethod
-    async def _refuse(
-        scope: Scope, send: Send, status: int, reason: str, headers: Any = None
-    ) -> None:
-        await send_json(send, status, error_body(scope["path"], status, reason), **(headers or {}))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 from fastapi import FastAPI, Request
@@ -108,6 +108,13 @@ async def send_json(send: Callable[[Message], Any], status: int, body: Any, **he
     raw += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+async def refuse(
+    scope: Mapping[str, Any], send: Any, status: int, reason: str, **headers: str
+) -> None:
+    """Answer the request with ``status`` and ``reason`` before any route sees it."""
+    await send_json(send, status, error_body(scope["path"], status, reason), **headers)
 
 
 class ErrorMiddleware:

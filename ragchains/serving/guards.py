@@ -15,7 +15,7 @@ from starlette.routing import Match
 from ragchains.models.providers import LLMFailure
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
-from ragchains.serving.errors import ErrorMiddleware, Scope, error_body, send_json
+from ragchains.serving.errors import ErrorMiddleware, Scope, refuse
 from ragchains.serving.keys import KeyRing
 from ragchains.settings import Settings
 
@@ -149,11 +149,6 @@ def method_not_allowed(scope: Scope) -> bool:
 
 
 GENERATION_ATTRIBUTE = "ragchains.index.generation"
-
-
-async def refuse(scope: Scope, send: Any, status: int, reason: str, **headers: str) -> None:
-    """Answer the request with ``status`` and ``reason`` before any route sees it."""
-    await send_json(send, status, error_body(scope["path"], status, reason), **headers)
 
 
 class GenerationMiddleware:
