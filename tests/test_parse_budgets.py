@@ -4,6 +4,7 @@ Through ``ragchains ingest`` as a user runs it, its processes' memory watched.""
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 import subprocess
@@ -83,16 +84,25 @@ def test_a_worker_killed_mid_parse_fails_only_its_file(tmp_path: Path) -> None:
     killed: list[int] = []
 
     def kill_the_ocr_worker() -> None:
-        # The worker parsing the scan is the one with a tesseract child.
+        # The worker parsing the scan is the one with a tesseract child, forked by this
+        # run's forkserver: other tests on the other pytest worker may run tesseract too,
+        # and their processes may end while we look at them.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline and not killed:
             for process in psutil.process_iter(["name", "ppid"]):
-                if process.info["name"] == "tesseract":
+                if process.info["name"] != "tesseract":
+                    continue
+                try:
                     with_ocr = psutil.Process(process.info["ppid"])
-                    if "forkserver" in " ".join(with_ocr.parent().cmdline()):
+                    ancestors = with_ocr.parents()
+                    ours = any(a.pid == os.getpid() for a in ancestors)
+                    forked = bool(ancestors) and "forkserver" in " ".join(ancestors[0].cmdline())
+                    if ours and forked:
                         with_ocr.send_signal(signal.SIGKILL)
                         killed.append(with_ocr.pid)
                         return
+                except psutil.Error:
+                    continue
             time.sleep(0.02)
 
     killer = threading.Thread(target=kill_the_ocr_worker)
