@@ -76,10 +76,17 @@ class SentenceTransformerCrossEncoder(BaseCrossEncoder):
 
     def load(self) -> None:
         if self._model is None:
-            from sentence_transformers import CrossEncoder
-
             local = Path(self.name).expanduser()
             source = str(local) if local.exists() else self.name
+            if not local.exists() and not _in_hub_cache(self.name):
+                # Said before importing sentence-transformers (seconds, with torch): a
+                # machine without reranker weights starts that much sooner.
+                raise OSError(
+                    f"no weights for {self.name!r} are installed: it is neither a folder nor "
+                    "in the Hugging Face cache, and nothing is downloaded at run time"
+                )
+            from sentence_transformers import CrossEncoder
+
             # local_files_only: a hub id must already be in the cache; never download.
             self._model = CrossEncoder(source, device=self.device, local_files_only=True)
 
@@ -91,6 +98,16 @@ class SentenceTransformerCrossEncoder(BaseCrossEncoder):
             text_pairs, batch_size=self.batch_size, show_progress_bar=False, convert_to_numpy=True
         )
         return np.asarray(scores, dtype=np.float64).reshape(len(text_pairs), -1)[:, 0].tolist()
+
+
+def _in_hub_cache(model_id: str) -> bool:
+    """Whether the Hugging Face cache holds ``model_id``'s config (its weights beside it)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(model_id, "config.json"), str)
+    except ValueError:  # not a valid repository id
+        return False
 
 
 def passage_windows(text: str, words: int, stride: int) -> list[str]:
