@@ -49,14 +49,10 @@ def configure_runtime(settings: Settings) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    # Read by huggingface_hub and by transformers when it is imported (if it is: importing it
+    # here to call its setters would cost every process 0.4 s).
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers comes with sentence-transformers
-        pass
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     for name in ("sentence_transformers", "faiss"):
         logging.getLogger(name).setLevel(logging.WARNING)
 

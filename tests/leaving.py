@@ -35,6 +35,9 @@ POINT_COUNTS = [
     pytest.param(1, id="mid-answer"),
     pytest.param(POINTS, id=f"{POINTS}-points", marks=pytest.mark.long),
 ]
+# The routes the suite cuts mid-answer: LangServe's stream (chat) and /v1's; ask streams
+# through the same LangServe handler as chat, and is cut with ``make test-long``.
+SUITE_ROUTES = ("chat", "v1")
 SEED = 39
 IDLE_WITHIN = 1.0  # seconds from the disconnect to an idle queue
 ALLOWANCE = 3.0  # the question after a cut, against its usual wait for a first token

@@ -157,7 +157,15 @@ def test_rewrites_score_the_real_rewrite_chain(work: Path) -> None:
 
 
 def test_answers_in_process_with_and_without_a_judge(work: Path, sample_index: Path) -> None:
-    dataset = FIXTURES / "eval" / "qa.jsonl"
+    # One answerable question and one the documents do not answer: each judged three ways.
+    dataset = work / "qa.jsonl"
+    dataset.write_text(
+        "".join(
+            line + "\n"
+            for line in (FIXTURES / "eval" / "qa.jsonl").read_text().splitlines()
+            if json.loads(line)["id"] in ("pto", "worldcup")
+        )
+    )
     config = work / "answers.yaml"
     config.write_text(
         f"dataset: {dataset}\ntarget: {{index: {sample_index}, mode: ask, domain: hr}}\n"

@@ -4,12 +4,12 @@
 For chat, ask and ``/v1/chat/completions``, all streamed, a client disconnects at points
 spread over a turn (seeded, one in each equal part of the turn's own time: rewrite,
 retrieval, the answer's prompt and its tokens; ten with ``make test-long``; the suite cuts
-once, halfway through the answer); after each, ``/readyz`` shows the queue idle within a
-second and a normal question answers in full, its first token within three times its
-usual wait (measured just before and just after). The playground, whole chat and /v1
-replies and MCP's ask are each cut once. In the chat page: reader A presses Stop
-mid-answer, reader B in another browser context gets a cited answer, then A asks again and
-gets one.
+chat and /v1 once, halfway through the answer, and ask with ``make test-long``); after each,
+``/readyz`` shows the queue idle within a second and a normal question answers in full, its
+first token within three times its usual wait (measured just before and just after). The
+playground, whole chat and /v1 replies and MCP's ask are each cut once. In the chat page:
+reader A presses Stop mid-answer, reader B in another browser context gets a cited answer,
+then A asks again and gets one.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from tests.leaving import (
     QUESTION,
     ROUTES,
     SEED,
+    SUITE_ROUTES,
     Route,
     assert_freed,
     leave_at_every_point,
@@ -53,8 +54,24 @@ def embedded(sample_index: Path) -> Iterator[str]:
         yield base
 
 
-@pytest.mark.parametrize("points", POINT_COUNTS)
-@pytest.mark.parametrize("route", ROUTES, ids=[r.name for r in ROUTES])
+def _cuts() -> list[Any]:
+    """Each route at each count of points; the long ones (see SUITE_ROUTES) for test-long."""
+    return [
+        pytest.param(
+            route,
+            points.values[0],
+            id=f"{route.name}-{points.id}",
+            marks=[
+                *points.marks,
+                *([] if route.name in SUITE_ROUTES else [pytest.mark.long]),
+            ],
+        )
+        for points in POINT_COUNTS
+        for route in ROUTES
+    ]
+
+
+@pytest.mark.parametrize(("route", "points"), _cuts())
 def test_a_client_that_leaves_at_any_point_frees_the_embedded_model_at_once(
     embedded: str, route: Route, points: int
 ) -> None:
