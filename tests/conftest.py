@@ -25,6 +25,38 @@ SHARED = REPO.parent / "shared"
 CONFIG_ONLY_CROSS_ENCODER = SHARED / "models" / "ms-marco-MiniLM-L-6-v2-config-only"
 
 
+# The files that take longest (minutes of a suite run on 2 cores), slowest first. xdist hands
+# out one file at a time, in collection order (--no-loadscope-reorder, in pyproject.toml):
+# started first, none of them is left running alone at the end while the other core idles.
+SLOWEST_FIRST = (
+    "test_leaving.py",
+    "test_llamacpp_server.py",
+    "test_cli.py",
+    "test_passage_viewer.py",
+    "test_eval_cli.py",
+    "test_server.py",
+    "test_chat_page.py",
+    "test_openapi_fuzz.py",
+    "test_embedder_backends.py",
+    "test_model_queue_served.py",
+    "test_leaving_upstream.py",
+    "test_office.py",
+    "test_hostile_input.py",
+    "test_compose.py",
+    "test_serve_live.py",
+    "test_mcp.py",
+    "test_odd_documents.py",
+    "test_postgres_http.py",
+    "test_postgres.py",
+    "test_playground.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: n for n, name in enumerate(SLOWEST_FIRST)}
+    items[:] = sorted(items, key=lambda item: rank.get(item.path.name, len(rank)))  # stable
+
+
 def sources(docs: list[Any]) -> set[str]:
     """The source names of retrieved documents."""
     return {str(d.metadata.get("source", "")) for d in docs}

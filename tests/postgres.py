@@ -140,6 +140,9 @@ class LocalPostgres:
                 "-X",
                 "stream",
                 "--no-sync",
+                # An immediate checkpoint: the default (spread) paces it over most of
+                # checkpoint_timeout, a minute or more of waiting on a nearly idle server.
+                "--checkpoint=fast",
             ),
             check=True,
             capture_output=True,

@@ -33,6 +33,12 @@ from tests.servers import FakeOpenAI
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
 VIEWPORTS = [(480, 800), (600, 1024), (768, 1024), (992, 1024), (1024, 768)]
+# The layout's sizes in the suite: the narrowest of each layout (one column below 992 px,
+# two from there; app.css) and the shortest window; the others in make test-long.
+SUITE_VIEWPORTS = [(480, 800), (992, 1024), (1024, 768)]
+LAYOUT_SIZES = [
+    v if v in SUITE_VIEWPORTS else pytest.param(v, marks=pytest.mark.long) for v in VIEWPORTS
+]
 # Two chunks of the benefit-plans section pass the similarity default (0.50), so a turn has
 # a cited source and a retrieved, uncited one.
 ANSWERABLE = "What does the standard health plan cost the employee per month?"
@@ -204,7 +210,7 @@ def export(db: Path) -> list[dict[str, Any]]:
     return records
 
 
-@pytest.fixture(params=VIEWPORTS, ids=viewport_id)
+@pytest.fixture(params=LAYOUT_SIZES, ids=viewport_id)
 def size(request: pytest.FixtureRequest) -> tuple[int, int]:
     """Each viewport: for what the page lays out (the answer, its sources, the panel)."""
     return tuple(request.param)  # type: ignore[return-value]

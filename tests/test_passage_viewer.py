@@ -22,7 +22,7 @@ from PIL import Image
 from ragchains.serving.keys import add_key
 from tests.browser import WatchedPage, open_page
 from tests.servers import REPO, ragchains_serve
-from tests.test_chat_page import VIEWPORTS, viewport_id
+from tests.test_chat_page import LAYOUT_SIZES, viewport_id
 from tests.test_cli import run
 from tests.test_ocr import DPI, draw_page
 
@@ -91,7 +91,7 @@ def base(index: Path, keys: dict[str, str]) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture(params=VIEWPORTS, ids=viewport_id)
+@pytest.fixture(params=LAYOUT_SIZES, ids=viewport_id)
 def size(request: pytest.FixtureRequest) -> tuple[int, int]:
     return tuple(request.param)  # type: ignore[return-value]
 
