@@ -41,6 +41,7 @@ from ragchains.factory import Service, build_service, configure_runtime, filtera
 from ragchains.feedback import FeedbackStore, feedback_path
 from ragchains.ingest.parsing import BudgetedCalls, ParseBudget
 from ragchains.models.providers import LLMFailure
+from ragchains.models.queue import with_ticket
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
 from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -48,9 +49,11 @@ from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.admission import (
     MODEL_ROUTES,
-    ModelTickets,
+    Ticketed,
     end_model_work,
     langserve_admission,
+    model_ticket,
+    request_ticket_of,
 )
 from ragchains.serving.bodies import MALFORMED, BodyLimits, JsonBody, JsonOnly
 from ragchains.serving.collection import collection_router
@@ -137,28 +140,29 @@ def create_app(
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
     completion = completion_request(limits)
-    app.include_router(openai_router(service, routes["chat"], completion))
-    _add_langserve_routes(app, routes, limits, service.llm)
+    # Each request that calls the model holds a ticket for its queue from when its body has
+    # arrived and passed its checks (a slow sender does not jump the queue) to its last byte.
+    ticket = Depends(model_ticket(settings.model_queue_wait))
+    app.include_router(openai_router(service, routes["chat"], completion, ticket))
+    _add_langserve_routes(app, routes, limits, service.llm, ticket)
     app.include_router(probes_router(service, health, limits))
     app.include_router(feedback_router(feedback_store, on_vote=metrics.feedback))
     app.include_router(metrics_router(metrics))
     app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
-    app.router.routes.append(routing.Route("/mcp", JsonOnly(mcp), include_in_schema=False))
+    mcp_app = JsonOnly(Ticketed(mcp, settings.model_queue_wait))
+    app.router.routes.append(routing.Route("/mcp", mcp_app, include_in_schema=False))
     add_page(app, ROUTES)
-    # Innermost: each request's ticket for the model's queue, from the arrival of its whole
-    # body (a slow sender does not jump the queue) to its last byte.
-    app.add_middleware(ModelTickets, max_wait=settings.model_queue_wait)
-    # Each body's bytes counted and timed as its route reads them (routes check what the
-    # bytes say: json_body).
+    # Innermost: each body's bytes counted and timed as its route reads them (routes check
+    # what the bytes say: json_body).
     app.add_middleware(
         BodyLimits,
         max_bytes=lambda path: settings.max_request_bytes,
         timeout=settings.body_timeout,
     )
-    # Around it: a request whose client goes ends there, its ticket (and the model's work for
-    # it) with it.
+    # Around it: a request whose client goes ends there, its ticket (model_ticket: the
+    # model's work for it) with it.
     app.add_middleware(
         CancelOnDisconnect, watched=_ends_with_its_client, on_departure=end_model_work
     )
@@ -271,7 +275,9 @@ def _lifespan(
 # add_routes, not APIHandler with routes of our own: see _add_langserve_routes.
 
 
-def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits, llm: LLM) -> None:
+def _add_langserve_routes(
+    app: FastAPI, routes: dict[str, Route], limits: Limits, llm: LLM, ticket: Any
+) -> None:
     """Each chain at /<name>: invoke, batch, stream, stream_log, stream_events, the input,
     output and config schemas, the playground, and the playground's share links.
 
@@ -285,9 +291,12 @@ def _add_langserve_routes(app: FastAPI, routes: dict[str, Route], limits: Limits
     handlers that give the OpenAPI document its request bodies) would be copied here.
     """
     for name, route in routes.items():
-        # After the body's checks: a run that calls the model is first checked in to the
-        # model's queue (503 + Retry-After while a stream can still answer with a status).
-        admission = [Depends(langserve_admission(route, llm))] if name in MODEL_ROUTES else []
+        # After the body's checks: a run that calls the model takes its ticket, and is
+        # checked in to the model's queue (503 + Retry-After while a stream can still
+        # answer with a status).
+        admission = (
+            [ticket, Depends(langserve_admission(route, llm))] if name in MODEL_ROUTES else []
+        )
         add_routes(
             app,
             _served(route),
@@ -356,7 +365,8 @@ def _config_check(route: Route) -> Any:
             configurable = route.resolve(config.get("configurable") or {})
         else:
             configurable = pending.pop(0)
-        config = {**config, "configurable": configurable}
+        # The request's ticket for the model's queue (model_ticket), for the run's model calls.
+        config = {**config, "configurable": with_ticket(configurable, request_ticket_of(request))}
         # The playground's page is the referrer of the runs it asks for, through stream_log
         # (the only endpoint that reads the mark: elsewhere it would reach events' metadata).
         playground = urlsplit(request.headers.get("referer", "")).path.endswith("/playground/")

@@ -15,10 +15,13 @@ earlier request admitted here and still open that has not had its own answer cal
 *answer gate*): with one slot, after them all; with slots to spare, at once. Other calls take
 any free slot in order.
 
-A request is a ``Ticket`` in a context variable (``request_ticket``): asyncio tasks and
-LangChain's runs (its executor threads copy the context) see the one their request
-opened. A call made outside any request is a request of its own, arriving as it is made,
-with no bound and no gate.
+A request is a ``Ticket``, which a run carries in its ``RunnableConfig`` (``configurable``
+under ``TICKET_KEY``; LangChain hands a run's configurable down to every run below it, the
+model's included): the HTTP routes put their request's there. A caller with no config to
+give (a test, a tool call outside any route) opens one in a context variable instead
+(``request_ticket``): asyncio tasks and LangChain's runs (its executor threads copy the
+context) see it. A call made outside any request is a request of its own, arriving as it is
+made, with no bound and no gate.
 
 A ticket's ``max_wait`` bounds the time its request spends waiting for the model: the wall
 time during which at least one of its calls waits (a batch's calls wait side by side, and
@@ -55,6 +58,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.language_models.chat_models import BaseChatModel
+from langchain_core.runnables import ensure_config
 
 # How many recent waits (per call, per request) the queue keeps for its status.
 RECENT = 200
@@ -172,8 +176,20 @@ def request_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
         ticket.close()
 
 
+# Where a run's config carries its request's ticket: configurable[TICKET_KEY].
+TICKET_KEY = "__ragchains_ticket"
+
+
+def with_ticket(configurable: dict[str, Any], ticket: Ticket | None) -> dict[str, Any]:
+    """``configurable`` carrying ``ticket`` (unchanged for None)."""
+    return configurable if ticket is None else {**configurable, TICKET_KEY: ticket}
+
+
 def current_ticket() -> Ticket | None:
-    return REQUEST.get()
+    """The ticket of the request the current run serves: its config's, else the context's
+    (``request_ticket``), else None (a request of its own)."""
+    ticket = (ensure_config().get("configurable") or {}).get(TICKET_KEY)
+    return ticket if isinstance(ticket, Ticket) else REQUEST.get()
 
 
 def _nothing() -> None:

@@ -1,20 +1,22 @@
 """Admission to the chat model's queue (``ragchains.models.queue``), for the HTTP routes.
 
-Each request gets a ticket as it arrives (``ModelTickets``): its arrival orders its model
-calls, and ``model_queue_wait`` bounds how long they may wait in all. A route that calls the
-model checks its request in before any work (``admit``), so a request that would wait too
-long is answered 503 with Retry-After while it still can be: LangServe's stream endpoints
-send their 200 before the chain's first output. One that is admitted and outwaits its bound
-all the same fails with ``ModelBusy``, which ``serving.errors`` answers with 503 too (in a
-stream already started: its error event).
+Each request to a route that calls the model gets a ticket once its body has arrived and
+passed the route's checks (``model_ticket``, a FastAPI dependency after those checks): its
+arrival orders its model calls, and ``model_queue_wait`` bounds how long they may wait in
+all. A route that calls the model checks its request in before any work (``admit``), so a
+request that would wait too long is answered 503 with Retry-After while it still can be:
+LangServe's stream endpoints send their 200 before the chain's first output. One that is
+admitted and outwaits its bound all the same fails with ``ModelBusy``, which
+``serving.errors`` answers with 503 too (in a stream already started: its error event).
 
 Model-calling routes: /chat, /ask and /rewrite (each of their POST endpoints), /v1/chat/
-completions and MCP's ``ask`` tool. /retrieve calls no model.
+completions and MCP's ``ask`` tool (which takes a ticket per tool call). /retrieve calls no
+model.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -22,7 +24,7 @@ from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
 from ragchains.chains.llm import LLM
-from ragchains.models.queue import REQUEST, ModelBusy, Ticket, first_queue, request_ticket
+from ragchains.models.queue import ModelBusy, Ticket, first_queue
 from ragchains.serving.requests import BODY_KEYS, Route
 
 # Where a request's ticket waits in its state, for work the request hands to tasks that do
@@ -32,9 +34,27 @@ TICKET = "ragchains_model_ticket"
 MODEL_ROUTES = frozenset({"chat", "ask", "rewrite"})
 
 
-class ModelTickets:
-    """ASGI middleware: each HTTP request is a ticket for the model's queues, from its
-    arrival to its response's last byte (a stream's end)."""
+def model_ticket(max_wait: float) -> Callable[[Request], AsyncIterator[Ticket]]:
+    """A dependency of each route that calls the model, after the body's checks: the
+    request's ticket for the model's queues, from then to its response's last byte (FastAPI
+    leaves a dependency's ``yield`` once the response is sent, a stream's end included). In
+    the request's state too, where ``end_model_work`` finds it when the client goes."""
+
+    async def ticket(request: Request) -> AsyncIterator[Ticket]:
+        own = Ticket(max_wait=max_wait)
+        setattr(request.state, TICKET, own)
+        try:
+            yield own
+        finally:
+            own.close()
+
+    return ticket
+
+
+class Ticketed:
+    """An ASGI app whose requests each hold a ticket, in their state, from when they reach
+    it to their last byte: for one FastAPI's dependencies do not reach (MCP's transport,
+    mounted as a plain route; its tool calls take the ticket from there)."""
 
     def __init__(self, app: Any, max_wait: float) -> None:
         self.app = app
@@ -44,9 +64,12 @@ class ModelTickets:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        with request_ticket(self.max_wait) as ticket:
-            scope.setdefault("state", {})[TICKET] = ticket
+        ticket = Ticket(max_wait=self.max_wait)
+        scope.setdefault("state", {})[TICKET] = ticket
+        try:
             await self.app(scope, receive, send)
+        finally:
+            ticket.close()
 
 
 def end_model_work(scope: dict[str, Any]) -> None:
@@ -78,8 +101,9 @@ def busy_reply(exc: ModelBusy) -> HTTPException:
 
 
 def request_ticket_of(request: Request) -> Ticket | None:
+    """The ticket ``model_ticket`` or ``Ticketed`` gave the request, if any."""
     ticket = request.scope.get("state", {}).get(TICKET)
-    return ticket if isinstance(ticket, Ticket) else REQUEST.get()
+    return ticket if isinstance(ticket, Ticket) else None
 
 
 def langserve_admission(route: Route, llm: LLM) -> Any:
@@ -127,18 +151,17 @@ async def _valid_input(request: Request, route: Route) -> bool:
 
 @contextmanager
 def tool_ticket(request: Request | None, max_wait: float) -> Iterator[Ticket]:
-    """The ticket of a tool call, in the context that runs it: the HTTP request's that
-    carried it, or (stdio) one of its own."""
-    ticket = request.scope.get("state", {}).get(TICKET) if request is not None else None
-    if not isinstance(ticket, Ticket):
-        with request_ticket(max_wait) as own:
-            yield own
-        return
-    token = REQUEST.set(ticket)
-    try:
+    """The ticket of a tool call (its run carries it in its config): the HTTP request's that
+    carried it, or (stdio) one of its own, for the call."""
+    ticket = request_ticket_of(request) if request is not None else None
+    if ticket is not None:
         yield ticket
+        return
+    own = Ticket(max_wait=max_wait)
+    try:
+        yield own
     finally:
-        REQUEST.reset(token)
+        own.close()
 
 
 def queue_status(llm: LLM, max_wait: float) -> dict[str, Any] | None:

@@ -44,7 +44,7 @@ from ragchains.chains.options import problem_text
 from ragchains.chains.retrieve import Source, to_source
 from ragchains.factory import Service, filterable_fields
 from ragchains.models.providers import LLMFailure
-from ragchains.models.queue import Ticket
+from ragchains.models.queue import Ticket, with_ticket
 from ragchains.observability.tracing import REQUEST_CONTEXT, StageSpans, app_tracer
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.filters import OPERATORS
@@ -285,7 +285,7 @@ class RagTools:
         # refuses it now when the wait would be too long.
         with tool_ticket(self._request(), self.service.settings.model_queue_wait) as ticket:
             inputs = given.model_dump(exclude={"domain"})
-            output = await self._run(route, inputs, configurable, admit=ticket)
+            output = await self._run(route, inputs, with_ticket(configurable, ticket), admit=ticket)
         sources = [_chunk(Source.model_validate(s)) for s in output.get("sources", [])]
         return AskResult(
             answer=output["answer"],

@@ -23,7 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, ValidationError, 
 
 from ragchains.chains.options import problem_text
 from ragchains.factory import Service
-from ragchains.serving.admission import admit, request_ticket_of
+from ragchains.models.queue import Ticket, with_ticket
+from ragchains.serving.admission import admit
 from ragchains.serving.bodies import MALFORMED, JsonBody
 from ragchains.serving.errors import error_body, failed
 from ragchains.serving.requests import Limits, Route
@@ -127,9 +128,13 @@ def to_chat_input(messages: list[Any]) -> dict[str, Any]:
     return {"question": _words(messages[last].content), "chat_history": history}
 
 
-def openai_router(service: Service, chat: Route, completion: type[BaseModel]) -> APIRouter:
+def openai_router(
+    service: Service, chat: Route, completion: type[BaseModel], ticket: Any
+) -> APIRouter:
     """``chat`` is the chat chain as /chat serves it, with the same checks of the input and
-    of the ``configurable`` choices; ``completion``: the body's model (``completion_request``)."""
+    of the ``configurable`` choices; ``completion``: the body's model (``completion_request``);
+    ``ticket``: the dependency that gives a request its ticket for the model's queue
+    (``admission.model_ticket``)."""
     router = APIRouter(prefix="/v1", tags=["openai"])
 
     @router.get("/models")
@@ -150,7 +155,7 @@ def openai_router(service: Service, chat: Route, completion: type[BaseModel]) ->
         }
 
     @router.post("/chat/completions")
-    async def chat_completions(request: Request, sent: JsonBody) -> Any:
+    async def chat_completions(request: Request, sent: JsonBody, held: Ticket = ticket) -> Any:
         if sent is MALFORMED:
             raise HTTPException(422, "the body is not valid JSON")
         try:
@@ -166,8 +171,8 @@ def openai_router(service: Service, chat: Route, completion: type[BaseModel]) ->
             raise HTTPException(422, _first_problem(exc)) from exc
         except ValueError as exc:
             raise HTTPException(422, str(exc)) from exc
-        config: Any = {"configurable": configurable, "run_name": "chat"}
-        admit(request_ticket_of(request), service.llm)  # 503 now, not in a started stream
+        config: Any = {"configurable": with_ticket(configurable, held), "run_name": "chat"}
+        admit(held, service.llm)  # 503 now, not in a started stream
         reply = _Reply(body.model)
         if not body.stream:
             result = await chat.runnable.ainvoke(turn, config)
