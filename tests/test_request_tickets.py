@@ -64,21 +64,18 @@ def assert_closed(ticket: Ticket) -> None:
     assert ticket.closed
 
 
-@pytest.mark.parametrize("endpoint", ["invoke", "stream"])
-def test_a_langserve_run_carries_its_requests_ticket(
-    sample_server: str, arrivals: list[Arrival], endpoint: str
-) -> None:
-    body = {"input": {"question": QUESTION}}
-    reply = httpx.post(f"{sample_server}/ask/{endpoint}", json=body, timeout=120)
-    assert reply.status_code == 200, reply.text[:300]
-    assert_closed(assert_one_request(arrivals))
+HTTP_RUNS = {  # path -> body: LangServe's whole and streamed runs, /v1's completion
+    "/ask/invoke": {"input": {"question": QUESTION}},
+    "/ask/stream": {"input": {"question": QUESTION}},
+    "/v1/chat/completions": {"model": "hr", "messages": [{"role": "user", "content": QUESTION}]},
+}
 
 
-def test_a_v1_completion_carries_its_requests_ticket(
-    sample_server: str, arrivals: list[Arrival]
+@pytest.mark.parametrize("path", list(HTTP_RUNS))
+def test_an_http_run_carries_its_requests_ticket(
+    sample_server: str, arrivals: list[Arrival], path: str
 ) -> None:
-    body = {"model": "hr", "messages": [{"role": "user", "content": QUESTION}]}
-    reply = httpx.post(f"{sample_server}/v1/chat/completions", json=body, timeout=120)
+    reply = httpx.post(f"{sample_server}{path}", json=HTTP_RUNS[path], timeout=120)
     assert reply.status_code == 200, reply.text[:300]
     assert_closed(assert_one_request(arrivals))
 
