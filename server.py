@@ -60,7 +60,7 @@ from ragchains.serving.collection import collection_router
 from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
-from ragchains.serving.guards import add_guards
+from ragchains.serving.guards import Guarded, Keys, add_guards, request_guard
 from ragchains.serving.keys import KeyRing
 from ragchains.serving.mcp_server import McpEndpoint, RagTools
 from ragchains.serving.openai_api import completion_request, openai_router
@@ -136,7 +136,10 @@ def create_app(
     files_reader = BudgetedCalls(
         ParseBudget(settings.ingest_file_memory_mb, settings.ingest_file_timeout)
     )
-    app = _app(service, settings, mcp, files_reader)
+    keys = Keys.of(settings, keyring)
+    # Every route's first dependency: the key (401), then what the request reads kept to
+    # its groups and to the index generation current when it came.
+    app = _app(service, settings, mcp, files_reader, Depends(request_guard(keys, service.index)))
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
     completion = completion_request(limits)
@@ -151,7 +154,7 @@ def create_app(
     app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
-    mcp_app = JsonOnly(Ticketed(mcp, settings.model_queue_wait))
+    mcp_app = Guarded(JsonOnly(Ticketed(mcp, settings.model_queue_wait)), keys, service.index)
     app.router.routes.append(routing.Route("/mcp", mcp_app, include_in_schema=False))
     add_page(app, ROUTES)
     # Innermost: each body's bytes counted and timed as its route reads them (routes check
@@ -166,7 +169,7 @@ def create_app(
     app.add_middleware(
         CancelOnDisconnect, watched=_ends_with_its_client, on_departure=end_model_work
     )
-    add_guards(app, settings, keyring=keyring, index=service.index, on_llm_failure=on_llm_failure)
+    add_guards(app, settings, on_llm_failure=on_llm_failure)
     # Outermost (Starlette runs the last added first): every request is counted and traced,
     # those refused by the guards too.
     app.add_middleware(RequestMetrics, metrics=metrics)
@@ -218,7 +221,11 @@ def _keyring(settings: Settings, keyring: KeyRing | None) -> KeyRing | None:
 
 
 def _app(
-    service: Service, settings: Settings, mcp: McpEndpoint, files_reader: BudgetedCalls
+    service: Service,
+    settings: Settings,
+    mcp: McpEndpoint,
+    files_reader: BudgetedCalls,
+    guard: Any,
 ) -> FastAPI:
     # The API docs (/docs) from files served here: no CDN, the machine may be offline. (No
     # /redoc: its page loads its logo from Redocly's CDN.)
@@ -228,6 +235,7 @@ def _app(
         version=__version__,
         description="Grounded, cited answers over your own documents.",
         lifespan=_lifespan(service, settings, mcp, files_reader),
+        dependencies=[guard],
     )
     app.state.service = service  # what `ragchains serve` announces (domains, index)
     return app

@@ -500,7 +500,8 @@ def test_a_method_no_route_takes_is_405_not_401_with_a_key_set(
         assert httpx.post(f"{base}/chat/invoke", json={"input": {}}).status_code == 401
         assert httpx.get(f"{base}/chat/playground/").status_code == 401
         assert httpx.request("TRACE", f"{base}/mcp").status_code == 401  # MCP's own methods
-        assert httpx.request("TRACE", f"{base}/nowhere").status_code == 401
+        # No route: nothing a key would open (and /openapi.json, open to all, lists them).
+        assert httpx.request("TRACE", f"{base}/nowhere").status_code == 404
 
 
 def test_a_feedback_store_503_does_not_show_the_servers_file(

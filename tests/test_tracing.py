@@ -290,11 +290,11 @@ def test_api_keys_never_reach_a_span(settings: Settings, service: Service) -> No
     spans = exporter.get_finished_spans()
     assert len([s for s in spans if s.name == "POST /chat/invoke"]) == 2
     assert not [t for t in every_text(spans) if KEY in t]
-    # Refused before routing: no route, so named by its method alone (paths are unbounded).
+    # Refused by the route's first dependency: named by its route template.
     (refused_span,) = [
         s for s in spans if (s.attributes or {}).get("url.path") == "/chat/input_schema"
     ]
-    assert refused_span.name == "GET"
+    assert refused_span.name == "GET /chat/input_schema"
     assert dict(refused_span.attributes or {})["http.response.status_code"] == 401
 
 

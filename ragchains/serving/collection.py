@@ -115,7 +115,7 @@ class FileCounts:
 
     def count(self, groups: frozenset[str] | None) -> tuple[int, dict[str, int]]:
         """Counts for a caller in ``groups``, of the generation this context reads: an index
-        folder's pinned one (``GenerationMiddleware``), or the store's current one. Blocks
+        folder's pinned one (``serving.guards``), or the store's current one. Blocks
         (file records from SQLite or PostgreSQL the first time): call it in a thread that
         carries the request's context."""
         index = self.index

@@ -1,16 +1,18 @@
-"""What runs before a request reaches any route: the API key checked, and the index
-generation the request keeps to."""
+"""What each request is allowed and keeps to: its API key checked (and the groups it reads),
+and the index generation it reads from start to end; and the middleware around every
+route (CORS, the errors' replies)."""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.middleware.cors import CORSMiddleware
 from opentelemetry import trace
-from starlette.routing import Match
+from starlette.datastructures import Headers
 
 from ragchains.models.providers import LLMFailure
 from ragchains.retrievers.access import caller_groups
@@ -21,24 +23,12 @@ from ragchains.settings import Settings
 
 
 def add_guards(
-    app: FastAPI,
-    settings: Settings,
-    *,
-    keyring: KeyRing | None,
-    index: object,
-    on_llm_failure: Callable[[LLMFailure], None],
+    app: FastAPI, settings: Settings, *, on_llm_failure: Callable[[LLMFailure], None]
 ) -> None:
-    """The middleware, outermost first: CORS, the key, the errors' replies, then (an index
-    folder) the generation each request keeps to."""
+    """The middleware, outermost first: CORS, then the errors' replies. (The key and the
+    generation are each request's dependencies: ``request_guard``.)"""
     # Starlette runs the last added first.
-    if isinstance(index, LiveIndex):
-        app.add_middleware(GenerationMiddleware, index=index)
     app.add_middleware(ErrorMiddleware, on_llm_failure=on_llm_failure)
-    if settings.api_key is not None or keyring is not None:
-        api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-        # /metrics needs a key unless the settings open it to a scraper that sends none.
-        opened = frozenset({"/metrics"}) if settings.metrics_public else frozenset()
-        app.add_middleware(ApiKeyMiddleware, api_key=api_key, keyring=keyring, opened=opened)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -52,8 +42,8 @@ def add_guards(
 # page and its files hold no data; the page asks for the key and sends it on each call. The
 # API's document and its page likewise (a browser opening /docs cannot send a key; the page
 # then asks for it): they name the routes and the domains, which /readyz names too.
-# These routes only read (GET, HEAD): any other method reaches them and gets their 405
-# (asking for a key first would answer 401 for a method no key could make work).
+# These routes only read (GET, HEAD); the router answers any other method 405 before a
+# key is asked for (no key would make it work).
 OPEN_PATHS = frozenset(
     {
         "/healthz",
@@ -68,102 +58,108 @@ OPEN_PATHS = frozenset(
 OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs' files
 
 
-# Where ApiKeyMiddleware leaves the caller's groups in the request's state (absent: the caller
-# reads everything).
+# Where the guard leaves the caller's groups in the request's state (None: the caller
+# reads everything), for work the request hands to tasks that do not inherit its context
+# (MCP's tool calls run in the session manager's task group).
 CALLER_GROUPS = "ragchains_caller_groups"
+GENERATION_ATTRIBUTE = "ragchains.index.generation"
+MISSING_KEY = (
+    "missing or wrong API key: send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'"
+)
 
 
-class ApiKeyMiddleware:
+class Keys:
     """Every route but the health checks and the page's files needs a key: ``X-API-Key:
     <key>`` or ``Authorization: Bearer <key>`` (what OpenAI SDKs send). ``api_key`` reads
-    everything; a key of ``keyring`` reads what its groups may, for the whole request."""
+    everything; a key of ``keyring`` reads what its groups may."""
 
     def __init__(
         self,
-        app: Any,
         api_key: str | None,
         keyring: KeyRing | None = None,
         opened: frozenset[str] = frozenset(),
     ) -> None:
-        self.app = app
         self.key = api_key.encode() if api_key is not None else None
         self.keyring = keyring
         self.opened = opened  # paths the settings open, besides OPEN_PATHS
 
-    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if (
-            scope["type"] != "http"
-            or scope["method"] == "OPTIONS"
-            or is_open(scope["method"], scope["path"])
-            or scope["path"] in self.opened
-        ):
-            await self.app(scope, receive, send)
-            return
-        headers = dict(scope["headers"])
-        given = headers.get(b"x-api-key")
-        if given is None:
-            scheme, _, token = headers.get(b"authorization", b"").partition(b" ")
-            given = token.strip() if scheme.lower() == b"bearer" else b""
+    @classmethod
+    def of(cls, settings: Settings, keyring: KeyRing | None) -> Keys | None:
+        """The keys ``settings`` ask for; None when the server is open to all."""
+        if settings.api_key is None and keyring is None:
+            return None
+        api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
+        # /metrics needs a key unless the settings open it to a scraper that sends none.
+        opened = frozenset({"/metrics"}) if settings.metrics_public else frozenset()
+        return cls(api_key, keyring, opened)
+
+    def groups(self, path: str, headers: Headers) -> frozenset[str] | None:
+        """The groups the request's key may read (None: everything); 401 without a key
+        that opens the path."""
+        if is_open(path) or path in self.opened:
+            return None
+        given = headers.get("x-api-key", "").encode("latin-1")
+        if "x-api-key" not in headers:
+            scheme, _, token = headers.get("authorization", "").partition(" ")
+            given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
         if self.key is not None and hmac.compare_digest(given, self.key):
-            await self.app(scope, receive, send)  # reads everything
-            return
+            return None
         principal = self.keyring.find(given) if self.keyring is not None else None
         if principal is None:
-            if method_not_allowed(scope):  # the router's 405: no key would change it
-                await self.app(scope, receive, send)
-                return
-            reason = (
-                "missing or wrong API key: send it as 'X-API-Key: <key>' or "
-                "'Authorization: Bearer <key>'"
-            )
-            await refuse(scope, send, 401, reason, **{"WWW-Authenticate": "Bearer"})
-            return
-        # Also in the request's state, for work the request hands to tasks that do not
-        # inherit its context (MCP's tool calls run in the session manager's task group).
-        scope.setdefault("state", {})[CALLER_GROUPS] = principal.groups
-        with caller_groups(principal.groups):
-            await self.app(scope, receive, send)
+            raise HTTPException(401, MISSING_KEY, headers={"WWW-Authenticate": "Bearer"})
+        return principal.groups
 
 
-def is_open(method: str, path: str) -> bool:
+def is_open(path: str) -> bool:
     """Whether a request needs no key (see OPEN_PATHS); whatever its method, the route
     answers reads only."""
     return path in OPEN_PATHS or path.startswith(OPEN_PREFIXES)
 
 
-def method_not_allowed(scope: Scope) -> bool:
-    """Whether routes answer the request's path but none its method (TRACE, CONNECT, PUT on
-    a route that reads): the router's 405, which no key would change, so asking for one
-    first (401) would only mislead. The path's routes are no secret: /openapi.json, which
-    needs no key, lists them. Only requests without a good key get here."""
-    router = getattr(scope.get("app"), "router", None)  # Starlette puts the app in the scope
-    if router is None:
-        return False
-    partial = False
-    for route in router.routes:
-        match, _ = route.matches(scope)
-        if match is Match.FULL:
-            return False
-        partial = partial or match is Match.PARTIAL
-    return partial
+@contextmanager
+def guarded(index: object, groups: frozenset[str] | None) -> Iterator[None]:
+    """What a request reads, for as long as it runs (the tasks and threads it starts
+    included): what ``groups`` may, of the index generation current now (an index folder's:
+    ingests may commit others meanwhile; see ``retrievers.live``)."""
+    with caller_groups(groups):
+        if not isinstance(index, LiveIndex):
+            yield
+            return
+        with index.pin() as pinned:
+            # On the request's span (a no-op when tracing is off): which generation answered.
+            trace.get_current_span().set_attribute(GENERATION_ATTRIBUTE, pinned.path.name)
+            yield
 
 
-GENERATION_ATTRIBUTE = "ragchains.index.generation"
+def request_guard(keys: Keys | None, index: object) -> Callable[[Request], AsyncIterator[None]]:
+    """A dependency of every route (the app's): the key checked first (401), then
+    ``guarded`` from there to the response's last byte (FastAPI leaves a dependency's
+    ``yield`` once the response is sent, a stream's end included)."""
+
+    async def guard(request: Request) -> AsyncIterator[None]:
+        groups = keys.groups(request.url.path, request.headers) if keys is not None else None
+        setattr(request.state, CALLER_GROUPS, groups)
+        with guarded(index, groups):
+            yield
+
+    return guard
 
 
-class GenerationMiddleware:
-    """Each request keeps to the index generation current when it arrived, to its last
-    streamed byte, while ingests commit new ones (see ``retrievers.live``)."""
+class Guarded:
+    """``request_guard`` for the one route FastAPI's dependencies do not reach (MCP's
+    transport, a plain ASGI route): the same key, the same ``guarded``."""
 
-    def __init__(self, app: Any, index: LiveIndex) -> None:
+    def __init__(self, app: Any, keys: Keys | None, index: object) -> None:
         self.app = app
+        self.keys = keys
         self.index = index
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
+        try:
+            groups = self.keys.groups(scope["path"], Headers(scope=scope)) if self.keys else None
+        except HTTPException as refused:
+            await refuse(scope, send, refused.status_code, refused.detail, **refused.headers or {})
             return
-        with self.index.pin() as pinned:
-            # On the request's span (a no-op when tracing is off): which generation answered.
-            trace.get_current_span().set_attribute(GENERATION_ATTRIBUTE, pinned.path.name)
+        scope.setdefault("state", {})[CALLER_GROUPS] = groups
+        with guarded(self.index, groups):
             await self.app(scope, receive, send)

@@ -8,7 +8,7 @@ schema is the JSON schema of the model its HTTP route checks requests with (``/r
 and ``/ask``'s, plus the ``configurable`` choices it takes: ``k``, ``domain``), and its
 arguments are checked by that same model and by the route's own check of its choices, so a
 bad filter gets the words a 422 gives. Tools run the routes' runnables (limits, observers)
-as the caller may read: over HTTP the API key's groups, which ``ApiKeyMiddleware`` leaves in
+as the caller may read: over HTTP the API key's groups, which ``serving.guards`` leaves in
 the request's state (tool calls run in the session manager's tasks, which do not inherit
 the request's context); over stdio everything, as ``ragchains ask`` reads.
 

@@ -278,7 +278,7 @@ def _amend_operation(
             statuses += MODEL_FAILURES
     if path == "/feedback":
         statuses.append(503)  # the feedback store cannot be written
-    if keyed and not is_open(method, path):
+    if keyed and not is_open(path):
         statuses.append(401)
         operation["security"] = [{"bearer": []}, {"apiKey": []}]
     _declare(responses, statuses, problem)

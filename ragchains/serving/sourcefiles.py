@@ -216,7 +216,7 @@ class _Originals:
         self.index = service.index
 
     def reader(self) -> SearchIndex | PostgresStore:
-        # Read here, in the request's context: the generation GenerationMiddleware pinned.
+        # Read here, in the request's context: the generation its guard pinned (serving.guards).
         index = self.index
         return index.pinned() if isinstance(index, LiveIndex) else index
 
