@@ -128,10 +128,13 @@ def test_auto_follows_the_backend_an_index_was_embedded_with(
         open_index(index, explicit)
 
 
+@pytest.mark.long
 @pytest.mark.skipif(shutil.which("unshare") is None, reason="needs unshare (util-linux)")
 def test_setup_exports_the_model_without_a_network(tmp_path: Path) -> None:
     """`make setup`'s export step, run with no network namespace at all: nothing it needs
-    is downloaded."""
+    is downloaded. With ``make test-long`` (25 s): every set-up runs the export, offline in
+    CI, and the suite checks the export itself in process
+    (test_the_export_is_complete_and_leaves_nothing_behind)."""
     if os.geteuid() != 0:
         pytest.skip("a new network namespace needs root")
     env = {**os.environ, "RAGCHAINS_MODEL_CACHE": str(tmp_path / "cache")}

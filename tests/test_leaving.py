@@ -6,7 +6,7 @@ spread over a turn (seeded, one in each equal part of the turn's own time: rewri
 retrieval, the answer's prompt and its tokens; ten with ``make test-long``; the suite cuts
 chat and /v1 once, halfway through the answer, and ask with ``make test-long``); after each,
 ``/readyz`` shows the queue idle within a second and a normal question answers in full, its
-first token within three times its usual wait (measured just before and just after). The
+first token within three times its usual wait (measured just after). The
 playground, whole chat and /v1 replies and MCP's ask are each cut once. In the chat page:
 reader A presses Stop mid-answer, reader B in another browser context gets a cited answer,
 then A asks again and gets one.

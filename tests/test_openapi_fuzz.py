@@ -56,7 +56,7 @@ expected-statuses = ["400", "401", "403", "404", "405", "406", "409", "413", "41
 # operations: those are then run on their own (``_fuzz``). The suite runs a short budget;
 # ``make test-long`` the soak, which also reaches the rare statuses (a batch's 413).
 BUDGETS = [
-    pytest.param(30, id="30s"),
+    pytest.param(20, id="20s"),
     pytest.param(150, id="150s", marks=pytest.mark.long),
 ]
 
@@ -197,8 +197,8 @@ def test_schemathesis_with_a_key_required(
     workdir = tmp_path_factory.mktemp("schemathesis-keyed")
     with served(sample_index, upstream, workdir, RAGCHAINS_API_KEY=KEY) as base:
         closed = {("POST", "/chat/invoke"), ("POST", "/v1/chat/completions")}
-        _, har = _fuzz(base, workdir, 15, f"X-API-Key: {KEY}", operations=closed)
-        _, refused = _fuzz(base, workdir, 10)
+        _, har = _fuzz(base, workdir, 10, f"X-API-Key: {KEY}", operations=closed)
+        _, refused = _fuzz(base, workdir, 5)
     answered = _answered_per_operation(har)  # closed routes answered with the key sent
     assert answered.get(("POST", "/chat/invoke")) and answered.get(("POST", "/v1/chat/completions"))
     statuses = {e["response"]["status"] for e in refused["log"]["entries"]}
