@@ -178,9 +178,10 @@ def _memory_reason() -> str:
 
 # ----------------------------------------------------------------------------- the run
 def _context() -> Any:
-    """The forkserver, preloading the loaders so each worker starts in milliseconds."""
+    """The forkserver, preloading the loaders so each worker starts in milliseconds (and
+    ``workerstart``, for the workers a closed pool no longer wants)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload([__name__])
+    context.set_forkserver_preload([f"{__package__}.workerstart", __name__])
     return context
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -198,3 +199,33 @@ def test_budgeted_calls_return_or_say_which_budget_a_call_outgrew() -> None:
         assert calls.call(sleep, 0) == 0  # a fresh worker after the one that was ended
     finally:
         calls.close()
+
+
+def _excepthook_name() -> str:
+    import sys
+
+    return str(sys.excepthook.__qualname__)
+
+
+def test_a_worker_a_closed_pool_no_longer_wants_ends_without_a_traceback() -> None:
+    """A pool may fork a worker just as its last file is done; the pool closes, and the
+    worker cannot read what it was sent (its semaphores gone). That once printed a
+    traceback in the middle of a good `ragchains ingest` (2 runs in 48, two files each, on
+    a busy machine). The workers' forkserver preloads ``workerstart``, whose hook says
+    nothing of such a start and passes anything else to Python's."""
+    from ragchains.ingest import workerstart
+    from ragchains.ingest.parsing import _context
+
+    with _context().Pool(1) as pool:
+        assert pool.apply(_excepthook_name) == "_quiet_unwanted_start"
+    said: list[object] = []
+    original = sys.__excepthook__
+    sys.__excepthook__ = lambda *exc: said.append(exc[1])  # type: ignore[assignment]
+    try:
+        gone = FileNotFoundError(2, "No such file or directory")
+        workerstart._quiet_unwanted_start(FileNotFoundError, gone, None)
+        bug = ValueError("a real failure")
+        workerstart._quiet_unwanted_start(ValueError, bug, None)
+    finally:
+        sys.__excepthook__ = original
+    assert said == [bug]
