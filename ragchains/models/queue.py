@@ -164,16 +164,26 @@ REQUEST: ContextVar[Ticket | None] = ContextVar("ragchains_model_request", defau
 
 
 @contextlib.contextmanager
-def request_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
-    """A request starts: the model calls made in this context (and the tasks and LangChain
-    runs it starts) take their turns as this request, by its arrival."""
+def held_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
+    """A request's ticket from now to the end of the block, then closed: the model work
+    still waiting or running for it ends (``Ticket.close``)."""
     ticket = Ticket(max_wait=max_wait)
-    token = REQUEST.set(ticket)
     try:
         yield ticket
     finally:
-        REQUEST.reset(token)
         ticket.close()
+
+
+@contextlib.contextmanager
+def request_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
+    """A request starts: the model calls made in this context (and the tasks and LangChain
+    runs it starts) take their turns as this request, by its arrival."""
+    with held_ticket(max_wait) as ticket:
+        token = REQUEST.set(ticket)
+        try:
+            yield ticket
+        finally:
+            REQUEST.reset(token)
 
 
 # Where a run's config carries its request's ticket: configurable[TICKET_KEY].

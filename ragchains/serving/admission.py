@@ -24,7 +24,7 @@ from fastapi import HTTPException, Request
 from pydantic import ValidationError
 
 from ragchains.chains.llm import LLM
-from ragchains.models.queue import ModelBusy, Ticket, first_queue
+from ragchains.models.queue import ModelBusy, Ticket, first_queue, held_ticket
 from ragchains.serving.requests import BODY_KEYS, Route
 
 # Where a request's ticket waits in its state, for work the request hands to tasks that do
@@ -41,12 +41,9 @@ def model_ticket(max_wait: float) -> Callable[[Request], AsyncIterator[Ticket]]:
     the request's state too, where ``end_model_work`` finds it when the client goes."""
 
     async def ticket(request: Request) -> AsyncIterator[Ticket]:
-        own = Ticket(max_wait=max_wait)
-        setattr(request.state, TICKET, own)
-        try:
+        with held_ticket(max_wait) as own:
+            setattr(request.state, TICKET, own)
             yield own
-        finally:
-            own.close()
 
     return ticket
 
@@ -64,12 +61,9 @@ class Ticketed:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        ticket = Ticket(max_wait=self.max_wait)
-        scope.setdefault("state", {})[TICKET] = ticket
-        try:
+        with held_ticket(self.max_wait) as ticket:
+            scope.setdefault("state", {})[TICKET] = ticket
             await self.app(scope, receive, send)
-        finally:
-            ticket.close()
 
 
 def end_model_work(scope: dict[str, Any]) -> None:
@@ -157,11 +151,8 @@ def tool_ticket(request: Request | None, max_wait: float) -> Iterator[Ticket]:
     if ticket is not None:
         yield ticket
         return
-    own = Ticket(max_wait=max_wait)
-    try:
+    with held_ticket(max_wait) as own:
         yield own
-    finally:
-        own.close()
 
 
 def queue_status(llm: LLM, max_wait: float) -> dict[str, Any] | None:
