@@ -122,10 +122,20 @@ def assert_refused_before_streaming(stream: Stream) -> None:
     assert "busy" in json.loads(stream.body)["detail"]
 
 
-def assert_admitted_in_arrival_order(streams: list[Stream]) -> list[Stream]:
+def assert_admitted_in_arrival_order(
+    streams: list[Stream], *, last_may_outwait: bool = False
+) -> list[Stream]:
+    """The admitted streams complete (no error event, none cut short), their first tokens
+    in arrival order. ``last_may_outwait``: the last admitted may instead end with the busy
+    error event (503 with its retry_after), as an admitted request that outwaits its bound
+    does: admission estimates the wait from the turns before, and a machine that slows down
+    meanwhile (the other test worker's load) makes it longer."""
     admitted = [s for s in streams if s.status == 200]
+    if last_may_outwait and admitted and "error" in admitted[-1].events:
+        error = json.loads(admitted[-1].body)
+        assert error["status_code"] == 503 and error["retry_after"] >= 1, admitted[-1].body
+        admitted = admitted[:-1]
     for stream in admitted:
-        # Complete: no error event, no stream cut short.
         assert stream.ended and "error" not in stream.events, (stream.n, stream.body)
         assert stream.first_token is not None, stream.n
     firsts = [s.first_token for s in admitted]
@@ -156,7 +166,7 @@ def test_overflowing_streams_on_the_embedded_model_are_refused_before_streaming(
         assert queue["max_wait_s"] == limit and queue["slots"] == 1
         streams, readings, _ = asyncio.run(staggered(base, 6))
         after = httpx.get(f"{base}/readyz").json()["llm"]["queue"]
-    admitted = assert_admitted_in_arrival_order(streams)
+    admitted = assert_admitted_in_arrival_order(streams, last_may_outwait=True)
     refused = [s for s in streams if s.status != 200]
     assert len(admitted) >= 2 and refused, [(s.n, s.status) for s in streams]
     # The first come are the first served: all refusals come after the first two arrivals.
