@@ -137,7 +137,7 @@ def request_guard(keys: Keys | None, index: object) -> Callable[[Request], Async
     ``yield`` once the response is sent, a stream's end included)."""
 
     async def guard(request: Request) -> AsyncIterator[None]:
-        groups = keys.groups(request.url.path, request.headers) if keys is not None else None
+        groups = keys.groups(request.scope["path"], request.headers) if keys is not None else None
         setattr(request.state, CALLER_GROUPS, groups)
         with guarded(index, groups):
             yield
