@@ -29,9 +29,9 @@ from ragchains.models.queue import (
     current_ticket,
     model_busy,
     model_queues,
-    request_ticket,
 )
 from ragchains.models.queued import QueuedChatModel
+from tests.tickets import request_ticket
 
 GUARD = 30.0  # seconds: only a regression comes near it
 

@@ -21,14 +21,13 @@ from langchain_core.outputs import ChatGenerationChunk
 
 from ragchains.models.embedded import ChatLlamaCpp, queued_llama
 from ragchains.models.queue import (
-    REQUEST,
     ModelBusy,
     ModelQueue,
     RequestEnded,
     Ticket,
-    request_ticket,
 )
 from ragchains.serving.departures import CLIENT_GONE, CancelOnDisconnect
+from tests.tickets import as_request, request_ticket
 
 GUARD = 60.0  # seconds: only a regression (a hang) comes near it
 TOKENS = 400
@@ -126,10 +125,9 @@ def test_a_request_that_ends_stops_its_calls_waiting_and_running() -> None:
                 seen.append(str(chunk.content))
 
         ticket = Ticket()
-        token = REQUEST.set(ticket)  # the tasks started now are the request's
-        running = asyncio.create_task(orphan())
-        waiting = asyncio.create_task(model.ainvoke("second"))
-        REQUEST.reset(token)
+        with as_request(ticket):  # the tasks started now are the request's
+            running = asyncio.create_task(orphan())
+            waiting = asyncio.create_task(model.ainvoke("second"))
         while model.queue.status()["waiting"] < 1:
             await asyncio.sleep(0.01)
         ticket.close()
@@ -137,12 +135,8 @@ def test_a_request_that_ends_stops_its_calls_waiting_and_running() -> None:
             await asyncio.wait_for(running, GUARD)
         with pytest.raises(RequestEnded):
             await asyncio.wait_for(waiting, GUARD)
-        token = REQUEST.set(ticket)
-        try:
-            with pytest.raises(RequestEnded):
-                await model.ainvoke("after")
-        finally:
-            REQUEST.reset(token)
+        with as_request(ticket), pytest.raises(RequestEnded):
+            await model.ainvoke("after")
         return seen, model.queue.status()
 
     seen, status = asyncio.run(run())
@@ -160,8 +154,7 @@ def test_sync_callers_take_turns_by_arrival_within_their_bound() -> None:
     order: list[str] = []
 
     def caller(name: str, ticket: Ticket) -> None:
-        REQUEST.set(ticket)  # in this thread's own context
-        with queue.held():
+        with as_request(ticket), queue.held():  # in this thread's own context
             order.append(name)
 
     late = threading.Thread(target=caller, args=("second", second))

@@ -17,7 +17,7 @@ import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-from ragchains.models.queue import REQUEST, ModelQueue, Ticket
+from ragchains.models.queue import ModelQueue, Ticket
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +27,6 @@ QUESTION = "How many vacation days do employees get?"
 @dataclass
 class Arrival:
     ticket: Ticket | None
-    from_context: bool  # whether the context variable held it (it must not, over HTTP)
     at: float
 
 
@@ -38,7 +37,7 @@ def arrivals(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[Arrival]]:
     real = ModelQueue._arrive
 
     def watched(self: ModelQueue, ticket: Ticket | None, *args: Any, **kwargs: Any) -> Any:
-        seen.append(Arrival(ticket, REQUEST.get() is not None, time.monotonic()))
+        seen.append(Arrival(ticket, time.monotonic()))
         return real(self, ticket, *args, **kwargs)
 
     monkeypatch.setattr(ModelQueue, "_arrive", watched)
@@ -50,7 +49,6 @@ def assert_one_request(arrivals: list[Arrival]) -> Ticket:
     assert arrivals, "no model call"
     tickets = {id(a.ticket) for a in arrivals}
     assert None not in [a.ticket for a in arrivals] and len(tickets) == 1, arrivals
-    assert not any(a.from_context for a in arrivals), arrivals
     ticket = arrivals[0].ticket
     assert ticket is not None
     return ticket

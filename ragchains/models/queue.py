@@ -17,11 +17,9 @@ any free slot in order.
 
 A request is a ``Ticket``, which a run carries in its ``RunnableConfig`` (``configurable``
 under ``TICKET_KEY``; LangChain hands a run's configurable down to every run below it, the
-model's included): the HTTP routes put their request's there. A caller with no config to
-give (a test, a tool call outside any route) opens one in a context variable instead
-(``request_ticket``): asyncio tasks and LangChain's runs (its executor threads copy the
-context) see it. A call made outside any request is a request of its own, arriving as it is
-made, with no bound and no gate.
+model's included): the HTTP routes and MCP's tools put their request's there
+(``with_ticket``). A call made outside any request is a request of its own, arriving as it
+is made, with no bound and no gate.
 
 A ticket's ``max_wait`` bounds the time its request spends waiting for the model: the wall
 time during which at least one of its calls waits (a batch's calls wait side by side, and
@@ -53,7 +51,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -160,9 +157,6 @@ class Ticket:
             queue.finished(self)
 
 
-REQUEST: ContextVar[Ticket | None] = ContextVar("ragchains_model_request", default=None)
-
-
 @contextlib.contextmanager
 def held_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
     """A request's ticket from now to the end of the block, then closed: the model work
@@ -172,18 +166,6 @@ def held_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
         yield ticket
     finally:
         ticket.close()
-
-
-@contextlib.contextmanager
-def request_ticket(max_wait: float | None = None) -> Iterator[Ticket]:
-    """A request starts: the model calls made in this context (and the tasks and LangChain
-    runs it starts) take their turns as this request, by its arrival."""
-    with held_ticket(max_wait) as ticket:
-        token = REQUEST.set(ticket)
-        try:
-            yield ticket
-        finally:
-            REQUEST.reset(token)
 
 
 # Where a run's config carries its request's ticket: configurable[TICKET_KEY].
@@ -196,10 +178,10 @@ def with_ticket(configurable: dict[str, Any], ticket: Ticket | None) -> dict[str
 
 
 def current_ticket() -> Ticket | None:
-    """The ticket of the request the current run serves: its config's, else the context's
-    (``request_ticket``), else None (a request of its own)."""
+    """The ticket of the request the current run serves (its config's), else None (a
+    request of its own)."""
     ticket = (ensure_config().get("configurable") or {}).get(TICKET_KEY)
-    return ticket if isinstance(ticket, Ticket) else REQUEST.get()
+    return ticket if isinstance(ticket, Ticket) else None
 
 
 def _nothing() -> None:
