@@ -44,6 +44,7 @@ from ragchains.models.providers import LLMFailure
 from ragchains.models.queue import with_ticket
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
 from ragchains.observability.tracing import RequestSpans, StageSpans, app_tracer
+from ragchains.prompts.live import LiveRegistry
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
@@ -178,7 +179,7 @@ def create_app(
     app.openapi = truthful_openapi(  # type: ignore[method-assign]
         app,
         chat_request=completion,
-        domains=service.prompts.domains,
+        prompts=service.prompts,
         keyed=settings.api_key is not None or keyring is not None,
         routes=routes,
         limits=limits,
@@ -265,9 +266,14 @@ def _lifespan(
         # generation, a store's new fields and groups' fields.
         if isinstance(service.index, LiveIndex | PostgresStore):
             service.index.watch()
+        # A team's domains folder: its edits are served as they are saved.
+        if isinstance(service.prompts, LiveRegistry):
+            service.prompts.watch()
         async with mcp.running():
             yield
         gc.unfreeze()
+        if isinstance(service.prompts, LiveRegistry):
+            await asyncio.to_thread(service.prompts.close)
         await asyncio.to_thread(files_reader.close)
         if isinstance(service.index, PostgresStore):
             await service.index.aclose()

@@ -29,6 +29,7 @@ from pydantic import (
     Field,
     PrivateAttr,
     ValidationError,
+    WithJsonSchema,
     create_model,
 )
 
@@ -39,6 +40,7 @@ from ragchains.prompts.registry import (
     PromptRegistry,
     PromptSelectionError,
 )
+from ragchains.retrievers.scope import DocumentScope
 
 MAX_K = 200
 LATEST = "latest"
@@ -119,6 +121,9 @@ class Options(BaseModel):
     thresholds: dict[str, float] = Field(
         default_factory=dict, description="the domain's compressor cut per scorer kind"
     )
+    scope: DocumentScope = Field(
+        default_factory=DocumentScope, description="the documents the domain answers from"
+    )
     prompts: dict[str, str] = Field(default_factory=dict, description="prompt refs by name")
     k: int | None = None
     threshold: float | None = Field(None, description="the request's own; None: not set")
@@ -143,6 +148,7 @@ class Options(BaseModel):
             multi_query=domain.multi_query,
             range_fields=domain.range_fields,
             thresholds=domain.thresholds,
+            scope=domain.scope,
             prompts={name: prompt.ref for name, prompt in prompts.items()},
             k=k,
             threshold=threshold,
@@ -155,14 +161,24 @@ class Options(BaseModel):
         return self._prompts[name]
 
 
+def choice_of(choices: Sequence[str]) -> Any:
+    """The type of a choice among ``choices`` that are the prompt registry's now: text, whose
+    JSON Schema lists them (what LangServe's playground and ``/config_schema`` offer, read
+    again on each request). Not a ``Literal``: LangServe checks a request against the bare
+    type it saw when its routes were added, so a domain or version added since (a team's
+    folder followed live) would be refused; ``Choices.resolve`` checks the name itself."""
+    return Annotated[str, WithJsonSchema({"type": "string", "enum": list(choices)})]
+
+
 class _Specs:
-    """The domain and version specs of one registry, built once and shared by its chains."""
+    """The domain and version specs of one load of a registry, built once and shared by its
+    chains."""
 
     def __init__(self, registry: PromptRegistry) -> None:
         domains = tuple(sorted(registry.domains))
         self.domain = ConfigurableFieldSpec(
             id=DOMAIN_KEY,
-            annotation=Literal[domains],  # type: ignore[valid-type]
+            annotation=choice_of(domains),
             default=DEFAULT_DOMAIN,
             name="Domain",
             description="which domain's prompt files answer: " + ", ".join(domains),
@@ -172,12 +188,11 @@ class _Specs:
             numbers = sorted(
                 {v for d in registry.domains.values() for v in d.prompts.get(name, {})}
             )
-            choices = (LATEST, *(f"v{n}" for n in numbers))
             self.versions[name] = ConfigurableFieldSpec(
                 id=version_key(name),
                 # Plain strings ("v2"), no validator: LangServe rebuilds the config model
                 # from bare annotations, so a validator would work in-process only.
-                annotation=Literal[choices],  # type: ignore[valid-type]
+                annotation=choice_of((LATEST, *(f"v{n}" for n in numbers))),
                 default=LATEST,
                 name=f"{name.replace('_', ' ').capitalize()} prompt version",
                 description=f"version of the {name} prompt; {LATEST} = the domain's newest",
@@ -188,9 +203,11 @@ _SPECS: weakref.WeakKeyDictionary[PromptRegistry, _Specs] = weakref.WeakKeyDicti
 
 
 def _specs(registry: PromptRegistry) -> _Specs:
-    if registry not in _SPECS:
-        _SPECS[registry] = _Specs(registry)
-    return _SPECS[registry]
+    """The specs of the registry's current load (a live registry's changes with its folder)."""
+    loaded = registry.current()
+    if loaded not in _SPECS:
+        _SPECS[loaded] = _Specs(loaded)
+    return _SPECS[loaded]
 
 
 ANSWER_STYLE_SPEC = ConfigurableFieldSpec(
@@ -259,11 +276,13 @@ class Choices:
             raise ValueError(f"the prompt registry has no prompt named {', '.join(unknown)}")
         self._k = k
         self._threshold = threshold
-        self._built: tuple[list[ConfigurableFieldSpec], type[BaseModel]] | None = None
+        # The specs and their model, of one load of the registry: built again when a live
+        # registry has loaded its folder again.
+        self._built: tuple[_Specs, list[ConfigurableFieldSpec], type[BaseModel]] | None = None
 
     def _build(self) -> tuple[list[ConfigurableFieldSpec], type[BaseModel]]:
-        if self._built is None:
-            shared = _specs(self.registry)
+        shared = _specs(self.registry)
+        if self._built is None or self._built[0] is not shared:
             specs = [shared.domain, *(shared.versions[name] for name in self.prompt_names)]
             if "answer" in self.prompt_names:
                 specs.append(ANSWER_STYLE_SPEC)
@@ -276,8 +295,8 @@ class Choices:
                 __config__=ConfigDict(extra="ignore"),
                 **{spec.id: (spec.annotation, spec.default) for spec in specs},
             )
-            self._built = specs, model
-        return self._built
+            self._built = shared, specs, model
+        return self._built[1], self._built[2]
 
     @property
     def specs(self) -> list[ConfigurableFieldSpec]:
@@ -286,6 +305,7 @@ class Choices:
     def resolve(self, configurable: Mapping[str, Any] | None) -> Options:
         """The chosen domain, prompts, k and threshold; PromptSelectionError for a domain or
         version that does not exist, OptionsError for any other bad value."""
+        registry = self.registry.current()  # one load for the whole resolution
         model = self._build()[1]
         given = dict(configurable or {})
         if "prompt_version" in given:
@@ -301,15 +321,13 @@ class Choices:
         try:
             chosen = model.model_validate(given)
         except ValidationError as exc:
-            raise _as_options_error(self.registry, exc) from None
+            raise _as_options_error(registry, exc) from None
         values = chosen.model_dump()
-        domain = self.registry.domain(values.get(DOMAIN_KEY))
+        domain = registry.domain(values.get(DOMAIN_KEY))
         prompts = {}
         for name in self.prompt_names:
             version = values[version_key(name)]
-            prompts[name] = self.registry.get(
-                domain.name, name, None if version == LATEST else version
-            )
+            prompts[name] = registry.get(domain.name, name, None if version == LATEST else version)
         # A threshold the request does not set stays None, so that the domain's (or else the
         # compressor's own) applies. LangServe fills every declared key with its default, so
         # the compressor's default counts as not set too.
@@ -374,7 +392,9 @@ def explain_choice(registry: PromptRegistry, key: str, value: Any) -> str | None
 
 
 def _spec_choices(spec: ConfigurableFieldSpec) -> tuple[str, ...]:
-    return tuple(spec.annotation.__args__)
+    """The choices a spec made by ``choice_of`` lists."""
+    schema = next(m for m in spec.annotation.__metadata__ if isinstance(m, WithJsonSchema))
+    return tuple((schema.json_schema or {}).get("enum", ()))
 
 
 def _as_options_error(registry: PromptRegistry, exc: ValidationError) -> ValueError:

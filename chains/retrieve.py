@@ -46,6 +46,7 @@ from ragchains.retrievers.filters import MAX_FILTERS, LiveFields, MetadataFilter
 from ragchains.retrievers.formats import format_names
 from ragchains.retrievers.hybrid import reciprocal_rank_fusion
 from ragchains.retrievers.location import Location, location_of
+from ragchains.retrievers.scope import EVERY_DOCUMENT, DocumentScope
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +136,7 @@ def search_keywords(retriever: Any) -> frozenset[str]:
     if not isinstance(retriever, BaseRetriever):
         return frozenset()
     params = inspect.signature(retriever._get_relevant_documents).parameters
-    return frozenset(name for name in ("k", "filters") if name in params)
+    return frozenset(name for name in ("k", "filters", "scope") if name in params)
 
 
 def default_k(retriever: Any) -> int | None:
@@ -190,13 +191,23 @@ class Searcher:
         self.keywords = search_keywords(retriever)
 
     def _kwargs(
-        self, filters: Sequence[MetadataFilter], k: int | None
+        self, filters: Sequence[MetadataFilter], k: int | None, scope: DocumentScope
     ) -> tuple[dict[str, Any], list[str]]:
-        """What the retriever takes of ``filters`` and ``k``, and a note for what it does not."""
+        """What the retriever takes of ``filters``, ``k`` and the domain's ``scope``, and a
+        note for what it does not."""
         kwargs: dict[str, Any] = {}
         notes: list[str] = []
         if k is not None and "k" in self.keywords:
             kwargs["k"] = k
+        if not scope.everything:
+            if "scope" in self.keywords:
+                kwargs["scope"] = scope
+            else:
+                notes.append(
+                    "the retriever takes no document scope; searched every document, not "
+                    f"only the domain's ({scope.describe()})"
+                )
+                log.warning("domain scope not applied (retriever takes none): %s", scope.key)
         if filters:
             if "filters" in self.keywords:
                 kwargs["filters"] = list(filters)
@@ -213,11 +224,12 @@ class Searcher:
         filters: Sequence[MetadataFilter] = (),
         alternatives: Sequence[str] = (),
         k: int | None = None,
+        scope: DocumentScope = EVERY_DOCUMENT,
     ) -> Call:
         """The search as one call: the query and each alternative through the retriever's
-        ``batch`` (async callers: ``abatch``, every phrasing at once), with the ``k`` and
-        filters it takes, fused by RRF."""
-        kwargs, notes = self._kwargs(filters, k)
+        ``batch`` (async callers: ``abatch``, every phrasing at once), with the ``k``,
+        filters and scope it takes, fused by RRF."""
+        kwargs, notes = self._kwargs(filters, k, scope)
         phrasings = self.retriever.bind(**kwargs).map()
         return Call(phrasings, [query, *alternatives], partial(fused, k=k, notes=notes))
 
@@ -228,10 +240,11 @@ class Searcher:
         filters: Sequence[MetadataFilter] = (),
         alternatives: Sequence[str] = (),
         k: int | None = None,
+        scope: DocumentScope = EVERY_DOCUMENT,
         config: RunnableConfig | None = None,
     ) -> Retrieved:
         """``call`` made at once, for in-process callers (evaluation)."""
-        call = self.call(query, filters=filters, alternatives=alternatives, k=k)
+        call = self.call(query, filters=filters, alternatives=alternatives, k=k, scope=scope)
         found: Retrieved = call.invoke(config)
         return found
 
@@ -305,6 +318,7 @@ def retrieve_stage(searcher: Searcher) -> Runnable[Any, Retrieved]:
             filters=request.filters,
             alternatives=request.alternatives,
             k=state["options"].k,
+            scope=state["options"].scope,
         )
 
     return calling(search, name="retrieve", needs=("search", "options"))

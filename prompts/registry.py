@@ -23,10 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
+
+from ragchains.prompts.problems import (
+    FileProblem,
+    PromptFileError,
+    line_of,
+    load_yaml,
+    validated,
+)
+from ragchains.retrievers.scope import DocumentScope
 
 PROMPTS_DIR = Path(__file__).resolve().parent
 DEFAULT_DOMAIN = "default"
@@ -35,14 +43,11 @@ HISTORY_VARIABLE = "chat_history"
 CHAIN_PROMPTS = ("rewrite", "multi_query", "requery", "answer", "quote")
 # The folder of a domain's suggested questions: versioned like a prompt, but no prompt.
 SUGGESTIONS = "suggestions"
+DOMAIN_FILE = "domain.yaml"
 MAX_SUGGESTIONS = 8
 MAX_SUGGESTION_CHARS = 200
 _VERSION_FILE = re.compile(r"^v(\d+)\.ya?ml$")
-_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
-
-
-class PromptFileError(ValueError):
-    """A prompt or domain file is invalid; the message starts with its path."""
+DOMAIN_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")
 
 
 class PromptSelectionError(ValueError):
@@ -108,6 +113,11 @@ class DomainFile(BaseModel):
         description="quote: answers copy sentences from the sources; free: free generation; "
         "auto: the server's setting decides. A request's answer_style wins over it",
     )
+    documents: DocumentScope = Field(
+        default_factory=DocumentScope,
+        description="the documents this domain answers from (paths and metadata filters); "
+        "none given: every document",
+    )
 
 
 class SuggestionsFile(BaseModel):
@@ -171,6 +181,10 @@ class Domain:
     answer_style: str = "auto"
     prompts: dict[str, dict[int, Prompt]] = field(default_factory=dict)
     suggestions: dict[int, Suggestions] = field(default_factory=dict)
+    # The documents it answers from (every document when empty).
+    scope: DocumentScope = field(default_factory=DocumentScope)
+    # Where it was read from: the package's prompts/ or a team's domains folder.
+    folder: Path | None = None
 
     @property
     def query_glossary(self) -> dict[str, str]:
@@ -178,7 +192,8 @@ class Domain:
         return self.glossary if self.expand_glossary else {}
 
 
-def _build_template(spec: PromptFile, path: Path) -> ChatPromptTemplate:
+def _build_template(spec: PromptFile) -> ChatPromptTemplate:
+    """The chat template of a prompt file; ValueError saying what does not parse."""
     parts: list[Any] = []
     few_shots: list[BaseMessage] = []
     for shot in spec.few_shots:
@@ -193,7 +208,7 @@ def _build_template(spec: PromptFile, path: Path) -> ChatPromptTemplate:
             placed_shots = True
         else:
             if not message.content:
-                raise PromptFileError(f"{path}: a {message.role} message has no content")
+                raise ValueError(f"a {message.role} message has no content")
             parts.append((message.role, message.content))
     if few_shots and not placed_shots:
         # Default place for examples: right after the leading system message.
@@ -202,41 +217,36 @@ def _build_template(spec: PromptFile, path: Path) -> ChatPromptTemplate:
     try:
         return ChatPromptTemplate.from_messages(parts)
     except (KeyError, ValueError) as exc:
-        raise PromptFileError(f"{path}: the template does not parse ({exc})") from exc
+        raise ValueError(f"the template does not parse ({exc})") from exc
 
 
-def _load_yaml(path: Path) -> Any:
-    try:
-        return yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise PromptFileError(f"{path}: cannot be read as YAML ({exc})") from exc
-
-
-def _validate(model: type[BaseModel], data: Any, path: Path) -> Any:
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or '(file)'}: {err['msg']}"
-            for err in exc.errors()
-        )
-        raise PromptFileError(f"{path}: {problems}") from exc
+def _problem(path: Path, document: Any, loc: tuple[Any, ...], reason: str) -> PromptFileError:
+    """A problem of ``path`` on the line of ``loc`` (a key path in the file)."""
+    return PromptFileError(FileProblem(path, reason, line_of(document, loc)))
 
 
 def load_prompt(path: Path, domain: str) -> Prompt:
-    spec: PromptFile = _validate(PromptFile, _load_yaml(path), path)
+    data, document = load_yaml(path)
+    spec: PromptFile = validated(PromptFile, data, path, document)
     match = _VERSION_FILE.match(path.name)
     if match is None or int(match.group(1)) != spec.version:
-        raise PromptFileError(f"{path}: version {spec.version} does not match the file name")
+        raise _problem(
+            path, document, ("version",), f"version {spec.version} does not match the file name"
+        )
     if spec.name != path.parent.name:
-        raise PromptFileError(f"{path}: name {spec.name!r} does not match its folder")
-    template = _build_template(spec, path)
+        raise _problem(path, document, ("name",), f"name {spec.name!r} does not match its folder")
+    try:
+        template = _build_template(spec)
+    except ValueError as exc:
+        raise _problem(path, document, ("messages",), str(exc)) from exc
     actual = set(template.input_variables) | {
         v for v in template.optional_variables if v != HISTORY_VARIABLE
     }
     declared = set(spec.input_variables)
     if len(declared) != len(spec.input_variables):
-        raise PromptFileError(f"{path}: input_variables lists a variable twice")
+        raise _problem(
+            path, document, ("input_variables",), "input_variables lists a variable twice"
+        )
     if declared != actual:
         missing, extra = sorted(actual - declared), sorted(declared - actual)
         detail = "; ".join(
@@ -247,7 +257,12 @@ def load_prompt(path: Path, domain: str) -> Prompt:
             )
             if part
         )
-        raise PromptFileError(f"{path}: input_variables do not match the template ({detail})")
+        raise _problem(
+            path,
+            document,
+            ("input_variables",),
+            f"input_variables do not match the template ({detail})",
+        )
     return Prompt(
         domain=domain,
         name=spec.name,
@@ -264,49 +279,50 @@ def load_prompt(path: Path, domain: str) -> Prompt:
 def load_suggestions(path: Path, domain: str) -> Suggestions:
     """A ``suggestions/v<N>.yaml`` file, checked: schema, version against the file name, and
     each question one line, not blank, at most ``MAX_SUGGESTION_CHARS``, none twice."""
-    spec: SuggestionsFile = _validate(SuggestionsFile, _load_yaml(path), path)
+    data, document = load_yaml(path)
+    spec: SuggestionsFile = validated(SuggestionsFile, data, path, document)
     match = _VERSION_FILE.match(path.name)
     if match is None or int(match.group(1)) != spec.version:
-        raise PromptFileError(f"{path}: version {spec.version} does not match the file name")
+        raise _problem(
+            path, document, ("version",), f"version {spec.version} does not match the file name"
+        )
     questions = tuple(" ".join(q.split()) for q in spec.questions)
     for n, (question, given) in enumerate(zip(questions, spec.questions, strict=True)):
+        where = ("questions", n)
         if not question or "\n" in given.strip():
-            raise PromptFileError(f"{path}: questions.{n}: a question is one line of text")
+            raise _problem(path, document, where, f"questions.{n}: a question is one line of text")
         if len(question) > MAX_SUGGESTION_CHARS:
-            raise PromptFileError(
-                f"{path}: questions.{n}: longer than {MAX_SUGGESTION_CHARS} characters"
+            raise _problem(
+                path,
+                document,
+                where,
+                f"questions.{n}: longer than {MAX_SUGGESTION_CHARS} characters",
             )
     if len(set(questions)) != len(questions):
-        raise PromptFileError(f"{path}: a question is listed twice")
+        raise _problem(path, document, ("questions",), "a question is listed twice")
     return Suggestions(domain, spec.version, spec.description, questions, path)
 
 
-class PromptRegistry:
-    """All domains and prompt versions under one folder, validated at construction."""
-
-    def __init__(self, root: str | Path = PROMPTS_DIR, *, required: tuple[str, ...] = ()) -> None:
-        self.root = Path(root)
-        self.domains: dict[str, Domain] = {}
-        for folder in sorted(p for p in self.root.iterdir() if p.is_dir()):
-            if folder.name.startswith(("_", ".")):
-                continue
-            self.domains[folder.name] = self._load_domain(folder)
-        if DEFAULT_DOMAIN not in self.domains:
-            raise PromptFileError(f"{self.root}: no {DEFAULT_DOMAIN!r} domain folder")
-        for name in required:
-            if name not in self.domains[DEFAULT_DOMAIN].prompts:
-                raise PromptFileError(
-                    f"{self.root / DEFAULT_DOMAIN}: the required prompt {name!r} is missing"
-                )
-
-    def _load_domain(self, folder: Path) -> Domain:
-        if not _NAME.match(folder.name):
-            raise PromptFileError(f"{folder}: domain names are lowercase letters, digits, - and _")
-        meta_path = folder / "domain.yaml"
-        if not meta_path.is_file():
-            raise PromptFileError(f"{folder}: domain.yaml is missing")
-        meta: DomainFile = _validate(DomainFile, _load_yaml(meta_path), meta_path)
-        domain = Domain(
+def load_domain(folder: Path, problems: list[FileProblem]) -> Domain | None:
+    """The domain in ``folder``: its ``domain.yaml`` and every prompt and suggestions file.
+    Each file's problem is added to ``problems`` and the others are still read (a team
+    fixing its folder sees them all at once); None when the domain cannot be served."""
+    if not DOMAIN_NAME.match(folder.name):
+        problems.append(FileProblem(folder, "domain names are lowercase letters, digits, - and _"))
+        return None
+    meta_path = folder / DOMAIN_FILE
+    if not meta_path.is_file():
+        problems.append(FileProblem(folder, f"{DOMAIN_FILE} is missing"))
+        return None
+    found = len(problems)
+    try:
+        data, document = load_yaml(meta_path)
+        meta: DomainFile = validated(DomainFile, data, meta_path, document)
+    except PromptFileError as exc:
+        problems.extend(exc.problems)
+        meta = None  # type: ignore[assignment]
+    domain = (
+        Domain(
             name=folder.name,
             description=meta.description,
             glossary=meta.glossary,
@@ -315,29 +331,86 @@ class PromptRegistry:
             range_fields=meta.range_fields,
             thresholds=meta.thresholds,
             answer_style=meta.answer_style,
+            scope=meta.documents,
+            folder=folder,
         )
-        for prompt_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
-            if prompt_dir.name.startswith(("_", ".")):
+        if meta is not None
+        else None
+    )
+    for prompt_dir in sorted(p for p in folder.iterdir() if p.is_dir()):
+        if prompt_dir.name.startswith(("_", ".")):
+            continue
+        load = load_suggestions if prompt_dir.name == SUGGESTIONS else load_prompt
+        versions: dict[int, Any] = {}
+        for path in sorted(prompt_dir.iterdir()):
+            if path.name.startswith("."):
                 continue
-            load = load_suggestions if prompt_dir.name == SUGGESTIONS else load_prompt
-            versions: dict[int, Any] = {}
-            for path in sorted(prompt_dir.iterdir()):
-                if path.name.startswith("."):
-                    continue
-                if not _VERSION_FILE.match(path.name):
-                    raise PromptFileError(f"{path}: prompt files are named v<N>.yaml")
+            if not _VERSION_FILE.match(path.name):
+                problems.append(FileProblem(path, "prompt files are named v<N>.yaml"))
+                continue
+            try:
                 loaded = load(path, folder.name)
-                if loaded.version in versions:
-                    raise PromptFileError(
-                        f"{path}: duplicate version {loaded.version} "
-                        f"(also {versions[loaded.version].path.name})"
+            except PromptFileError as exc:
+                problems.extend(exc.problems)
+                continue
+            if loaded.version in versions:
+                problems.append(
+                    FileProblem(
+                        path,
+                        f"duplicate version {loaded.version} "
+                        f"(also {versions[loaded.version].path.name})",
                     )
-                versions[loaded.version] = loaded
-            if prompt_dir.name == SUGGESTIONS:
-                domain.suggestions = versions
-            elif versions:
-                domain.prompts[prompt_dir.name] = versions
-        return domain
+                )
+                continue
+            versions[loaded.version] = loaded
+        if domain is None:
+            continue
+        if prompt_dir.name == SUGGESTIONS:
+            domain.suggestions = versions
+        elif versions:
+            domain.prompts[prompt_dir.name] = versions
+    return domain if len(problems) == found else None
+
+
+def domain_folders(root: Path) -> list[Path]:
+    """The domain folders under ``root``, by name (``_`` and ``.`` folders are not)."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
+
+
+class PromptRegistry:
+    """The domains served and their prompt versions, validated at construction.
+
+    ``root``: the shipped domains (``prompts/`` of the package). ``team``: a domains folder
+    of a team's own (``RAGCHAINS_DOMAINS``), whose domains replace the shipped examples (see
+    ``prompts.domains``); None: the shipped domains are served. ``required``: prompts the
+    served ``default`` domain must have. A PromptFileError lists every problem found.
+    """
+
+    def __init__(
+        self,
+        root: str | Path = PROMPTS_DIR,
+        *,
+        required: tuple[str, ...] = (),
+        team: str | Path | None = None,
+    ) -> None:
+        # Imported here: prompts.domains lays the team's folder over this module's loading.
+        from ragchains.prompts.domains import served_domains
+
+        self.root = Path(root)
+        self.team = Path(team) if team is not None else None
+        served = served_domains(self.root, self.team, required)
+        self._domains: dict[str, Domain] = served.domains
+        self.replaced: tuple[str, ...] = served.replaced
+
+    @property
+    def domains(self) -> dict[str, Domain]:
+        """Every domain served, by name."""
+        return self._domains
+
+    def current(self) -> PromptRegistry:
+        """The registry as loaded now: this one (a ``LiveRegistry`` gives its last good
+        load). Code that reads it twice for one request reads it once, through this."""
+        return self
 
     # -- selection --------------------------------------------------------------------
     def domain(self, name: str | None) -> Domain:
@@ -372,7 +445,7 @@ class PromptRegistry:
         wanted = version.get(name) if isinstance(version, Mapping) else version
         if wanted is None:
             return versions[max(versions)]
-        number = _parse_version(wanted)
+        number = _version_number(wanted)
         if number not in versions:
             owner = next(iter(versions.values())).domain
             available = ", ".join(f"v{v}" for v in sorted(versions))
@@ -405,6 +478,12 @@ class PromptRegistry:
         judge and generator prompts; the chains choose theirs through ``chains.options``)."""
         chosen = configurable or {}
         return self.get(chosen.get("domain"), name, chosen.get("prompt_version"))
+
+
+def _version_number(value: int | str) -> int | None:
+    """2, "2", "v2" and "V2" are 2; None for text that names no version."""
+    text = str(value).strip().lower().removeprefix("v")
+    return int(text) if text.isdigit() else None
 
 
 def _parse_version(value: int | str) -> int:

@@ -22,7 +22,8 @@ from ragchains.ingest.parsing import ParseBudget
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.storerun import check_store_embedder, ingest_to_store
-from ragchains.prompts.registry import PromptRegistry, default_registry
+from ragchains.prompts.live import LiveRegistry
+from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.access import AccessRule
 from ragchains.retrievers.compressors import (
     EmbeddingSimilarityScorer,
@@ -174,6 +175,20 @@ def build_compressor(
     )
 
 
+def build_prompts(settings: Settings, *, live: bool = False) -> PromptRegistry:
+    """The prompt registry of ``settings``: the shipped domains, or with ``settings.domains``
+    the team's folder over them; ``live``: one that follows the folder's edits (a server's,
+    started with ``watch``). PromptFileError names each file that does not load."""
+    if settings.domains is None:
+        return default_registry()
+    folder = settings.domains.expanduser()
+
+    def load() -> PromptRegistry:
+        return PromptRegistry(team=folder, required=CHAIN_PROMPTS)
+
+    return LiveRegistry(load, folder) if live else load()
+
+
 def build_llm(settings: Settings) -> LLM:
     """The configured chat model; ``LLMConfigError`` says what is missing."""
     # Imported here: llama.cpp and the OpenAI client load only when a model is wanted.
@@ -228,9 +243,9 @@ def build_service(
     without a restart).
 
     Fails early (IndexLoadError, PromptFileError, LLMConfigError) rather than at the first
-    request.
+    request. ``prompts``: default ``build_prompts(settings, live=live)``.
     """
-    prompts = prompts or default_registry()
+    prompts = prompts or build_prompts(settings, live=live)
     llm = llm or build_llm(settings)  # first: a missing model or key is the quickest failure
     embedder = embedder or build_embedder(settings)
     index = open_index(index_dir, embedder, live=live)

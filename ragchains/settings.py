@@ -166,6 +166,15 @@ class Settings(BaseSettings):
     requery_min_ratio: float = Field(1.1, ge=1.0)
     requery_min_gain: float = Field(0.05, ge=0.0)
 
+    # Prompts and domains.
+    domains: Path | None = Field(
+        None,
+        description="a domains folder of your own (the layout of the shipped prompts/: one "
+        "folder per domain, with its prompts, glossary and documents): its domains and default "
+        "are served instead of the shipped examples, and edits are served without a restart "
+        "(see `ragchains domains --help`)",
+    )
+
     # Serving (`ragchains serve`, server.create_app).
     index: Path | None = Field(None, description="index folder the server answers from")
     store: str | None = Field(

@@ -18,6 +18,7 @@ from pydantic import ConfigDict, Field
 from ragchains.retrievers.access import combined
 from ragchains.retrievers.filters import LiveFields, MetadataFilter, validate_filters
 from ragchains.retrievers.live import LiveIndex
+from ragchains.retrievers.scope import DocumentScope
 from ragchains.retrievers.searchindex import SearchIndex
 from ragchains.retrievers.workers import run_off_loop
 
@@ -50,9 +51,10 @@ class IndexRetriever(BaseRetriever):
         return LiveFields(self.index.visible_fields)  # the caller's, as each request reads
 
     def _search(
-        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+        self, index: SearchIndex, query: str, *, k: int, mask: np.ndarray | None
     ) -> list[Document]:
-        """The search itself, over ``index``: the one generation this call keeps to."""
+        """The search itself, over ``index`` (the one generation this call keeps to), among
+        the rows ``mask`` keeps (None: every row); the caller's access applies within."""
         raise NotImplementedError
 
     async def _aprepare(self, query: str) -> None:
@@ -80,12 +82,14 @@ class IndexRetriever(BaseRetriever):
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
         filters: FilterArg = None,
+        scope: DocumentScope | None = None,
     ) -> list[Document]:
         with self.index.pin() as index:  # the filters' fields and the search: one generation
             checked = validate_filters(
                 self.filters if filters is None else filters, index.visible_fields()
             )
-            return self._search(index, query, k=k or self.k, filters=checked)
+            mask = combined(index.columns.mask(checked), index.scope_rows(scope))
+            return self._search(index, query, k=k or self.k, mask=mask)
 
     async def _aget_relevant_documents(
         self,
@@ -94,6 +98,7 @@ class IndexRetriever(BaseRetriever):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
         filters: FilterArg = None,
+        scope: DocumentScope | None = None,
     ) -> list[Document]:
         await self._aprepare(query)
         # The searches are CPU-bound numpy/FAISS calls: run them off the event loop.
@@ -104,10 +109,11 @@ class IndexRetriever(BaseRetriever):
             run_manager=run_manager.get_sync(),
             k=k,
             filters=filters,
+            scope=scope,
         )
 
 
-def readable(index: SearchIndex, filters: Sequence[MetadataFilter]) -> np.ndarray | None:
-    """The rows a search may return: those the filters keep that this request's caller may
-    read (see ``retrievers.access``); None: every row."""
-    return combined(index.columns.mask(filters), index.readable_rows())
+def readable(index: SearchIndex, mask: np.ndarray | None) -> np.ndarray | None:
+    """The rows a search may return: those ``mask`` keeps (filters, a domain's scope) that
+    this request's caller may read (see ``retrievers.access``); None: every row."""
+    return combined(mask, index.readable_rows())

@@ -18,7 +18,6 @@ from langchain_core.documents import Document
 
 from ragchains.retrievers.access import combined
 from ragchains.retrievers.base import IndexRetriever
-from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.indexformat import StoredBM25
 from ragchains.retrievers.searchindex import SearchIndex
 
@@ -229,8 +228,8 @@ class BM25Retriever(IndexRetriever):
     """Keyword retrieval over a loaded index, with metadata filters applied before ranking."""
 
     def _search(
-        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+        self, index: SearchIndex, query: str, *, k: int, mask: np.ndarray | None
     ) -> list[Document]:
-        mask, readers = index.columns.mask(filters), index.readable_rows()
+        readers = index.readable_rows()
         rows, scores = bm25_search(index.bm25, query, k, mask, readers)
         return self._ranked_documents(index, rows, scores, "bm25")

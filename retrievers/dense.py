@@ -12,7 +12,6 @@ from langchain_core.documents import Document
 
 from ragchains.retrievers.base import IndexRetriever, readable
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.searchindex import SearchIndex
 
 # Chosen with bench/retrieval_latency.py (see bench/RESULTS.md): on 100k chunks, M=32 with
@@ -136,9 +135,9 @@ class FaissRetriever(IndexRetriever):
     embedder: SentenceTransformerEmbedder
 
     def _search(
-        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+        self, index: SearchIndex, query: str, *, k: int, mask: np.ndarray | None
     ) -> list[Document]:
         rows, scores = dense_search(
-            index.dense, self.embedder.encode_query(query), k, readable(index, filters)
+            index.dense, self.embedder.encode_query(query), k, readable(index, mask)
         )
         return self._ranked_documents(index, rows, scores, "dense")

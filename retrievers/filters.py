@@ -181,6 +181,30 @@ def validate_filters(
     return checked
 
 
+def regex_escape(char: str) -> str:
+    """``char`` as a regular expression matches it, in Python's ``re`` and PostgreSQL's
+    alike (a ``\\u`` escape: nothing in it is special to either)."""
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
+
+
+def bracket_ranges(stuff: str) -> list[tuple[str, str]]:
+    """The characters of a glob's ``[...]`` as ranges, as fnmatch reads them: ``a-c`` is a
+    range (dropped when reversed), a ``-`` first or last is itself."""
+    ranges: list[tuple[str, str]] = []
+    k = 0
+    while k < len(stuff):
+        if k + 2 < len(stuff) and stuff[k + 1] == "-":
+            low, high = stuff[k], stuff[k + 2]
+            if low <= high:
+                ranges.append((low, high))
+            k += 3
+        else:
+            ranges.append((stuff[k], stuff[k]))
+            k += 1
+    return ranges
+
+
 def _values(flt: MetadataFilter) -> list[FilterScalar]:
     return flt.value if isinstance(flt.value, list) else [flt.value]
 
@@ -313,6 +337,15 @@ class MetadataColumns:
         vocab = self._vocab[field]
         codes = [vocab[v] for v in values if v in vocab]
         return np.isin(self._codes[field], np.array(codes, dtype=np.int32))
+
+    def values(self, field: str) -> list[str]:
+        """The distinct values of a (string) ``field``."""
+        return list(self._vocab[field])
+
+    def values_in(self, field: str, rows: np.ndarray) -> set[str]:
+        """The distinct values a (string) ``field`` holds in ``rows`` (a boolean mask)."""
+        names = list(self._vocab[field])  # in code order: a code is its value's position
+        return {names[code] for code in np.unique(self._codes[field][rows]) if code >= 0}
 
     def present_in(self, rows: np.ndarray) -> list[str]:
         """The fields that have a value in at least one of ``rows`` (a boolean mask)."""

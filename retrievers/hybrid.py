@@ -20,7 +20,6 @@ from ragchains.retrievers.base import IndexRetriever
 from ragchains.retrievers.bm25 import bm25_search
 from ragchains.retrievers.dense import dense_search
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
-from ragchains.retrievers.filters import MetadataFilter
 from ragchains.retrievers.fusion import (
     DEFAULT_FUSION,
     Candidates,
@@ -142,7 +141,7 @@ class HybridRetriever(IndexRetriever, FusionFields):
         return self.index.fusion
 
     def _search(
-        self, index: SearchIndex, query: str, *, k: int, filters: list[MetadataFilter]
+        self, index: SearchIndex, query: str, *, k: int, mask: np.ndarray | None
     ) -> list[Document]:
         fusion = self.fusion_config
         hits = hybrid_search(
@@ -152,7 +151,7 @@ class HybridRetriever(IndexRetriever, FusionFields):
             k=k,
             candidates=self.candidates,
             fusion=fusion,
-            mask=index.columns.mask(filters),
+            mask=mask,
         )
         docs = index.store.documents([h.row for h in hits])
         for doc, hit in zip(docs, hits, strict=True):

@@ -13,7 +13,16 @@ from typing import Any
 
 from psycopg import sql
 
-from ragchains.retrievers.filters import MetadataFilter, Scalar, is_glob
+from ragchains.retrievers.filters import (
+    FilterError,
+    MetadataFilter,
+    Scalar,
+    bracket_ranges,
+    is_glob,
+    regex_escape,
+    validate_filters,
+)
+from ragchains.retrievers.scope import DocumentScope
 
 _NUMBER_OPS = {"<": "<", "<=": "<=", ">": ">", ">=": ">=", "=": "=", "!=": "<>"}
 
@@ -31,28 +40,6 @@ class Params:
 
 
 # ----------------------------------------------------------------------------- globs
-def _escape(char: str) -> str:
-    code = ord(char)
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-def _bracket_ranges(stuff: str) -> list[tuple[str, str]]:
-    """The characters of a glob's ``[...]`` as ranges, as fnmatch reads them: ``a-c`` is a
-    range (dropped when reversed), a ``-`` first or last is itself."""
-    ranges: list[tuple[str, str]] = []
-    k = 0
-    while k < len(stuff):
-        if k + 2 < len(stuff) and stuff[k + 1] == "-":
-            low, high = stuff[k], stuff[k + 2]
-            if low <= high:
-                ranges.append((low, high))
-            k += 3
-        else:
-            ranges.append((stuff[k], stuff[k]))
-            k += 1
-    return ranges
-
-
 def glob_regex(pattern: str) -> str | None:
     """A PostgreSQL regular expression matching what ``fnmatch.fnmatchcase`` matches, or None
     when nothing can match (an empty ``[]`` set, or a NUL, which PostgreSQL text never holds)."""
@@ -77,23 +64,23 @@ def glob_regex(pattern: str) -> str | None:
             while j < n and pattern[j] != "]":
                 j += 1
             if j >= n:  # no closing bracket: a literal "["
-                out.append(_escape("["))
+                out.append(regex_escape("["))
                 continue
             stuff, i = pattern[i:j], j + 1
             negate = stuff.startswith("!")
-            ranges = _bracket_ranges(stuff[1:] if negate else stuff)
+            ranges = bracket_ranges(stuff[1:] if negate else stuff)
             if not ranges:
                 if not negate:
                     return None
                 out.append(".")
                 continue
             body = "".join(
-                _escape(low) if low == high else f"{_escape(low)}-{_escape(high)}"
+                regex_escape(low) if low == high else f"{regex_escape(low)}-{regex_escape(high)}"
                 for low, high in ranges
             )
             out.append(f"[{'^' if negate else ''}{body}]")
         else:
-            out.append(_escape(char))
+            out.append(regex_escape(char))
     out.append("$")
     return "".join(out)
 
@@ -179,3 +166,28 @@ def readable_sql(groups: frozenset[str] | None, params: Params) -> sql.Composabl
     return sql.SQL("(cardinality(c.access) = 0 OR c.access && {}::text[])").format(
         params.add(sorted(groups))
     )
+
+
+def scope_sql(
+    scope: DocumentScope | None, fields: dict[str, str], params: Params
+) -> sql.Composable:
+    """A WHERE term keeping the chunks within a domain's ``scope`` (see
+    ``retrievers.scope``): a source matching one of its paths, every one of its filters
+    passed; a filter the store's ``fields`` cannot take keeps nothing, as on disk. TRUE
+    without a scope."""
+    if scope is None or scope.everything:
+        return sql.SQL("TRUE")
+    terms: list[sql.Composable] = []
+    if scope.source_regex is not None:
+        terms.append(
+            sql.SQL("(c.metadata ->> {}) ~ {}").format(
+                params.add("source"), params.add(scope.source_regex)
+            )
+        )
+    for flt in scope.filters:
+        try:
+            (checked,) = validate_filters([flt], fields)
+        except FilterError:
+            return sql.SQL("FALSE")
+        terms.append(sql.SQL("({})").format(_one(checked, fields[checked.field], params)))
+    return sql.SQL(" AND ").join(terms)

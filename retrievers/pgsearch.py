@@ -48,8 +48,9 @@ from ragchains.retrievers.filters import (
 )
 from ragchains.retrievers.fusion import Candidates, FusionConfig, FusionFields
 from ragchains.retrievers.hybrid import fused_hits
-from ragchains.retrievers.pgfilters import Params, filter_sql, readable_sql
+from ragchains.retrievers.pgfilters import Params, filter_sql, readable_sql, scope_sql
 from ragchains.retrievers.pgstore import PostgresStore, visible_fields
+from ragchains.retrievers.scope import DocumentScope
 
 SearchMode = Literal["hybrid", "fulltext", "dense"]
 LEXICAL_RANK = (
@@ -209,24 +210,33 @@ def search_sql(
     fetch: int,
     k: int,
     labelled: bool,
+    scope: DocumentScope | None = None,
 ) -> Plan:
     """The first statement of one search (see ``Plan``); ``fetch`` rows per half for ``hybrid``,
     ``k`` for a half alone. ``filters`` are compiled for the ``fields`` they were checked
-    against. ``labelled``: some file has groups (as of the meta last read), so a caller's
-    view may be narrow; the view is applied either way."""
+    against, as is the domain's ``scope``. ``labelled``: some file has groups (as of the
+    meta last read), so a caller's view may be narrow; the view is applied either way."""
     groups = current_groups()
     terms = Counter(tokenize(query))
     fetch = k if mode != "hybrid" else fetch
     chunks = store.table("chunks")
     params = Params()
     parts: list[sql.Composable] = []
-    where = sql.SQL("{} AND {}").format(
-        filter_sql(filters, dict(fields), params), readable_sql(groups, params)
+    scoped = scope is not None and not scope.everything
+    where = sql.SQL("{} AND {} AND {}").format(
+        filter_sql(filters, dict(fields), params),
+        readable_sql(groups, params),
+        scope_sql(scope, dict(fields), params),
     )
     if mode != "dense" and terms and fetch > 0:
-        # The caller's view applies to the postings themselves; filters need the chunks.
+        # The caller's view applies to the postings themselves; filters (and a scope) need
+        # the chunks.
         lexical = lexical_sql(
-            store, list(terms), where=where if filters else None, groups=groups, params=params
+            store,
+            list(terms),
+            where=where if filters or scoped else None,
+            groups=groups,
+            params=params,
         )
         parts.append(sql.SQL("SELECT *, NULL::float8[] FROM ({}) lex").format(lexical))
     if mode == "fulltext":
@@ -239,7 +249,7 @@ def search_sql(
         store,
         vector,
         where=where,
-        exact_when_few=bool(filters) or (groups is not None and labelled),
+        exact_when_few=bool(filters) or scoped or (groups is not None and labelled),
         params=params,
         fetch=fetch,
     )
@@ -358,6 +368,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         filters: list[MetadataFilter],
         fields: Mapping[str, str],
         meta: Mapping[str, Any],
+        scope: DocumentScope | None,
     ) -> Plan:
         return search_sql(
             self.store,
@@ -369,6 +380,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
             fetch=max(self.candidates, k),
             k=k,
             labelled=bool(meta.get("field_readers")),
+            scope=scope,
         )
 
     def _checked(self, filters: Any, fields: Mapping[str, str]) -> list[MetadataFilter]:
@@ -381,6 +393,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         run_manager: CallbackManagerForRetrieverRun,
         k: int | None = None,
         filters: Any = None,
+        scope: DocumentScope | None = None,
     ) -> list[Document]:
         # Field types as of the last commit (re-read once per META_TTL), read once: the
         # filters are checked and compiled against the same ones.
@@ -388,7 +401,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         fields = visible_fields(meta)
         checked, k = self._checked(filters, fields), k or self.k
         vector = None if self.search == "fulltext" else self.embedder.encode_query(query)
-        plan = self._plan(query, vector, k, checked, fields, meta)
+        plan = self._plan(query, vector, k, checked, fields, meta, scope)
         fusion = self.fusion_config
         if plan.statement is None:
             return []
@@ -413,6 +426,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
         run_manager: AsyncCallbackManagerForRetrieverRun,
         k: int | None = None,
         filters: Any = None,
+        scope: DocumentScope | None = None,
     ) -> list[Document]:
         meta = await self.store.ameta()
         fields = visible_fields(meta)
@@ -422,7 +436,7 @@ class PostgresRetriever(BaseRetriever, FusionFields):
             if self.search == "fulltext"
             else await self.embedder.aencode_query(query, self.executor)
         )
-        plan = self._plan(query, vector, k, checked, fields, meta)
+        plan = self._plan(query, vector, k, checked, fields, meta, scope)
         fusion = self.fusion_config
         if plan.statement is None:
             return []

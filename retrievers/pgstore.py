@@ -30,6 +30,7 @@ from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.filters import BASE_FIELDS, LiveFields
 from ragchains.retrievers.indexformat import FileRecord, embedder_mismatch, is_file_id
 from ragchains.retrievers.pgerrors import StoreBusyError, StoreError
+from ragchains.retrievers.pgfilters import Params, scope_sql
 from ragchains.retrievers.pgwriter import (
     HNSW_EF_SEARCH,
     SCHEMA_VERSION,
@@ -37,6 +38,7 @@ from ragchains.retrievers.pgwriter import (
     StoreWriter,
     vector_array,
 )
+from ragchains.retrievers.scope import DocumentScope
 from ragchains.retrievers.storeurl import is_store_url, redact
 
 DEFAULT_SCHEMA = "ragchains"
@@ -378,6 +380,24 @@ class PostgresStore:
                 (sorted(wanted),),
             ).fetchall()
         return wanted - {r[0] for r in rows}
+
+    def scope_sources(self, scope: DocumentScope) -> set[str] | None:
+        """The source names of the files with a chunk within a domain's ``scope`` (see
+        ``retrievers.scope``), as committed now; None: every file (no scope)."""
+        if scope.everything:
+            return None
+        if not self.meta(fresh=True):
+            return set()
+        params = Params()
+        where = scope_sql(scope, dict(self.fields), params)
+        with self.connection() as conn:
+            rows = conn.execute(
+                sql.SQL("SELECT DISTINCT c.source FROM {} c WHERE {}").format(
+                    self.table("chunks"), where
+                ),
+                params.values,
+            ).fetchall()
+        return {r[0] for r in rows}
 
     def chunk_ids(self, sources: Sequence[str]) -> set[str]:
         if not sources or not self.meta(fresh=True):

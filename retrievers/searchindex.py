@@ -41,9 +41,12 @@ from ragchains.retrievers.indexformat import (
     read_manifest,
     recorded_checksums,
 )
+from ragchains.retrievers.scope import DocumentScope, scope_mask
 
 # Rows of vectors checked for NaN/Inf at a time, in legacy generations: bounds the copy.
 _FINITE_BATCH = 65536
+# Scope masks kept per generation (a bool per row each; domains are few).
+_KEPT_SCOPES = 64
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +66,10 @@ class SearchIndex:
     files: ServedFiles | None = field(default=None, repr=False, compare=False)
     # visible_fields by the caller's (known) groups.
     _visible_fields: dict[frozenset[str], dict[str, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    # The rows of each domain's scope (by its key): a generation is searched with a few.
+    _scopes: dict[str, np.ndarray] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -87,6 +94,24 @@ class SearchIndex:
             present = set(self.columns.present_in(self.access.rows_for(key))) | BASE_FIELDS.keys()
             self._visible_fields[key] = {f: t for f, t in self.fields.items() if f in present}
         return self._visible_fields[key]
+
+    def scope_rows(self, scope: DocumentScope | None) -> np.ndarray | None:
+        """The rows within a domain's ``scope``; None: every row (no scope). Worked out once
+        per generation and scope (a dict read after that): the scope's globs are matched
+        against every source name."""
+        if scope is None or scope.everything:
+            return None
+        found = self._scopes.get(scope.key)
+        if found is None:
+            if len(self._scopes) >= _KEPT_SCOPES:  # scopes edited live: the old ones go
+                self._scopes.clear()
+            found = self._scopes[scope.key] = scope_mask(self.columns, scope)
+        return found
+
+    def scope_sources(self, scope: DocumentScope) -> set[str] | None:
+        """The source names of the files with a chunk within ``scope``; None: every file."""
+        rows = self.scope_rows(scope)
+        return None if rows is None else self.columns.values_in("source", rows)
 
     @cached_property
     def access(self) -> AccessLabels:

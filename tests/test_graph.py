@@ -49,9 +49,14 @@ class SpyRetriever(HybridRetriever):
 
     calls: list = Field(default_factory=list)
 
-    def _search(self, index: Any, query: str, *, k: int, filters: list[MetadataFilter]) -> Any:
-        self.calls.append((query, k, [f.model_dump() for f in filters]))
-        return super()._search(index, query, k=k, filters=filters)
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: Any, k: Any = None, filters: Any = None, scope: Any = None
+    ) -> Any:
+        given = [MetadataFilter.model_validate(f).model_dump() for f in filters or []]
+        self.calls.append((query, k or self.k, given))
+        return super()._get_relevant_documents(
+            query, run_manager=run_manager, k=k, filters=filters, scope=scope
+        )
 
 
 class ScriptedScorer:
@@ -406,7 +411,11 @@ def chat_choices() -> Choices:
     [
         ({"domain": "legal"}, PromptSelectionError, "unknown domain 'legal'"),
         ({"domain": "default", "rewrite_version": "v2"}, PromptSelectionError, "has no version"),
-        ({"answer_version": 9}, PromptSelectionError, "prompt answer has no version 'v9'"),
+        (
+            {"answer_version": 9},
+            PromptSelectionError,
+            "prompt default/answer has no version 'v9'; available: v1, v2",
+        ),
         ({"prompt_version": 2}, ValueError, "prompt_version is replaced by one key per prompt"),
         ({"answer_version": "newest"}, PromptSelectionError, "has no version 'newest'"),
         ({"k": 0}, ValueError, "k: Input should be greater than or equal to 1"),
@@ -614,9 +623,13 @@ def test_requery_searches_again_through_the_turns_own_stages(
 class SlowRetriever(SpyRetriever):
     """The spy, a quarter of a second slower at every search."""
 
-    def _search(self, index: Any, query: str, *, k: int, filters: list[MetadataFilter]) -> Any:
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: Any, k: Any = None, filters: Any = None, scope: Any = None
+    ) -> Any:
         time.sleep(0.25)
-        return super()._search(index, query, k=k, filters=filters)
+        return super()._get_relevant_documents(
+            query, run_manager=run_manager, k=k, filters=filters, scope=scope
+        )
 
 
 @pytest.mark.parametrize("run", ["invoke", "ainvoke"])

@@ -66,7 +66,7 @@ def test_selection_latest_explicit_and_inherited() -> None:
     [
         (("legal", "answer", None), "unknown domain 'legal'; available: catalog, default, hr"),
         (("hr", "rewrite", 7), "prompt hr/rewrite has no version 7; available: v1, v2"),
-        (("hr", "rewrite", "latest"), "is not a number"),
+        (("hr", "rewrite", "newest"), "prompt hr/rewrite has no version 'newest'; available"),
         (("hr", "summarise", None), "no prompt 'summarise' in domain 'hr'"),
     ],
 )

@@ -1,6 +1,6 @@
 """The `ragchains` command line: the group, the console entry point and its commands.
 
-One module per command group (ingest, query, serve, mcp, eval, feedback, index, keys), each
+One module per command group (ingest, query, serve, mcp, domains, eval, feedback, index, keys), each
 importing only ``ragchains.cli.common``; this module imports them to register their commands.
 """
 
@@ -14,6 +14,7 @@ import click
 
 from ragchains import __version__
 from ragchains.cli.common import EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_USAGE
+from ragchains.cli.domains import domains_group
 from ragchains.cli.eval import eval_group
 from ragchains.cli.feedback import feedback_group
 from ragchains.cli.index import index_group
@@ -49,6 +50,7 @@ for _command in (
     chat_command,
     serve_command,
     mcp_command,
+    domains_group,
     eval_group,
     feedback_group,
     index_group,

@@ -33,6 +33,7 @@ def fail(message: str, code: int = EXIT_USAGE) -> NoReturn:
 
 
 def load_settings() -> Any:
+    """The settings (RAGCHAINS_*, .env), with the command line's --domains over them."""
     from ragchains.factory import configure_runtime
     from ragchains.settings import Settings
 
@@ -44,8 +45,33 @@ def load_settings() -> Any:
             for err in exc.errors()
         )
         fail(f"invalid settings: {problems}")
+    ctx = click.get_current_context(silent=True)
+    domains = ctx.meta.get(_DOMAINS_META) if ctx is not None else None
+    if domains is not None:
+        settings = settings.model_copy(update={"domains": domains})
     configure_runtime(settings)
     return settings
+
+
+# Where --domains leaves its folder for load_settings (click's per-invocation meta, which
+# every command's context shares): the option is the same on every command that loads the
+# prompts, and no command has to pass it on.
+_DOMAINS_META = "ragchains.domains"
+
+
+def _keep_domains(ctx: click.Context, _: click.Parameter, value: Path | None) -> None:
+    if value is not None:
+        ctx.meta[_DOMAINS_META] = value
+
+
+DOMAINS_OPTION: Callable[[Any], Any] = click.option(
+    "--domains",
+    type=click.Path(path_type=Path, file_okay=False),
+    expose_value=False,
+    callback=_keep_domains,
+    help="Your own domains folder (default: RAGCHAINS_DOMAINS): its domains and default are "
+    "used instead of the shipped examples. See `ragchains domains --help`.",
+)
 
 
 # ----------------------------------------------------------------------------- shared options
@@ -172,14 +198,15 @@ def build_configurable(
 
 
 # ----------------------------------------------------------------------------- the chain API
-def checked_prompts(configurable: dict[str, Any], mode: str) -> Any:
-    """The prompt files, with the request's domain and versions checked for ``mode``."""
+def checked_prompts(configurable: dict[str, Any], mode: str, settings: Any = None) -> Any:
+    """The prompt files of the settings (the shipped domains, or --domains), with the
+    request's domain and versions checked for ``mode``."""
     from ragchains.chains.graph import PROMPTS_USED
     from ragchains.chains.options import Choices
-    from ragchains.prompts.registry import default_registry
+    from ragchains.factory import build_prompts
 
     try:
-        prompts = default_registry()
+        prompts = build_prompts(settings if settings is not None else load_settings())
         Choices(prompts, PROMPTS_USED[mode]).resolve(configurable)  # before the slow loading
     except ValueError as exc:
         fail(str(exc))
@@ -198,7 +225,7 @@ def load_service(settings: Any, index: Path | str, configurable: dict[str, Any],
     """Models, index and chains, with every problem reported as one line before any work."""
     from ragchains.factory import build_service
 
-    prompts = checked_prompts(configurable, mode)
+    prompts = checked_prompts(configurable, mode, settings)
     # Every expected failure (index, model, key) is a ValueError subclass with a message
     # made for the user.
     try:
@@ -211,6 +238,7 @@ def serve_mcp_stdio(settings: Any, index: Path | str) -> None:
     """The MCP tools over stdio until the client closes stdin; the index folder followed
     as ingests commit, as the server follows it."""
     from ragchains.factory import build_service
+    from ragchains.prompts.live import LiveRegistry
     from ragchains.retrievers.live import LiveIndex
     from ragchains.retrievers.pgstore import PostgresStore
     from ragchains.serving.mcp_server import serve_stdio
@@ -221,11 +249,15 @@ def serve_mcp_stdio(settings: Any, index: Path | str) -> None:
         fail(str(exc))
     if isinstance(service.index, LiveIndex | PostgresStore):
         service.index.watch()
+    if isinstance(service.prompts, LiveRegistry):  # a team's domains folder, followed too
+        service.prompts.watch()
     try:
         serve_stdio(service)
     finally:
         if isinstance(service.index, LiveIndex | PostgresStore):
             service.index.close()
+        if isinstance(service.prompts, LiveRegistry):
+            service.prompts.close()
 
 
 def service_chain(service: Any, mode: str) -> Any:

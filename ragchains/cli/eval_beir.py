@@ -7,7 +7,13 @@ from typing import Any
 
 import click
 
-from ragchains.cli.common import build_configurable, fail, load_settings, rewrite_chain
+from ragchains.cli.common import (
+    DOMAINS_OPTION,
+    build_configurable,
+    fail,
+    load_settings,
+    rewrite_chain,
+)
 from ragchains.cli.eval_common import (
     LIMIT,
     OUT,
@@ -22,6 +28,7 @@ from ragchains.evaluation import RETRIEVERS
 
 
 @click.command("retrieval")
+@DOMAINS_OPTION
 @beir_options
 @click.option(
     "--retriever",

@@ -8,6 +8,7 @@ import click
 
 from ragchains.cli.common import (
     DOMAIN_OPTION,
+    DOMAINS_OPTION,
     EXIT_FAILED,
     INDEX_OPTION,
     PROMPT_VERSION_OPTION,
@@ -31,6 +32,7 @@ from ragchains.cli.eval_common import (
 
 
 @click.command("rewrites")
+@DOMAINS_OPTION
 @click.option(
     "--dataset",
     required=True,
@@ -100,6 +102,7 @@ Config file (YAML; relative paths are relative to it):
 
 
 @click.command("answers", epilog=_ANSWERS_CONFIG_HELP)
+@DOMAINS_OPTION
 @click.option(
     "--config",
     "config_file",

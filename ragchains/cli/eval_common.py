@@ -78,7 +78,7 @@ def prompts_and_llm(settings: Any, configurable: dict[str, Any], mode: str) -> t
     """The prompt files (the selection checked) and the configured chat model."""
     from ragchains.factory import build_llm
 
-    prompts = checked_prompts(configurable, mode)
+    prompts = checked_prompts(configurable, mode, settings)
     try:
         return prompts, build_llm(settings)
     except ValueError as exc:

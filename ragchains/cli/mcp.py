@@ -6,10 +6,17 @@ from pathlib import Path
 
 import click
 
-from ragchains.cli.common import index_option, load_settings, serve_mcp_stdio, target_of
+from ragchains.cli.common import (
+    DOMAINS_OPTION,
+    index_option,
+    load_settings,
+    serve_mcp_stdio,
+    target_of,
+)
 
 
 @click.command("mcp")
+@DOMAINS_OPTION
 @index_option("Index folder built by `ingest` (default: RAGCHAINS_STORE, RAGCHAINS_INDEX).")
 def mcp_command(index: Path | str | None) -> None:
     """Serve the MCP tools over stdio, for a desktop assistant or an IDE that starts it.

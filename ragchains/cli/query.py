@@ -12,6 +12,7 @@ import click
 
 from ragchains.cli.common import (
     DOMAIN_OPTION,
+    DOMAINS_OPTION,
     FILTER_OPTION,
     INDEX_OPTION,
     K_OPTION,
@@ -132,6 +133,7 @@ def retrieve_command(
 
 
 @click.command("ask")
+@DOMAINS_OPTION
 @click.argument("question")
 @INDEX_OPTION
 @DOMAIN_OPTION
@@ -170,6 +172,7 @@ def ask_command(
 
 
 @click.command("chat")
+@DOMAINS_OPTION
 @INDEX_OPTION
 @DOMAIN_OPTION
 @PROMPT_VERSION_OPTION

@@ -6,11 +6,12 @@ from pathlib import Path
 
 import click
 
-from ragchains.cli.common import fail, index_option, load_settings, target_of
+from ragchains.cli.common import DOMAINS_OPTION, fail, index_option, load_settings, target_of
 from ragchains.retrievers.storeurl import shown
 
 
 @click.command("serve")
+@DOMAINS_OPTION
 @index_option("Index folder built by `ingest` (default: RAGCHAINS_STORE, RAGCHAINS_INDEX).")
 @click.option("--host", help="Address to listen on (default: RAGCHAINS_HOST or 127.0.0.1).")
 @click.option(

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from fastapi import APIRouter
 from pydantic import BaseModel, Field
@@ -24,19 +24,32 @@ from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.formats import format_named
 from ragchains.retrievers.indexformat import FileRecord
 from ragchains.retrievers.pgstore import PostgresStore
+from ragchains.retrievers.scope import EVERY_DOCUMENT, DocumentScope
 
 # Generations × sets of groups remembered (a handful of each in practice).
 _KEPT = 64
 
 
 class DomainSummary(BaseModel):
-    """A domain a request may choose, and the questions its documents answer."""
+    """A domain a request may choose, the documents it answers from and the questions they
+    answer."""
 
     name: str = Field(description="the value of configurable.domain (and of model on /v1)")
     description: str
     suggestions: list[str] = Field(description="questions to offer before the first one")
     suggestions_ref: str | None = Field(
         description="the suggestions' file, as domain/suggestions@vN; null when the domain has none"
+    )
+    scoped: bool = Field(
+        False,
+        description="the domain answers from some of the documents only (its domain.yaml's "
+        "documents: paths and filters); false: from every document",
+    )
+    documents: int | None = Field(
+        None,
+        ge=0,
+        description="ingested files the caller may read that the domain answers from (all of "
+        "the collection's when not scoped); null where not counted",
     )
 
 
@@ -89,49 +102,67 @@ def kind_labels(kinds: Iterable[str]) -> dict[str, KindLabel]:
     }
 
 
-def domain_summaries(prompts: PromptRegistry) -> list[DomainSummary]:
-    """Every domain with its description and latest suggested questions, default first."""
+def domain_summaries(
+    prompts: PromptRegistry, counts: Callable[[DocumentScope], int] | None = None
+) -> list[DomainSummary]:
+    """Every domain with its description and latest suggested questions, default first;
+    ``counts`` gives the files a scope holds that the caller may read (None: not counted)."""
+    loaded = prompts.current()
     out = []
-    for name in sorted(prompts.domains, key=lambda n: (n != "default", n)):
-        suggested = prompts.suggestions(name)
+    for name in sorted(loaded.domains, key=lambda n: (n != "default", n)):
+        domain = loaded.domains[name]
+        suggested = loaded.suggestions(name)
         out.append(
             DomainSummary(
                 name=name,
-                description=prompts.domains[name].description,
+                description=domain.description,
                 suggestions=list(suggested.questions) if suggested else [],
                 suggestions_ref=suggested.ref if suggested else None,
+                scoped=not domain.scope.everything,
+                documents=counts(domain.scope) if counts is not None else None,
             )
         )
     return out
 
 
 class FileCounts:
-    """The file counts of the generation a request reads, per set of caller groups."""
+    """The file counts of the generation a request reads, per set of caller groups and
+    domain scope."""
 
     def __init__(self, index: Store) -> None:
         self.index = index
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str, frozenset[str] | None], tuple[int, dict[str, int]]] = {}
+        self._counts: dict[tuple[str, frozenset[str] | None, str], tuple[int, dict[str, int]]] = {}
 
-    def count(self, groups: frozenset[str] | None) -> tuple[int, dict[str, int]]:
-        """Counts for a caller in ``groups``, of the generation this context reads: an index
-        folder's pinned one (``serving.guards``), or the store's current one. Blocks
-        (file records from SQLite or PostgreSQL the first time): call it in a thread that
-        carries the request's context."""
+    def count(
+        self, groups: frozenset[str] | None, scope: DocumentScope = EVERY_DOCUMENT
+    ) -> tuple[int, dict[str, int]]:
+        """Counts for a caller in ``groups`` of the files within ``scope``, of the generation
+        this context reads: an index folder's pinned one (``serving.guards``), or the store's
+        current one. Blocks (file records from SQLite or PostgreSQL the first time): call it
+        in a thread that carries the request's context."""
         index = self.index
         if isinstance(index, PostgresStore):
             generation, files = f"store {index.generation}", index.files
+            in_scope: Callable[[DocumentScope], set[str] | None] = index.scope_sources
         else:
             pinned = index.pinned()
             # Its folder names a generation; a key holding the object itself would keep an
             # old generation's index in memory.
             generation, files = f"folder {pinned.path}", pinned.store.files
-        key = (generation, groups)
+            in_scope = pinned.scope_sources
+        key = (generation, groups, scope.key)
         with self._lock:
             found = self._counts.get(key)
         if found is None:
             records: Mapping[str, FileRecord] = files()
-            found = count_files(records.values(), groups)
+            sources = in_scope(scope)
+            kept = (
+                records.values()
+                if sources is None
+                else (r for r in records.values() if r.source in sources)
+            )
+            found = count_files(kept, groups)
             with self._lock:
                 if len(self._counts) >= _KEPT:
                     self._counts.clear()  # old generations' counts are never asked for again
@@ -142,7 +173,13 @@ class FileCounts:
 def collection_router(service: Service) -> APIRouter:
     router = APIRouter(tags=["collection"])
     counts = FileCounts(service.index)
-    domains = domain_summaries(service.prompts)  # the prompt files are read once, at start
+
+    def summary(groups: frozenset[str] | None) -> CollectionSummary:
+        documents, kinds = counts.count(groups)
+        domains = domain_summaries(service.prompts, lambda scope: counts.count(groups, scope)[0])
+        return CollectionSummary(
+            documents=documents, kinds=kinds, labels=kind_labels(kinds), domains=domains
+        )
 
     @router.get(
         "/collection",
@@ -160,13 +197,11 @@ def collection_router(service: Service) -> APIRouter:
     )
     async def collection() -> CollectionSummary:
         """How many ingested files the caller's key may read, by format (with what people
-        call each format), and each domain's description and suggested questions (for a page
-        to show before the first question). Files the key may not read are not counted."""
+        call each format), and each domain's description, suggested questions and the files
+        it answers from (for a page to show before the first question). Files the key may
+        not read are not counted."""
         # The thread runs in a copy of the request's context: the caller's groups, and the
         # index generation the request is pinned to.
-        documents, kinds = await run_in_threadpool(counts.count, current_groups())
-        return CollectionSummary(
-            documents=documents, kinds=kinds, labels=kind_labels(kinds), domains=domains
-        )
+        return await run_in_threadpool(summary, current_groups())
 
     return router

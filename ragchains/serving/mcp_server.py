@@ -157,6 +157,10 @@ def tool_arguments(name: str, route: Route, choices: tuple[str, ...]) -> type[Ba
     return create_model(name, __base__=route.request_model, **extra)  # type: ignore[call-overload,no-any-return]
 
 
+# The configurable choices the search tool takes (ask's: the domain).
+SEARCH_CHOICES = ("k", "domain")
+
+
 class RagTools:
     """The tools over one service's routes, on a low-level MCP ``Server``."""
 
@@ -170,16 +174,30 @@ class RagTools:
         self.service = service
         self.routes = routes
         self.on_llm_failure = on_llm_failure
-        self.arguments = {
-            "search": tool_arguments("SearchArguments", routes["retrieve"], ("k",)),
-            "ask": tool_arguments("AskArguments", routes["ask"], ("domain",)),
-        }
+        self._arguments: tuple[Any, dict[str, type[BaseModel]]] | None = None
         self.server: Server[Any, Request] = Server(
             "ragchains", version=__version__, instructions=INSTRUCTIONS
         )
         self.server.list_tools()(self.list_tools)
         # Arguments are checked by the routes' models (their words), not by jsonschema's.
         self.server.call_tool(validate_input=False)(self.call_tool)
+
+    @property
+    def arguments(self) -> dict[str, type[BaseModel]]:
+        """Each tool's arguments, of the prompts' current load: a domain added to a domains
+        folder the server follows is offered from the next listing on."""
+        loaded = self.service.prompts.current()
+        if self._arguments is None or self._arguments[0] is not loaded:
+            self._arguments = (
+                loaded,
+                {
+                    "search": tool_arguments(
+                        "SearchArguments", self.routes["retrieve"], SEARCH_CHOICES
+                    ),
+                    "ask": tool_arguments("AskArguments", self.routes["ask"], ("domain",)),
+                },
+            )
+        return self._arguments[1]
 
     async def list_tools(self) -> list[types.Tool]:
         def tool(name: str, description: str, arguments: Any, result: Any) -> types.Tool:
@@ -198,7 +216,8 @@ class RagTools:
                 "Search the documents: the chunks that best match the query (hybrid BM25 and "
                 "dense search, reranked), each with the label to cite it by, its file, where "
                 "in the file it is, and its score. Optional filters on metadata fields "
-                "(list_fields names them) and k (how many to retrieve before reranking).",
+                "(list_fields names them), k (how many to retrieve before reranking) and "
+                "domain (list_domains names them: its glossary and its documents).",
                 self.arguments["search"],
                 SearchResult,
             ),
@@ -272,8 +291,8 @@ class RagTools:
     async def _search(self, arguments: dict[str, Any]) -> SearchResult:
         route = self.routes["retrieve"]
         given = self._checked("search", arguments)
-        configurable = self._choices(route, given, ("k",))
-        inputs = given.model_dump(exclude={"k"})
+        configurable = self._choices(route, given, SEARCH_CHOICES)
+        inputs = given.model_dump(exclude=set(SEARCH_CHOICES))
         documents = await self._run(route, inputs, configurable)
         return SearchResult(chunks=[_chunk(to_source(doc)) for doc in documents])
 

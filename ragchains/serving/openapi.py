@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from pydantic import BaseModel
 
 from ragchains.chains.options import DOMAIN_KEY
-from ragchains.prompts.registry import DEFAULT_DOMAIN
+from ragchains.prompts.registry import DEFAULT_DOMAIN, PromptRegistry
 from ragchains.retrievers.filters import filters_schema
 from ragchains.serving.errors import OPENAI_PREFIX
 from ragchains.serving.guards import is_open
@@ -128,7 +128,7 @@ def truthful_openapi(
     app: FastAPI,
     *,
     chat_request: type[BaseModel],
-    domains: Iterable[str],
+    prompts: PromptRegistry,
     keyed: bool,
     routes: Mapping[str, Route],
     limits: Limits,
@@ -136,21 +136,22 @@ def truthful_openapi(
 ) -> Callable[[], dict[str, Any]]:
     """``app.openapi``: FastAPI's document, amended. ``chat_request`` is the body
     /v1/chat/completions reads (its handler parses it itself, to answer in OpenAI's error
-    format), whose ``model`` is one of ``domains``; ``keyed``: the server needs an API key.
-    ``routes`` and ``limits``: what the LangServe routes' bodies are checked against
-    (``check_body``); ``fields``: the index's filterable fields (which follow the index), or
-    None when they are not told (per-user access), whose filters the document then leaves
-    untyped. The document is built again when the fields change (an ingest adds some)."""
-    models = sorted(domains)
+    format), whose ``model`` is one of the domains of ``prompts``; ``keyed``: the server
+    needs an API key. ``routes`` and ``limits``: what the LangServe routes' bodies are
+    checked against (``check_body``); ``fields``: the index's filterable fields (which
+    follow the index), or None when they are not told (per-user access), whose filters the
+    document then leaves untyped. The document is built again when the fields change (an
+    ingest adds some) or the prompts do (a domains folder followed live)."""
     built: dict[str, Any] = {}
 
     def openapi() -> dict[str, Any]:
         now = dict(fields) if fields is not None else None
-        if "document" not in built or built["fields"] != now:
+        loaded = prompts.current()
+        if "document" not in built or built["fields"] != now or built["prompts"] is not loaded:
             app.openapi_schema = None
             try:
                 document = FastAPI.openapi(app)
-                _amend(document, chat_request, models, keyed)
+                _amend(document, chat_request, sorted(loaded.domains), keyed)
                 schemas = document["components"]["schemas"]
                 _amend_requests(schemas, routes, limits, now)
                 if "chat" in routes:
@@ -158,7 +159,7 @@ def truthful_openapi(
             except BaseException:  # FastAPI cached its own document: never serve that one
                 app.openapi_schema = None
                 raise
-            built["fields"], built["document"] = now, document
+            built["fields"], built["prompts"], built["document"] = now, loaded, document
         return built["document"]  # type: ignore[no-any-return]
 
     return openapi

@@ -14,6 +14,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ragchains.factory import Service
 from ragchains.models.providers import LLMFailure
+from ragchains.prompts.live import LiveRegistry
 from ragchains.retrievers.indexformat import IndexLoadError
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.searchindex import SearchIndex
@@ -82,10 +83,13 @@ def readiness(service: Service, health: Health, limits: Limits) -> dict[str, Any
     if hidden:  # counts and field names would tell of files the caller may not read
         index_info.pop("chunks", None)
         index_info.pop("fields", None)
+    prompts = service.prompts
+    problems = prompts.problems_shown() if isinstance(prompts, LiveRegistry) else []
     return {
         "ready": ready,
         "detail": reason,  # why not ready (the chat page shows it), else None
         "degraded": bool(compressor["fallback"])
+        or bool(problems)
         or health.llm_failure is not None
         or "refused" in index_info,  # a newer generation committed but not served
         "llm": {
@@ -108,6 +112,9 @@ def readiness(service: Service, health: Health, limits: Limits) -> dict[str, Any
         "index": index_info,
         "compressor": compressor,
         "domains": sorted(service.prompts.domains),
+        # A domains folder edited into something that does not load: the last good load
+        # still serves; each problem is its file (inside the folder), line and reason.
+        "domains_problems": problems,
         # The chat page asks for a key only when one is needed, and keeps within the limits.
         "api_key_required": settings.api_key is not None or hidden,
         "limits": asdict(limits),

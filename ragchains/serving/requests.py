@@ -315,8 +315,18 @@ class Route:
         self.prompts = prompts
         self.runnable = chain.with_types(input_type=request_model)
         self.request_model = request_model
-        self._config_model = known_keys_model(chain)
+        self._chain = chain
         self._choices = chain_choices(chain)
+        # The config model of one load of the prompts (a live registry loads its folder
+        # again on edits: new domains and versions).
+        self._config: tuple[PromptRegistry, type[BaseModel]] | None = None
+
+    @property
+    def _config_model(self) -> type[BaseModel]:
+        loaded = self.prompts.current()
+        if self._config is None or self._config[0] is not loaded:
+            self._config = loaded, known_keys_model(self._chain)
+        return self._config[1]
 
     def config_schema(self, ref_template: str) -> dict[str, Any]:
         """The JSON Schema of a request's ``config`` as ``check_body`` checks it: the run
@@ -334,10 +344,11 @@ class Route:
         """One JSON Schema per domain: ``domain`` naming it (absent: the default domain) and
         each of the chain's prompt version keys listing the versions that domain has."""
         schemas = []
-        for domain in sorted(self.prompts.domains):
+        prompts = self.prompts.current()
+        for domain in sorted(prompts.domains):
             properties: dict[str, Any] = {DOMAIN_KEY: {"const": domain}}
             for name in self._choices.prompt_names:
-                versions = sorted(self.prompts.versions(domain, name))
+                versions = sorted(prompts.versions(domain, name))
                 properties[version_key(name)] = {"enum": [LATEST, *(f"v{v}" for v in versions)]}
             required = [DOMAIN_KEY] if domain != DEFAULT_DOMAIN else []
             schemas.append({"properties": properties, "required": required})

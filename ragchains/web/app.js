@@ -829,12 +829,28 @@ function showServer(server) {
 function fillDomains(domains) {
   if (!domains.length) domains = ["default"];
   const select = $("domain");
+  const shown = [...select.options].map((o) => o.value);
+  // The same list is left alone: replacing it would close it under a person choosing.
+  if (shown.length === domains.length && shown.every((d, i) => d === domains[i])) return;
   select.replaceChildren(...domains.map((d) => el("option", { value: d }, d)));
   if (!domains.includes(state.prefs.domain)) {
     state.prefs.domain = domains.includes("default") ? "default" : domains[0];
     savePrefs();
   }
   select.value = state.prefs.domain;
+}
+
+// A team's domains folder is served live: the list is read again when a person goes to
+// choose a domain, and when the page comes back into view.
+async function refreshDomains() {
+  try {
+    const response = await fetch("/readyz");
+    if (!response.ok) return;
+    const server = await response.json();
+    if (Array.isArray(server.domains)) fillDomains(server.domains);
+  } catch {
+    // Offline for a moment: the list stays as it is, the next look tries again.
+  }
 }
 
 function askForKey(message) {
@@ -975,6 +991,10 @@ function init() {
   $("domain").addEventListener("change", (event) => {
     state.prefs.domain = event.target.value;
     savePrefs();
+  });
+  $("domain").addEventListener("focus", refreshDomains);
+  document.addEventListener("visibilitychange", () => {
+    if (document.visibilityState === "visible") refreshDomains();
   });
   $("menu").addEventListener("click", () => {
     const open = !document.body.classList.contains("settings-open");
