@@ -3,7 +3,7 @@
 Each command parses its options, calls ragchains.evaluation (which measures and writes the
 run folder, see ragchains.evaluation.runs) and prints the result, or one line saying what is
 wrong; the chains it measures come through ragchains.cli.common, as every command's do. The
-commands live by kind in eval_beir, eval_chat and eval_runs, sharing eval_common.
+commands live by kind in eval_beir, eval_chat, eval_compare and eval_runs, sharing eval_common.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import click
 
 from ragchains.cli.eval_beir import abstention_command, retrieval_command, tune_command
 from ragchains.cli.eval_chat import answers_command, generate_command, rewrites_command
+from ragchains.cli.eval_compare import compare_command
 from ragchains.cli.eval_runs import diff_command, summary_command
 
 
@@ -20,7 +21,8 @@ def eval_group() -> None:
     """Measure retrieval, answers, abstention and query rewriting.
 
     Every run writes a folder (config.json, items.jsonl, summary.json) that `eval summary`
-    and `eval diff` read.
+    and `eval diff` read; `eval compare` runs `eval answers` per prompt variant and writes
+    one report.
     """
 
 
@@ -32,6 +34,7 @@ for _command in (
     rewrites_command,
     abstention_command,
     answers_command,
+    compare_command,
     generate_command,
 ):
     eval_group.add_command(_command)
