@@ -5,6 +5,7 @@ v2, its report.html opened in Debian's Chromium."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,10 @@ from ragchains.evaluation.compare import (
 )
 from ragchains.evaluation.runs import load_run
 from tests.browser import open_page
+from tests.conftest import REPO
 from tests.test_cli import run
 
-SAMPLES_QA = Path(__file__).resolve().parent.parent / "evaluation" / "qa" / "samples-qa.jsonl"
+SAMPLES_QA = REPO / "evaluation" / "qa" / "samples-qa.jsonl"
 HOSTILE = '<script>alert("answer")</script><img src=x onerror=alert(1)>'
 
 
@@ -348,6 +350,8 @@ def test_the_report_opens_in_chromium_with_the_chart_and_the_changes(
         (["legal", "hr"], None, "error: --variant 'legal': unknown domain 'legal'"),
         (["hr:answer=v9", "hr"], None, "error: --variant 'hr:answer=v9': prompt "),
         (["hr:answer=v1", "hr"], "full", "out already exists and is not empty; choose another"),
+        # A team's domains folder offers its own domains only (hr's files copied as legal).
+        (["legal", "hr"], "team", "error: --variant 'hr': unknown domain 'hr'"),
     ],
 )
 def test_bad_input_is_one_line_and_writes_nothing(
@@ -356,11 +360,14 @@ def test_bad_input_is_one_line_and_writes_nothing(
     config = tmp_path / "answers.yaml"
     config.write_text(f"dataset: {SAMPLES_QA}\ntarget: {{index: nowhere, mode: ask}}\n", "utf-8")
     out = tmp_path / "out"
+    args = [a for spec in variants for a in ("--variant", spec)]
     if out_state == "full":
         out.mkdir()
         (out / "notes.txt").write_text("mine", "utf-8")
+    if out_state == "team":
+        shutil.copytree(REPO / "prompts" / "hr", tmp_path / "team" / "legal")
+        args += ["--domains", str(tmp_path / "team")]
     before = sorted(p.name for p in tmp_path.iterdir())
-    args = [a for spec in variants for a in ("--variant", spec)]
     result = run("eval", "compare", "--config", config, *args, "--out", out, "-q")
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and message in result.stderr

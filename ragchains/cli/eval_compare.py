@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from ragchains.cli.common import (
+    DOMAINS_OPTION,
     EXIT_FAILED,
     checked_prompts,
     chosen_prompts,
@@ -43,6 +44,7 @@ The config file is the one `ragchains eval answers --help` describes.
 
 
 @click.command("compare", epilog=_COMPARE_HELP)
+@DOMAINS_OPTION
 @click.option(
     "--config",
     "config_file",
@@ -114,7 +116,7 @@ def compare_command(
             fail(str(exc))
         prompts: list[dict[str, str] | None] = [None] * len(variants)
         if spec.index is not None:  # a server checks its own domains and versions
-            registry = checked_prompts(plan.configurable, spec.mode)
+            registry = checked_prompts(plan.configurable, spec.mode, settings)
             for n, variant in enumerate(variants):
                 try:
                     prompts[n] = chosen_prompts(registry, variant.configurable, spec.mode)
