@@ -105,7 +105,8 @@ def served_domains(shipped_root: Path, team: Path | None, required: tuple[str, .
     own = load_folder(team, problems)
     if problems:
         raise PromptFileError(problems)
-    served = {DEFAULT_DOMAIN: shipped[DEFAULT_DOMAIN], **kept}
+    # The shipped default's suggested questions are about the samples: not the team's.
+    served = {DEFAULT_DOMAIN: replace(shipped[DEFAULT_DOMAIN], suggestions={}), **kept}
     replaced = tuple(sorted(name for name in own if name in shipped))
     for name, domain in own.items():
         if name == DEFAULT_DOMAIN:

@@ -129,6 +129,11 @@ class SuggestionsFile(BaseModel):
     version: int = Field(ge=1)
     description: str = Field(min_length=1)
     questions: list[str] = Field(min_length=1, max_length=MAX_SUGGESTIONS)
+    documents: DocumentScope = Field(
+        default_factory=DocumentScope,
+        description="the files the questions are about: they are offered only to a caller "
+        "who may read one of them (none given: any of the domain's)",
+    )
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ class Suggestions:
     description: str
     questions: tuple[str, ...]
     path: Path
+    scope: DocumentScope = field(default_factory=DocumentScope)
 
     @property
     def ref(self) -> str:
@@ -300,7 +306,7 @@ def load_suggestions(path: Path, domain: str) -> Suggestions:
             )
     if len(set(questions)) != len(questions):
         raise _problem(path, document, ("questions",), "a question is listed twice")
-    return Suggestions(domain, spec.version, spec.description, questions, path)
+    return Suggestions(domain, spec.version, spec.description, questions, path, spec.documents)
 
 
 def load_domain(folder: Path, problems: list[FileProblem]) -> Domain | None:

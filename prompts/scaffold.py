@@ -38,10 +38,12 @@ VARIABLES = {
 # What each prompt is for, as the chains use it.
 PURPOSE = {
     "rewrite": "turns a chat question into one standalone search query (chat mode)",
-    "multi_query": "writes more phrasings of the query, fused with it\n# (when domain.yaml's multi_query is over 1)",
+    "multi_query": "writes more phrasings of the query, fused with it\n"
+    "# (when domain.yaml's multi_query is over 1)",
     "requery": "writes a better query when the first one's sources score low",
     "answer": "writes the answer from the sources, citing them\n# (the free answer style)",
-    "quote": "picks the source sentences that answer, copied word for word\n# (the quote answer style)",
+    "quote": "picks the source sentences that answer, copied word for word\n"
+    "# (the quote answer style)",
 }
 _VERSION_LINE = re.compile(r"^version:\s*\d+\s*$", re.MULTILINE)
 

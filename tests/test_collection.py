@@ -71,6 +71,18 @@ def test_domains_come_with_their_description_and_suggestions() -> None:
     hr = next(d for d in domains if d.name == "hr")
     assert hr.description.startswith("Employee handbook")
     assert hr.suggestions_ref == "hr/suggestions@v1" and 3 <= len(hr.suggestions) <= 4
+    assert hr.scoped and hr.documents is None  # not counted: no index
+
+
+def test_a_domains_questions_are_offered_only_where_their_files_are_readable() -> None:
+    def counts(*scopes: Any) -> int:
+        """A collection holding the handbook and no product table (the fake of FileCounts)."""
+        return 0 if any(s.paths == ("catalog/**",) for s in scopes) else 3
+
+    domains = {d.name: d for d in domain_summaries(PromptRegistry(), counts)}
+    assert domains["hr"].suggestions and domains["hr"].documents == 3
+    assert domains["catalog"].suggestions == [] and domains["catalog"].documents == 0
+    assert domains["default"].suggestions and domains["default"].documents == 3
 
 
 @pytest.fixture
@@ -116,13 +128,26 @@ def test_each_key_sees_only_the_documents_its_groups_may_read(
     assert hr_out["labels"]["html"] == {"label": "web page", "label_plural": "web pages"}
     assert as_eng.json()["documents"] == 7
     assert as_eng.json()["kinds"] == {**PUBLIC, "markdown": 2}
-    assert as_ops.json() == {**hr_out, "documents": 6, "kinds": PUBLIC}  # the public files
+    ops_out = as_ops.json()
+    assert {**ops_out, "domains": None} == {
+        **hr_out,
+        "documents": 6,
+        "kinds": PUBLIC,
+        "domains": None,
+    }
     assert list(hr_out["kinds"].values()) == sorted(hr_out["kinds"].values(), reverse=True)
-    domains = {d["name"]: d for d in hr_out["domains"]}
-    assert {"default", "hr", "catalog"} <= domains.keys()
-    assert domains["catalog"]["suggestions_ref"] == "catalog/suggestions@v1"
-    assert domains["catalog"]["description"].startswith("Product catalog")
-    assert all(d["suggestions"] for d in domains.values())
+    # Each domain's files, as each key may read them: default reads every file; the shipped
+    # hr and catalog answer from the samples' handbook and tables, which these are not.
+    for reply, readable in ((as_hr, 8), (as_eng, 7), (as_ops, 6)):
+        domains = {d["name"]: d for d in reply.json()["domains"]}
+        assert domains.keys() == {"default", "hr", "catalog"}
+        assert (domains["default"]["documents"], domains["default"]["scoped"]) == (readable, False)
+        assert domains["hr"]["scoped"] and domains["hr"]["documents"] == 0
+        assert domains["catalog"]["description"].startswith("Product catalog")
+        # The shipped questions are about the samples' files, none of them here: none offered.
+        assert all(
+            d["suggestions"] == [] and d["suggestions_ref"] is None for d in domains.values()
+        )
     assert no_key.status_code == 401 and wrong_key.status_code == 401
     # In the API's document: its reply's schema, and the key it needs.
     get = document["paths"]["/collection"]["get"]

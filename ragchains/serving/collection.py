@@ -24,7 +24,7 @@ from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.formats import format_named
 from ragchains.retrievers.indexformat import FileRecord
 from ragchains.retrievers.pgstore import PostgresStore
-from ragchains.retrievers.scope import EVERY_DOCUMENT, DocumentScope
+from ragchains.retrievers.scope import DocumentScope
 
 # Generations × sets of groups remembered (a handful of each in practice).
 _KEPT = 64
@@ -103,15 +103,22 @@ def kind_labels(kinds: Iterable[str]) -> dict[str, KindLabel]:
 
 
 def domain_summaries(
-    prompts: PromptRegistry, counts: Callable[[DocumentScope], int] | None = None
+    prompts: PromptRegistry, counts: Callable[..., int] | None = None
 ) -> list[DomainSummary]:
-    """Every domain with its description and latest suggested questions, default first;
-    ``counts`` gives the files a scope holds that the caller may read (None: not counted)."""
+    """Every domain with its description and latest suggested questions, default first.
+    ``counts(*scopes)``: the files within every scope that the caller may read; with it each
+    domain's files are counted, and its questions offered only when the caller may read one
+    of the files they are about (None: nothing counted, every domain's questions)."""
     loaded = prompts.current()
     out = []
     for name in sorted(loaded.domains, key=lambda n: (n != "default", n)):
         domain = loaded.domains[name]
         suggested = loaded.suggestions(name)
+        documents = counts(domain.scope) if counts is not None else None
+        if suggested is not None and counts is not None:
+            about = suggested.scope
+            if documents == 0 or (not about.everything and counts(domain.scope, about) == 0):
+                suggested = None  # questions about files this caller cannot read
         out.append(
             DomainSummary(
                 name=name,
@@ -119,7 +126,7 @@ def domain_summaries(
                 suggestions=list(suggested.questions) if suggested else [],
                 suggestions_ref=suggested.ref if suggested else None,
                 scoped=not domain.scope.everything,
-                documents=counts(domain.scope) if counts is not None else None,
+                documents=documents,
             )
         )
     return out
@@ -132,15 +139,18 @@ class FileCounts:
     def __init__(self, index: Store) -> None:
         self.index = index
         self._lock = threading.Lock()
-        self._counts: dict[tuple[str, frozenset[str] | None, str], tuple[int, dict[str, int]]] = {}
+        self._counts: dict[
+            tuple[str, frozenset[str] | None, tuple[str, ...]], tuple[int, dict[str, int]]
+        ] = {}
 
     def count(
-        self, groups: frozenset[str] | None, scope: DocumentScope = EVERY_DOCUMENT
+        self, groups: frozenset[str] | None, *scopes: DocumentScope
     ) -> tuple[int, dict[str, int]]:
-        """Counts for a caller in ``groups`` of the files within ``scope``, of the generation
-        this context reads: an index folder's pinned one (``serving.guards``), or the store's
-        current one. Blocks (file records from SQLite or PostgreSQL the first time): call it
-        in a thread that carries the request's context."""
+        """Counts for a caller in ``groups`` of the files within every one of ``scopes``, of
+        the generation this context reads: an index folder's pinned one
+        (``serving.guards``), or the store's current one. Blocks (file records from SQLite
+        or PostgreSQL the first time): call it in a thread that carries the request's
+        context."""
         index = self.index
         if isinstance(index, PostgresStore):
             generation, files = f"store {index.generation}", index.files
@@ -151,17 +161,16 @@ class FileCounts:
             # old generation's index in memory.
             generation, files = f"folder {pinned.path}", pinned.store.files
             in_scope = pinned.scope_sources
-        key = (generation, groups, scope.key)
+        scoped = [s for s in scopes if not s.everything]
+        key = (generation, groups, tuple(s.key for s in scoped))
         with self._lock:
             found = self._counts.get(key)
         if found is None:
             records: Mapping[str, FileRecord] = files()
-            sources = in_scope(scope)
-            kept = (
-                records.values()
-                if sources is None
-                else (r for r in records.values() if r.source in sources)
-            )
+            kept: Iterable[FileRecord] = records.values()
+            for scope in scoped:
+                sources = in_scope(scope) or set()
+                kept = [r for r in kept if r.source in sources]
             found = count_files(kept, groups)
             with self._lock:
                 if len(self._counts) >= _KEPT:
@@ -176,7 +185,9 @@ def collection_router(service: Service) -> APIRouter:
 
     def summary(groups: frozenset[str] | None) -> CollectionSummary:
         documents, kinds = counts.count(groups)
-        domains = domain_summaries(service.prompts, lambda scope: counts.count(groups, scope)[0])
+        domains = domain_summaries(
+            service.prompts, lambda *scopes: counts.count(groups, *scopes)[0]
+        )
         return CollectionSummary(
             documents=documents, kinds=kinds, labels=kind_labels(kinds), domains=domains
         )
