@@ -151,13 +151,15 @@ def llama_cpp_server() -> Iterator[LlamaServer]:
 
 
 @contextmanager
-def ragchains_serve(*target: str, **env: str) -> Iterator[str]:
+def ragchains_serve(
+    *target: str, program: Path = RAGCHAINS, cwd: Path = REPO, **env: str
+) -> Iterator[str]:
     """`ragchains serve TARGET...` in a process of its own, as a user runs it, until the block
     ends (then Ctrl-C, as a user stops it); yields its base URL once /readyz answers.
-    ``env``: RAGCHAINS_* to set."""
+    ``program``: the console script (another install's); ``env``: variables to set."""
 
     def command(port: int) -> list[str]:
-        return [str(RAGCHAINS), "serve", *target, "--port", str(port)]
+        return [str(program), "serve", *target, "--port", str(port)]
 
     with _served_process(
         "ragchains serve",
@@ -165,7 +167,7 @@ def ragchains_serve(*target: str, **env: str) -> Iterator[str]:
         "/readyz",
         stop=(signal.SIGINT,),
         timeout=300,
-        cwd=REPO,
+        cwd=cwd,
         env=user_env(**env),
     ) as (_, base):
         yield base

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import click
@@ -27,7 +28,9 @@ def serve_command(
     /retrieve (invoke, batch, stream, playground); OpenAI-compatible /v1/chat/completions and
     /v1/models (one model per prompt domain); POST /feedback (votes kept in feedback.sqlite in
     the index folder, or RAGCHAINS_FEEDBACK_DB); MCP tools for assistants and IDEs at /mcp;
-    Prometheus metrics at /metrics; /healthz and /readyz. Set RAGCHAINS_API_KEY (or
+    Prometheus metrics at /metrics; /healthz and /readyz. With --domains DIR (or
+    RAGCHAINS_DOMAINS), your own domains are served instead of the shipped examples, and
+    edits to the folder are served as they are saved. Set RAGCHAINS_API_KEY (or
     RAGCHAINS_KEYS_FILE) to require a key on every route but the health checks and the page's
     files, RAGCHAINS_CORS_ORIGINS to allow browsers from other origins, and
     OTEL_EXPORTER_OTLP_ENDPOINT to export traces over OTLP/HTTP. A connection whose request
@@ -45,6 +48,9 @@ def serve_command(
     from ragchains.serving.keys import KeyRing, KeysFileError
 
     settings = load_settings()
+    # What the domains folder does (a shipped domain replaced, an edit served or refused)
+    # is told on the console, as the URLs are.
+    logging.getLogger("ragchains.prompts").setLevel(logging.INFO)
     keyring = None
     if settings.keys_file is not None:  # before the slow loading, as the port below
         try:
@@ -103,6 +109,8 @@ def serve_command(
             click.echo(
                 f"  OpenAI API:  {base}/v1 (models: {', '.join(sorted(service.prompts.domains))})"
             )
+            if service.prompts.team is not None:
+                click.echo(f"  domains:     {service.prompts.team} (edits are served live)")
             click.echo("Press Ctrl-C to stop.")
 
     threading.Thread(target=announce, daemon=True).start()
