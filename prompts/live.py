@@ -7,9 +7,8 @@ moves to it), an edited glossary or scope. An edit that does not pass is not ser
 good load keeps serving, and ``problem`` (which ``/readyz`` and the log show) names the file,
 the line and the reason until an edit fixes it.
 
-Polling rather than the OS's change notifications: they miss edits on network and container
-file systems, and the folder is small. Each request reads the registry once
-(``current()``), so one request never mixes two loads.
+Polled (``ragchains.polling``), as an index folder is: the folder is small. Each request
+reads the registry once (``current()``), so one request never mixes two loads.
 """
 
 from __future__ import annotations
@@ -23,6 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ragchains.polling import Poller
 from ragchains.prompts.problems import FileProblem, PromptFileError
 from ragchains.prompts.registry import Domain, Prompt, PromptRegistry, Suggestions
 
@@ -80,8 +80,7 @@ class LiveRegistry(PromptRegistry):
         self._current = load()
         self._problem: PromptFileError | None = None
         self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher = Poller(self.refresh, poll, name="ragchains-domains-watch")
 
     # -- what a request reads: the current load ------------------------------------------
     def current(self) -> PromptRegistry:
@@ -175,24 +174,10 @@ class LiveRegistry(PromptRegistry):
     def watch(self) -> None:
         """Look at the folder every ``poll`` seconds in a thread of its own, until
         ``close``."""
-        if self._watcher is not None:
-            return
-
-        def run() -> None:
-            while not self._stop.wait(self.poll):
-                try:
-                    self.refresh()
-                except Exception:  # the watcher must outlive any one look
-                    log.exception("looking at the domains folder %s failed", self.folder)
-
-        self._watcher = threading.Thread(target=run, name="ragchains-domains-watch", daemon=True)
         self._watcher.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=5)
-            self._watcher = None
+        self._watcher.stop()
 
 
 def _inside(path: Path, folder: Path) -> Path:

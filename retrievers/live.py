@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from ragchains.polling import Poller
 from ragchains.retrievers.filewatch import FileDamage
 from ragchains.retrievers.fusion import FusionConfig
 from ragchains.retrievers.fusionfile import FUSION_FILE, read_fusion
@@ -69,8 +70,8 @@ class LiveIndex:
             f"ragchains-generation-{id(self)}", default=None
         )
         self._swap = threading.Lock()
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._closed = False
+        self._watcher = Poller(self.refresh, self.poll, name="ragchains-index-watch")
 
     def _load(self, generation: Path | None = None) -> SearchIndex:
         index = load_index(
@@ -112,7 +113,7 @@ class LiveIndex:
         logged once and not tried again until CURRENT or fusion.json changes (the next
         ingest may mend it); the current generation stays."""
         with self._swap:
-            if self._stop.is_set():
+            if self._closed:
                 return False
             for _ in range(_SUPERSEDED_RETRIES):
                 seen = (self._current_name(), _fusion_stamp(self._folder))
@@ -162,25 +163,11 @@ class LiveIndex:
 
     def watch(self) -> None:
         """Refresh every ``poll`` seconds in a thread of its own, until ``close``."""
-        if self._watcher is not None:
-            return
-        self._stop.clear()
-
-        def run() -> None:
-            while not self._stop.wait(self.poll):
-                try:
-                    self.refresh()
-                except Exception:  # a bug must not stop the watching
-                    log.exception("index %s: refresh failed", self._folder)
-
-        self._watcher = threading.Thread(target=run, name="ragchains-index-watch", daemon=True)
         self._watcher.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=10)
-            self._watcher = None
+        self._closed = True
+        self._watcher.stop()
         with self._swap:  # after any load under way: none swaps in once closed
             self._current.close()
 

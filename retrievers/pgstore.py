@@ -26,6 +26,7 @@ from pgvector.psycopg import register_vector, register_vector_async
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
+from ragchains.polling import Poller
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.filters import BASE_FIELDS, LiveFields
 from ragchains.retrievers.indexformat import FileRecord, embedder_mismatch, is_file_id
@@ -79,8 +80,13 @@ class PostgresStore:
         self._lock = threading.Lock()
         self._meta: dict[str, Any] = {}
         self._meta_at = -1.0
-        self._stop = threading.Event()
-        self._watcher: threading.Thread | None = None
+        self._watcher = Poller(
+            lambda: self.meta(fresh=True),
+            META_TTL,
+            name="ragchains-store-watch",
+            # Unreachable for now: the last meta read stands.
+            failed=lambda exc: log.warning("store %s: meta not re-read: %s", self.redacted, exc),
+        )
 
     # ------------------------------------------------------------------ connections
     @property
@@ -164,25 +170,10 @@ class PostgresStore:
         what request validation reads (``known_meta``: fields, each group's fields) then
         follows committed ingests even when no search runs to refresh it, and the event loop
         never waits on the database for it."""
-        if self._watcher is not None:
-            return
-        self._stop.clear()
-
-        def run() -> None:
-            while not self._stop.wait(META_TTL):
-                try:
-                    self.meta(fresh=True)
-                except Exception as exc:  # unreachable for now: the last meta read stands
-                    log.warning("store %s: meta not re-read: %s", self.redacted, exc)
-
-        self._watcher = threading.Thread(target=run, name="ragchains-store-watch", daemon=True)
         self._watcher.start()
 
     def close(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=10)
-            self._watcher = None
+        self._watcher.stop()
         self._close_pools()
 
     def _close_pools(self) -> None:
@@ -216,7 +207,7 @@ class PostgresStore:
     async def ameta(self, *, fresh: bool = False) -> dict[str, Any]:
         """``meta`` for async callers: read through the async pool, never blocking the loop;
         while ``watch``ed, the copy its thread keeps fresh (no round trip per search)."""
-        if not fresh and self._watcher is not None and self._meta_at > 0:
+        if not fresh and self._watcher.running and self._meta_at > 0:
             return self._meta
         now = time.monotonic()
         if fresh or now - self._meta_at > META_TTL:
