@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from ragchains.evaluation.runs import RunError
+from ragchains.prompts.registry import DOMAIN_NAME
 
 REPORT_FORMAT = "ragchains-compare"
 REPORT_VERSION = 1
@@ -46,7 +47,6 @@ CHART_METRICS = (
 STYLE_PROMPT = {"quote": "quote", "free": "answer"}
 VARIANT_SYNTAX = "DOMAIN, DOMAIN:PROMPT=VERSION[,PROMPT=VERSION...] or :PROMPT=VERSION"
 
-_NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # domain and prompt names, as the registry has them
 _VERSION = re.compile(r"^(?:[vV]?\d+|latest)$")
 
 
@@ -74,7 +74,7 @@ def parse_variant(spec: str) -> Variant:
     domain, colon, rest = spec.strip().partition(":")
     if not domain and not colon:
         raise bad("empty")
-    if domain and not _NAME.match(domain):
+    if domain and not DOMAIN_NAME.match(domain):
         raise bad(f"{domain!r} is not a domain name (lowercase letters, digits, - and _)")
     versions: dict[str, str] = {}
     if colon:
@@ -82,7 +82,7 @@ def parse_variant(spec: str) -> Variant:
             raise bad("no PROMPT=VERSION after ':'")
         for pair in rest.split(","):
             name, eq, version = (part.strip() for part in pair.partition("="))
-            if not eq or not _NAME.match(name):
+            if not eq or not DOMAIN_NAME.match(name):
                 raise bad(f"{pair.strip()!r} is not PROMPT=VERSION (e.g. answer=v2)")
             if not _VERSION.match(version):
                 raise bad(f"version {version!r} of {name} is not vN, N or latest")

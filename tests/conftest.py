@@ -33,6 +33,8 @@ SLOWEST_FIRST = (
     "test_llamacpp_server.py",
     "test_cli.py",
     "test_passage_viewer.py",
+    "test_domains_served.py",
+    "test_eval_compare.py",
     "test_eval_cli.py",
     "test_server.py",
     "test_chat_page.py",

@@ -13,7 +13,6 @@ page too. The same scope on a PostgreSQL store is the last test.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -28,10 +27,10 @@ from typing import Any
 import httpx
 import pytest
 from mcp import ClientSession
-from mcp.client.streamable_http import streamable_http_client
 
 from tests.browser import open_page
 from tests.servers import RAGCHAINS, REPO, ragchains_serve, user_env, wait_until
+from tests.test_mcp import over_http
 
 pytestmark = pytest.mark.slow
 
@@ -251,19 +250,12 @@ def test_per_key_access_holds_inside_the_scope(team: Team) -> None:
 def mcp_domains(team: Team) -> list[str]:
     """The domains the MCP ask tool offers now."""
 
-    async def session() -> list[str]:
-        headers = {"Authorization": f"Bearer {team.keys['lena']}"}
-        async with (
-            httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(60)) as http,
-            streamable_http_client(f"{team.base}/mcp", http_client=http) as (read, write, _),
-            ClientSession(read, write) as client,
-        ):
-            await client.initialize()
-            tools = {tool.name: tool for tool in (await client.list_tools()).tools}
+    async def use(client: ClientSession) -> list[str]:
+        tools = {tool.name: tool for tool in (await client.list_tools()).tools}
         options = tools["ask"].inputSchema["properties"]["domain"]["anyOf"]
         return list(next(s for s in options if "enum" in s)["enum"])
 
-    return asyncio.run(session())
+    return over_http(team.base, team.keys["lena"], use)
 
 
 def test_edits_are_served_live_and_a_broken_one_is_not(team: Team) -> None:
