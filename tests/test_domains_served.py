@@ -334,6 +334,12 @@ def test_the_chat_page_lists_a_new_domain_and_answers_from_its_documents(
         watched = open_page(context, team.base)
         page = watched.page
         page.locator("#domain option[value='legal']").wait_for(state="attached")
+        # The team's domains only, and none of the sample company's questions.
+        shown = page.locator("#domain option").evaluate_all("(os) => os.map((o) => o.value)")
+        assert "hr" not in shown and "catalog" not in shown and "legal" in shown, shown
+        page.locator("#collection .holdings").wait_for()  # the collection has been read
+        assert "15 documents you can ask about" in page.locator("#collection").inner_text()
+        assert page.locator(".suggestion").count() == 0
         # A domain added while the page is open: the list shows it when it is chosen from.
         folder = team.domains / "contracts"
         (folder).mkdir()
