@@ -9,9 +9,12 @@ Layout::
 
 Every file is checked when the registry loads (at start-up, not at the first request): required
 fields, name and version matching the path, declared input variables equal to the template's
-real ones, no duplicate versions. A problem raises ``PromptFileError`` naming the file. A
-domain that lacks a prompt uses the ``default`` domain's. Requests choose a domain and version;
-they can never send prompt text.
+real ones, no duplicate versions. ``PromptFileError`` lists every problem, each naming its file
+and line (``prompts.problems``). A domain that lacks a prompt uses the ``default`` domain's.
+Requests choose a domain and version; they can never send prompt text.
+
+The shipped domains are this package's folders; a team's own domains folder is laid over them
+(``prompts.domains``), and a server follows its edits (``prompts.live``).
 """
 
 from __future__ import annotations
