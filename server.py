@@ -57,7 +57,7 @@ from ragchains.serving.admission import (
     request_ticket_of,
 )
 from ragchains.serving.bodies import MALFORMED, BodyLimits, JsonBody, JsonOnly
-from ragchains.serving.collection import collection_router
+from ragchains.serving.collection import collection_router, unfound_domains
 from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
@@ -262,6 +262,8 @@ def _lifespan(
         gc.collect()
         gc.freeze()
         log.info("ready: %d chunks from %s", len(service.index), service.index.location)
+        for problem in await asyncio.to_thread(unfound_domains, service):
+            log.warning("%s", problem)
         # Ingests are served as they commit, without a restart: an index folder's new
         # generation, a store's new fields and groups' fields.
         if isinstance(service.index, LiveIndex | PostgresStore):

@@ -36,6 +36,7 @@ from pydantic import (
 from ragchains.prompts.registry import (
     DEFAULT_DOMAIN,
     Domain,
+    PerLoad,
     Prompt,
     PromptRegistry,
     PromptSelectionError,
@@ -203,11 +204,13 @@ _SPECS: weakref.WeakKeyDictionary[PromptRegistry, _Specs] = weakref.WeakKeyDicti
 
 
 def _specs(registry: PromptRegistry) -> _Specs:
-    """The specs of the registry's current load (a live registry's changes with its folder)."""
+    """The specs of the registry's current load (a live registry's changes with its folder),
+    one object per load, shared by every chain over it."""
     loaded = registry.current()
-    if loaded not in _SPECS:
-        _SPECS[loaded] = _Specs(loaded)
-    return _SPECS[loaded]
+    found = _SPECS.get(loaded)
+    if found is None:
+        found = _SPECS[loaded] = _Specs(loaded)
+    return found
 
 
 ANSWER_STYLE_SPEC = ConfigurableFieldSpec(
@@ -278,35 +281,33 @@ class Choices:
         self._threshold = threshold
         # The specs and their model, of one load of the registry: built again when a live
         # registry has loaded its folder again.
-        self._built: tuple[_Specs, list[ConfigurableFieldSpec], type[BaseModel]] | None = None
+        self._built = PerLoad(self._build)
 
-    def _build(self) -> tuple[list[ConfigurableFieldSpec], type[BaseModel]]:
-        shared = _specs(self.registry)
-        if self._built is None or self._built[0] is not shared:
-            specs = [shared.domain, *(shared.versions[name] for name in self.prompt_names)]
-            if "answer" in self.prompt_names:
-                specs.append(ANSWER_STYLE_SPEC)
-            if self._k is not None:
-                specs.append(k_spec(int(self._k())))
-            if self._threshold is not None:
-                specs.append(threshold_spec(float(self._threshold())))
-            model = create_model(  # type: ignore[call-overload]
-                "Configurable",
-                __config__=ConfigDict(extra="ignore"),
-                **{spec.id: (spec.annotation, spec.default) for spec in specs},
-            )
-            self._built = shared, specs, model
-        return self._built[1], self._built[2]
+    def _build(self, loaded: PromptRegistry) -> tuple[list[ConfigurableFieldSpec], type[BaseModel]]:
+        shared = _specs(loaded)
+        specs = [shared.domain, *(shared.versions[name] for name in self.prompt_names)]
+        if "answer" in self.prompt_names:
+            specs.append(ANSWER_STYLE_SPEC)
+        if self._k is not None:
+            specs.append(k_spec(int(self._k())))
+        if self._threshold is not None:
+            specs.append(threshold_spec(float(self._threshold())))
+        model = create_model(  # type: ignore[call-overload]
+            "Configurable",
+            __config__=ConfigDict(extra="ignore"),
+            **{spec.id: (spec.annotation, spec.default) for spec in specs},
+        )
+        return specs, model
 
     @property
     def specs(self) -> list[ConfigurableFieldSpec]:
-        return list(self._build()[0])
+        return list(self._built.get(self.registry)[0])
 
     def resolve(self, configurable: Mapping[str, Any] | None) -> Options:
         """The chosen domain, prompts, k and threshold; PromptSelectionError for a domain or
         version that does not exist, OptionsError for any other bad value."""
         registry = self.registry.current()  # one load for the whole resolution
-        model = self._build()[1]
+        model = self._built.get(registry)[1]
         given = dict(configurable or {})
         if "prompt_version" in given:
             raise OptionsError(

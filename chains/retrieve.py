@@ -189,6 +189,7 @@ class Searcher:
     def __init__(self, retriever: Runnable[str, list[Document]]) -> None:
         self.retriever = retriever
         self.keywords = search_keywords(retriever)
+        self._told: set[str] = set()
 
     def _kwargs(
         self, filters: Sequence[MetadataFilter], k: int | None, scope: DocumentScope
@@ -207,7 +208,9 @@ class Searcher:
                     "the retriever takes no document scope; searched every document, not "
                     f"only the domain's ({scope.describe()})"
                 )
-                log.warning("domain scope not applied (retriever takes none): %s", scope.key)
+                if scope.key not in self._told:  # once per scope: every turn would repeat it
+                    self._told.add(scope.key)
+                    log.warning("domain scope not applied (retriever takes none): %s", scope.key)
         if filters:
             if "filters" in self.keywords:
                 kwargs["filters"] = list(filters)

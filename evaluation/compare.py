@@ -138,13 +138,13 @@ def plan_variants(specs: Sequence[str], base: Mapping[str, Any], mode: str) -> l
 def distinct(
     variants: Sequence[PlannedVariant], prompts: Sequence[Mapping[str, str] | None]
 ) -> None:
-    """VariantError when two variants would run the same turns: the same prompt files (refs,
-    one per variant, as the registry resolves them) and the same other choices."""
+    """VariantError when two variants would run the same turns: the same domain, the same
+    prompt files (refs, one per variant, as the registry resolves them) and the same other
+    choices. Two domains are never the same turns, whatever prompts they share: each has
+    its own documents, glossary and cuts."""
 
     def others(configurable: Mapping[str, Any]) -> dict[str, Any]:
-        return {
-            k: v for k, v in configurable.items() if k != "domain" and not k.endswith("_version")
-        }
+        return {k: v for k, v in configurable.items() if not k.endswith("_version")}
 
     for b, later in enumerate(variants):
         for a in range(b):

@@ -20,6 +20,7 @@ are only its own (the shipped default's are about the samples).
 
 from __future__ import annotations
 
+import difflib
 import logging
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -103,6 +104,8 @@ def served_domains(shipped_root: Path, team: Path | None, required: tuple[str, .
             )
         )
     own = load_folder(team, problems)
+    for domain in own.values():
+        problems.extend(_unknown_prompts(domain, required))
     if problems:
         raise PromptFileError(problems)
     # The shipped default's suggested questions are about the samples: not the team's.
@@ -147,6 +150,24 @@ def _kept_shipped(
             continue
         kept[name] = shipped[name]
     return kept
+
+
+def _unknown_prompts(domain: Domain, known: tuple[str, ...]) -> list[FileProblem]:
+    """A prompt folder no chain reads (a misspelt ``anwser`` would leave the domain
+    answering with default's ``answer`` without a word)."""
+    if not known or domain.folder is None:
+        return []
+    found = []
+    for name in sorted(set(domain.prompts) - set(known)):
+        close = difflib.get_close_matches(name, known, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        found.append(
+            FileProblem(
+                domain.folder / name,
+                f"no chain reads a prompt {name!r} (they read {', '.join(known)}){hint}",
+            )
+        )
+    return found
 
 
 def _over_shipped_default(team_default: Domain, shipped_default: Domain) -> Domain:

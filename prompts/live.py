@@ -33,14 +33,30 @@ POLL_SECONDS = 0.5
 # still this long (a half-written file would be a problem reported for nothing).
 SETTLE_SECONDS = 0.15
 
-Stamp = tuple[tuple[str, int, int, int], ...]
+Stamp = tuple[tuple[str, int, int, int, int], ...]
+
+
+# Settling waits at most this many looks: a folder written to without pause is loaded anyway.
+MAX_SETTLE_LOOKS = 20
 
 
 def folder_stamp(root: Path) -> Stamp:
-    """What stat says of every file and folder under ``root`` (name, size, mtime, inode):
-    it changes when anything is added, removed, renamed or written."""
-    seen: list[tuple[str, int, int, int]] = []
-    for folder, dirs, files in os.walk(root):
+    """What stat says of every file and folder under ``root`` (name, size, mtime, ctime,
+    inode: ctime moves on a chmod too, which can make an unreadable file readable),
+    through symbolic links as the loader reads them (a domain folder may be a link to a
+    checkout elsewhere; each real folder once, so a link loop ends): it changes when anything
+    is added, removed, renamed or written."""
+    seen: list[tuple[str, int, int, int, int]] = []
+    walked: set[tuple[int, int]] = set()
+    for folder, dirs, files in os.walk(root, followlinks=True):
+        try:
+            here = os.stat(folder)
+        except OSError:
+            continue
+        if (here.st_dev, here.st_ino) in walked:
+            dirs[:] = []  # a link back to a folder already walked
+            continue
+        walked.add((here.st_dev, here.st_ino))
         dirs.sort()
         for name in (*dirs, *sorted(files)):
             path = os.path.join(folder, name)
@@ -48,7 +64,9 @@ def folder_stamp(root: Path) -> Stamp:
                 st = os.stat(path)
             except OSError:  # removed while walking: the next look sees the rest
                 continue
-            seen.append((os.path.relpath(path, root), st.st_size, st.st_mtime_ns, st.st_ino))
+            seen.append(
+                (os.path.relpath(path, root), st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            )
     return tuple(seen)
 
 
@@ -134,9 +152,10 @@ class LiveRegistry(PromptRegistry):
         """The problems of the folder as it is now (none while it is served), each as
         ``file:line: reason`` with the file named inside the folder (a probe that needs no
         key must not tell the server's paths)."""
-        if self._problem is None:
+        problem = self._problem  # once: a look may clear it meanwhile
+        if problem is None:
             return []
-        found = self._problem.problems or (FileProblem(self.folder, str(self._problem)),)
+        found = problem.problems or (FileProblem(self.folder, str(problem)),)
         return [str(replace(p, path=_inside(p.path, self.folder))) for p in found]
 
     def refresh(self) -> bool:
@@ -146,20 +165,25 @@ class LiveRegistry(PromptRegistry):
             stamp = folder_stamp(self.folder)
             if stamp == self._stamp:
                 return False
-            while True:  # until it holds still: an editor may be writing
+            for _ in range(MAX_SETTLE_LOOKS):  # until it holds still: an editor may be writing
                 time.sleep(SETTLE_SECONDS)
                 settled = folder_stamp(self.folder)
                 if settled == stamp:
                     break
                 stamp = settled
-            self._stamp = stamp
             try:
                 loaded = self._load()
             except PromptFileError as exc:
+                # Files that do not check out wait for an edit; a folder that could not be
+                # read (its permissions, one removed while it was read) is tried again at
+                # the next look.
+                if not isinstance(exc.__cause__, OSError):
+                    self._stamp = stamp
                 if self._problem is None or str(exc) != str(self._problem):
                     log.warning("domains not reloaded, the last good ones still serve: %s", exc)
                 self._problem = exc
                 return False
+            self._stamp = stamp
             before, after = served_refs(self._current), served_refs(loaded)
             self._current, self._problem = loaded, None
         added, removed = sorted(after - before), sorted(before - after)

@@ -58,8 +58,12 @@ def load_yaml(path: Path) -> tuple[Any, yaml.Node | None]:
         raise PromptFileError(
             FileProblem(path, f"cannot be read as YAML ({reason})", line)
         ) from exc
-    except (OSError, UnicodeDecodeError) as exc:
-        raise PromptFileError(FileProblem(path, f"cannot be read as YAML ({exc})")) from exc
+    except OSError as exc:  # its reason without its path: the problem names the file
+        raise PromptFileError(
+            FileProblem(path, f"cannot be read ({exc.strerror or type(exc).__name__})")
+        ) from exc
+    except UnicodeDecodeError as exc:
+        raise PromptFileError(FileProblem(path, f"cannot be read as UTF-8 text ({exc})")) from exc
 
 
 def line_of(node: yaml.Node | None, loc: Iterable[Any]) -> int | None:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Generic, Literal, TypeVar
 
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.prompts import ChatPromptTemplate, MessagesPlaceholder
@@ -39,6 +39,7 @@ from ragchains.prompts.problems import (
 )
 from ragchains.retrievers.scope import DocumentScope
 
+T = TypeVar("T")
 PROMPTS_DIR = Path(__file__).resolve().parent
 DEFAULT_DOMAIN = "default"
 HISTORY_VARIABLE = "chat_history"
@@ -352,7 +353,7 @@ def load_domain(folder: Path, problems: list[FileProblem]) -> Domain | None:
         load = load_suggestions if prompt_dir.name == SUGGESTIONS else load_prompt
         versions: dict[int, Any] = {}
         for path in sorted(prompt_dir.iterdir()):
-            if path.name.startswith("."):
+            if _not_a_version(path.name):
                 continue
             if not _VERSION_FILE.match(path.name):
                 problems.append(FileProblem(path, "prompt files are named v<N>.yaml"))
@@ -381,6 +382,12 @@ def load_domain(folder: Path, problems: list[FileProblem]) -> Domain | None:
     return domain if len(problems) == found else None
 
 
+def _not_a_version(name: str) -> bool:
+    """A file a prompt folder may hold beside its versions: hidden ones, and the copies
+    editors keep while a file is open or of its last save (``v1.yaml~``, ``#v1.yaml#``)."""
+    return name.startswith((".", "#")) or name.endswith("~")
+
+
 def domain_folders(root: Path) -> list[Path]:
     """The domain folders under ``root``, by name (``_`` and ``.`` folders are not)."""
     return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(("_", ".")))
@@ -407,7 +414,12 @@ class PromptRegistry:
 
         self.root = Path(root)
         self.team = Path(team) if team is not None else None
-        served = served_domains(self.root, self.team, required)
+        try:
+            served = served_domains(self.root, self.team, required)
+        except OSError as exc:  # a folder that cannot be listed: its reason, not its path
+            where = Path(exc.filename) if exc.filename else self.team or self.root
+            reason = f"cannot be read ({exc.strerror or type(exc).__name__})"
+            raise PromptFileError(FileProblem(where, reason)) from exc
         self._domains: dict[str, Domain] = served.domains
         self.replaced: tuple[str, ...] = served.replaced
 
@@ -487,6 +499,23 @@ class PromptRegistry:
         judge and generator prompts; the chains choose theirs through ``chains.options``)."""
         chosen = configurable or {}
         return self.get(chosen.get("domain"), name, chosen.get("prompt_version"))
+
+
+class PerLoad(Generic[T]):
+    """A value made from one load of a registry (``build(load)``), made again once the
+    registry serves another load (a live registry's folder edited): what the chains and the
+    routes derive from the domains (config specs and models, tool arguments) follows them."""
+
+    def __init__(self, build: Callable[[PromptRegistry], T]) -> None:
+        self._build = build
+        self._held: tuple[PromptRegistry, T] | None = None
+
+    def get(self, registry: PromptRegistry) -> T:
+        loaded = registry.current()
+        held = self._held  # once: another thread may replace it meanwhile
+        if held is None or held[0] is not loaded:
+            held = self._held = loaded, self._build(loaded)
+        return held[1]
 
 
 def _version_number(value: int | str) -> int | None:

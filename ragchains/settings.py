@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_EMBEDDER = "all-MiniLM-L6-v2"
@@ -241,6 +241,12 @@ class Settings(BaseSettings):
         description="SQLite file for readers' feedback on answers (POST /feedback); "
         "default: feedback.sqlite in the index folder, beside its generations",
     )
+
+    @field_validator("domains", mode="before")
+    @classmethod
+    def _no_folder_is_none(cls, value: object) -> object:
+        # RAGCHAINS_DOMAINS= (set, empty) means no folder, not the current one.
+        return None if isinstance(value, str) and not value.strip() else value
 
     @model_validator(mode="after")
     def _check_overlap(self) -> Settings:

@@ -22,7 +22,7 @@ value never matches a filter), and ``ragchains domains check --index`` says so.
 A scope restricts a search the way access groups do: the rows it keeps are intersected with
 the filters of the request and with what the caller may read (``retrievers.access``), in an
 index folder (a mask kept per generation: ``SearchIndex.scope_rows``) and in a PostgreSQL
-store (``retrievers.pgfilters.scope_condition``) alike.
+store (``retrievers.pgfilters.scope_sql``) alike.
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from ragchains.retrievers.filters import (
     validate_filters,
 )
 
+_GLOB_CHARS = frozenset("*?[")
 # A domain's scope is the team's configuration, not a request's, but it is matched on every
 # search: a bound on its size keeps that quick.
 MAX_SCOPE_PATHS = 64
@@ -110,17 +111,13 @@ class DocumentScope(BaseModel):
 
     @cached_property
     def source_regex(self) -> str | None:
-        """One regular expression for the paths (Python's ``re`` and PostgreSQL's ``~``
-        read it alike), matched against a whole source name; None: no paths."""
+        """One regular expression for the paths, matched against a whole source name; None:
+        no paths. Python's ``re`` and PostgreSQL's ``~`` read it alike: ``(?s)`` makes
+        Python's ``.`` match a newline as PostgreSQL's does, and ``\\Z`` is the end of the
+        text in both (Python's ``$`` also matches before a last newline)."""
         if not self.paths:
             return None
-        return f"^(?:[^/]+/)?(?:{'|'.join(path_regex(p) for p in self.paths)})$"
-
-    def keeps_source(self, source: str) -> bool:
-        """Whether a file of this source name is within the paths (its chunks must still
-        pass the filters)."""
-        pattern = self.source_regex
-        return pattern is None or re.match(pattern, source) is not None
+        return f"(?s)^(?:[^/]+/)?(?:{'|'.join(path_regex(p) for p in self.paths)})\\Z"
 
     def describe(self) -> str:
         """The scope in one line, as `ragchains domains list` shows it."""
@@ -171,13 +168,16 @@ def path_regex(pattern: str) -> str:
                 regex_escape(low) if low == high else f"{regex_escape(low)}-{regex_escape(high)}"
                 for low, high in ranges
             )
-            out.append(f"[{'^' if negated else ''}{members}]")
+            # A set is one character of a name: never the "/" between folders.
+            out.append(f"[^{members}/]" if negated else f"(?!/)[{members}]")
             i = end + 1
         else:
             out.append(regex_escape(char))
             i += 1
-    # A pattern naming a folder takes what is under it (and "a/**" already does).
-    return "".join(out) + "(?:/.*)?"
+    # A pattern naming a folder (no wildcard in its last part) takes what is under it; one
+    # ending in a wildcard names files ("*.pdf" is no folder of PDFs).
+    last = body.rsplit("/", 1)[-1]
+    return "".join(out) + ("(?:/.*)?" if not _GLOB_CHARS.intersection(last) else "")
 
 
 def scope_mask(columns: MetadataColumns, scope: DocumentScope) -> np.ndarray:

@@ -8,20 +8,23 @@ import shutil
 import subprocess
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import psycopg
 import pytest
 
 from ragchains.chains.options import Choices
 from ragchains.factory import build_service
-from ragchains.prompts.live import LiveRegistry
-from ragchains.prompts.problems import PromptFileError
+from ragchains.prompts.live import LiveRegistry, folder_stamp
+from ragchains.prompts.problems import FileProblem, PromptFileError
 from ragchains.prompts.registry import CHAIN_PROMPTS, PROMPTS_DIR, PromptRegistry
 from ragchains.prompts.scaffold import ScaffoldError, write_domain
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.filters import MetadataColumns, MetadataFilter
 from ragchains.retrievers.scope import DocumentScope, scope_mask
 from ragchains.retrievers.searchindex import load_index
+from ragchains.serving.collection import unfound_domains
 from ragchains.settings import Settings
 from tests.fakes import NoCallModel
 from tests.servers import RAGCHAINS, user_env
@@ -164,34 +167,59 @@ def test_a_missing_folder_is_one_clear_problem(tmp_path: Path) -> None:
 
 
 # ----------------------------------------------------------------------------- scopes
-@pytest.mark.parametrize(
-    ("pattern", "source", "inside"),
-    [
-        ("legal/**", "docs/legal/nda.pdf", True),  # inside the ingested folder
-        ("legal/**", "legal/nda.pdf", True),  # an ingested folder named legal
-        ("legal/**", "docs/legal/2024/nda.pdf", True),
-        ("legal", "docs/legal/2024/nda.pdf", True),  # a folder takes all under it
-        ("legal/", "docs/legal/nda.pdf", True),
-        ("docs/legal/*.pdf", "docs/legal/nda.pdf", True),  # the ingested folder's name first
-        ("legal/*.pdf", "docs/legal/2024/nda.pdf", False),  # * stays within one folder
-        ("legal/**/*.pdf", "docs/legal/2024/nda.pdf", True),
-        ("legal/**/*.pdf", "docs/legal/nda.pdf", True),
-        ("legal/**", "docs/other/legal/nda.pdf", False),  # not a folder at the top
-        ("legal/**", "docs/legalese/nda.pdf", False),
-        ("*.csv", "samples/products.csv", True),
-        ("*.csv", "samples/catalog/products.csv", False),
-        ("**/*.csv", "samples/catalog/products.csv", True),
-        ("catalog/product?.csv", "samples/catalog/products.csv", True),
-        ("catalog/[pq]roducts.csv", "samples/catalog/products.csv", True),
-        ("catalog/[!p]roducts.csv", "samples/catalog/products.csv", False),
-        ("a+b (1)/x.md", "docs/a+b (1)/x.md", True),  # regex characters are literal
-        ("a.md", "docs/aXmd", False),
-    ],
-)
+# A path pattern, a source name, and whether the file is within the pattern.
+PATHS = [
+    ("legal/**", "docs/legal/nda.pdf", True),  # inside the ingested folder
+    ("legal/**", "legal/nda.pdf", True),  # an ingested folder named legal
+    ("legal/**", "docs/legal/2024/nda.pdf", True),
+    ("legal", "docs/legal/2024/nda.pdf", True),  # a folder takes all under it
+    ("legal/", "docs/legal/nda.pdf", True),
+    ("docs/legal/*.pdf", "docs/legal/nda.pdf", True),  # the ingested folder's name first
+    ("legal/*.pdf", "docs/legal/2024/nda.pdf", False),  # * stays within one folder
+    ("legal/**/*.pdf", "docs/legal/2024/nda.pdf", True),
+    ("legal/**/*.pdf", "docs/legal/nda.pdf", True),
+    ("legal/**", "docs/other/legal/nda.pdf", False),  # not a folder at the top
+    ("legal/**", "docs/legalese/nda.pdf", False),
+    ("*.csv", "samples/products.csv", True),
+    ("*.csv", "samples/catalog/products.csv", False),
+    ("**/*.csv", "samples/catalog/products.csv", True),
+    ("catalog/product?.csv", "samples/catalog/products.csv", True),
+    ("catalog/[pq]roducts.csv", "samples/catalog/products.csv", True),
+    ("catalog/[!p]roducts.csv", "samples/catalog/products.csv", False),
+    ("a+b (1)/x.md", "docs/a+b (1)/x.md", True),  # regex characters are literal
+    ("a.md", "docs/aXmd", False),
+    ("*.pdf", "docs/x.pdf/notes.md", False),  # a pattern with a wildcard names files only
+    ("legal[!x]*", "docs/legal/secret.md", False),  # a set is never the "/" between folders
+]
+
+
+def kept_by(pattern: str, source: str) -> bool:
+    """Whether an index folder's scope mask keeps a chunk of ``source`` (what a search runs)."""
+    columns = MetadataColumns([{"source": source}], {"source": "string"})
+    return bool(scope_mask(columns, DocumentScope(paths=(pattern,)))[0])
+
+
+@pytest.mark.parametrize(("pattern", "source", "inside"), PATHS)
 def test_scope_paths_match_files_inside_the_ingested_folder(
     pattern: str, source: str, inside: bool
 ) -> None:
-    assert DocumentScope(paths=(pattern,)).keeps_source(source) is inside
+    assert kept_by(pattern, source) is inside
+
+
+def test_postgresql_reads_the_scope_paths_as_the_index_folder_does(postgres: Any) -> None:
+    """The same expression, the same answer, in PostgreSQL's regular expressions (a store's
+    scope) as in Python's (an index folder's), newlines in names included."""
+    odd = [
+        ("legal/**", "docs/legal/a\nb.md", True),
+        ("*.pdf", "docs/x.pdf\n", False),
+        ("legal[/]x", "docs/legal/x", False),
+    ]
+    cases = [*PATHS, *odd]
+    with psycopg.connect(postgres.url) as conn:
+        for pattern, source, inside in cases:
+            regex = DocumentScope(paths=(pattern,)).source_regex
+            (found,) = conn.execute("SELECT %s ~ %s", (source, regex)).fetchone()  # type: ignore[misc]
+            assert found is inside is kept_by(pattern, source), (pattern, source)
 
 
 @pytest.mark.parametrize(
@@ -375,3 +403,97 @@ def test_a_domains_cut_applies_to_its_own_documents_only(
         "AquaSense Soil Probe price", {"configurable": {"domain": "catalog"}}
     )
     assert found and all(d.metadata["source"].startswith("samples/catalog/") for d in found)
+
+
+def test_a_misspelt_prompt_folder_is_named_and_editor_backups_are_not_versions(
+    tmp_path: Path,
+) -> None:
+    team = team_folder(tmp_path)
+    (team / "legal" / "answer" / "v1.yaml~").write_text("half an edit")
+    (team / "legal" / "answer" / "#v1.yaml#").write_text("an unsaved edit")
+    assert sorted(load(team).versions("legal", "answer")) == [1]
+    (team / "legal" / "anwser").mkdir()
+    (team / "legal" / "anwser" / "v1.yaml").write_text(
+        ANSWER.format(version=1).replace("name: answer", "name: anwser")
+    )
+    with pytest.raises(PromptFileError) as info:
+        load(team)
+    (problem,) = info.value.problems
+    assert str(problem) == (
+        f"{team}/legal/anwser: no chain reads a prompt 'anwser' (they read rewrite, "
+        "multi_query, requery, answer, quote); did you mean 'answer'?"
+    )
+
+
+def test_edits_inside_a_linked_domain_folder_are_served(tmp_path: Path) -> None:
+    elsewhere = team_folder(tmp_path / "checkout") / "legal"
+    team = tmp_path / "my-domains"
+    team.mkdir()
+    (team / "legal").symlink_to(elsewhere, target_is_directory=True)
+    live = LiveRegistry(lambda: load(team), team)
+    (elsewhere / "domain.yaml").write_text(LEGAL.replace("Contracts and", "Contracts, NDAs and"))
+    assert live.refresh() is True
+    assert live.domain("legal").description.startswith("Contracts, NDAs and")
+    (tmp_path / "checkout" / "loop").symlink_to(tmp_path, target_is_directory=True)
+    assert folder_stamp(tmp_path)  # a link back up is walked once, and the walk ends
+
+
+def test_a_folder_that_could_not_be_read_is_tried_again(tmp_path: Path) -> None:
+    """A load that failed on the file system (permissions, a folder removed while it was
+    read) is told, then tried again at the next look without waiting for another edit."""
+    team = team_folder(tmp_path)
+    failures = [PermissionError(13, "Permission denied", str(team / "legal"))]
+
+    def load_once_unreadable() -> PromptRegistry:
+        if failures and (team / "sales").exists():
+            try:
+                raise failures.pop()
+            except OSError as exc:
+                raise PromptFileError(
+                    FileProblem(team / "legal", "cannot be read (Permission denied)")
+                ) from exc
+        return load(team)
+
+    live = LiveRegistry(load_once_unreadable, team)
+    shutil.copytree(team / "legal", team / "sales")
+    assert live.refresh() is False
+    assert live.problems_shown() == [f"{team.name}/legal: cannot be read (Permission denied)"]
+    assert live.refresh() is True and "sales" in live.domains  # no edit in between
+    assert live.problems_shown() == []
+
+
+def test_new_starts_from_a_shipped_domain_beside_a_folders_own(tmp_path: Path) -> None:
+    team = team_folder(tmp_path / "my-domains")
+    made = ragchains(
+        "domains", "new", "people", "--from", "hr", "--domains", str(team), cwd=tmp_path
+    )
+    assert made.returncode == 0, made.stderr
+    assert "Started from hr/answer@v2" in (team / "people" / "answer" / "v1.yaml").read_text()
+    (team / "legal" / "domain.yaml").write_text("glossary: {}\n")  # the folder does not load
+    made = ragchains("domains", "new", "more", "--domains", str(team), cwd=tmp_path)
+    assert made.returncode == 0, made.stderr  # from the shipped default: nothing it needs
+    refused = ragchains(
+        "domains", "new", "x", "--from", "legal", "--domains", str(team), cwd=tmp_path
+    )
+    assert refused.returncode == 2
+    assert (
+        refused.stderr.startswith("error: --from legal: ")
+        and "description: Field" in refused.stderr
+    )
+
+
+def test_a_domain_whose_documents_the_index_lacks_is_told_at_start(
+    settings: Settings,
+    sample_index: Path,
+    embedder: SentenceTransformerEmbedder,
+    docs_dir: Path,
+    ingest_into: Any,
+    tmp_path: Path,
+) -> None:
+    served = build_service(settings, sample_index, llm=NoCallModel(), embedder=embedder)
+    assert unfound_domains(served) == []  # the samples hold the handbook and the tables
+    ingest_into(docs_dir, tmp_path / "other")
+    other = build_service(settings, tmp_path / "other", llm=NoCallModel(), embedder=embedder)
+    told = unfound_domains(other)
+    assert [line.split(" answers ")[0] for line in told] == ["domain 'catalog'", "domain 'hr'"]
+    assert "serve your own domains with --domains DIR" in told[0]

@@ -130,9 +130,9 @@ def assert_admitted_in_arrival_order(
     busy error event (503 with its retry_after), as an admitted request that outwaits its
     bound does: admission estimates the wait from the turns before, and a machine that slows
     down meanwhile (the other test worker's load) makes it longer, for each one after the
-    first that outwaits too. The first admitted always completes."""
+    first that outwaits too. The first two admitted always complete."""
     admitted = [s for s in streams if s.status == 200]
-    while last_may_outwait and len(admitted) > 1 and "error" in admitted[-1].events:
+    while last_may_outwait and len(admitted) > 2 and "error" in admitted[-1].events:
         error = json.loads(admitted[-1].body)
         assert error["status_code"] == 503 and error["retry_after"] >= 1, admitted[-1].body
         admitted = admitted[:-1]
@@ -170,7 +170,9 @@ def test_overflowing_streams_on_the_embedded_model_are_refused_before_streaming(
     completed = assert_admitted_in_arrival_order(streams, last_may_outwait=True)
     admitted = [s for s in streams if s.status == 200]
     refused = [s for s in streams if s.status != 200]
-    assert completed and len(admitted) >= 2 and refused, [(s.n, s.status) for s in streams]
+    # At least the first two complete: the estimate held for them (a wrong one would let a
+    # later one outwait, or refuse the second).
+    assert len(completed) >= 2 and refused, [(s.n, s.status) for s in streams]
     # The first come are the first served: all refusals come after the first two arrivals.
     assert [s.n for s in streams[:2]] == [s.n for s in admitted[:2]]
     for stream in refused:

@@ -18,9 +18,7 @@ from ragchains.cli.common import (
     load_settings,
 )
 
-_FOLDER_HELP = (
-    "name it with --domains DIR (before or after the command's name) or RAGCHAINS_DOMAINS"
-)
+_FOLDER_HELP = "name it with --domains DIR after the command's name, or RAGCHAINS_DOMAINS"
 
 
 @click.group("domains")
@@ -59,11 +57,22 @@ def new_command(name: str, source: str, description: str) -> None:
     variables hold. Check it with `ragchains domains check`.
     """
     from ragchains.factory import build_prompts
+    from ragchains.prompts.problems import PromptFileError
     from ragchains.prompts.scaffold import ScaffoldError, write_domain
 
     settings = load_settings()
     folder = _folder(settings)
-    registry = build_prompts(settings) if folder.is_dir() else build_prompts(_shipped(settings))
+    # --from: the folder's domains as served, else a shipped one (a folder serves only its
+    # own and default, or may not load yet: a new domain does not depend on the others).
+    registry = build_prompts(_shipped(settings))
+    if folder.is_dir():
+        try:
+            served = build_prompts(settings)
+        except PromptFileError as exc:
+            if source not in registry.domains:
+                fail(f"--from {source}: {exc}")
+        else:
+            registry = served if source in served.domains else registry
     try:
         written = write_domain(
             registry, folder, name, source, description or f"The {name} domain's documents."

@@ -22,7 +22,7 @@ from ragchains.factory import Service, Store
 from ragchains.prompts.registry import PromptRegistry
 from ragchains.retrievers.access import current_groups
 from ragchains.retrievers.formats import format_named
-from ragchains.retrievers.indexformat import FileRecord
+from ragchains.retrievers.indexformat import FileRecord, IndexLoadError
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.retrievers.scope import DocumentScope
 
@@ -177,6 +177,28 @@ class FileCounts:
                     self._counts.clear()  # old generations' counts are never asked for again
                 self._counts[key] = found
         return found
+
+
+def unfound_domains(service: Service) -> list[str]:
+    """What is wrong with domains whose documents hold none of the index's files (a shipped
+    example served over other documents, a scope that names no ingested folder): one line
+    each, for the log at start-up. Blocks: call it in a thread."""
+    counts = FileCounts(service.index)
+    told = []
+    for name, domain in service.prompts.current().domains.items():
+        if domain.scope.everything:
+            continue
+        try:
+            held = counts.count(None, domain.scope)[0]
+        except IndexLoadError:  # a store out of reach: /readyz says so
+            return told
+        if held == 0:
+            told.append(
+                f"domain {name!r} answers from {domain.scope.describe()}, and the index holds "
+                "none of those files: it will say it does not know (serve your own domains "
+                "with --domains DIR; `ragchains domains list --index` counts each one's files)"
+            )
+    return told
 
 
 def collection_router(service: Service) -> APIRouter:

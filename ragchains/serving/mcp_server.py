@@ -36,6 +36,7 @@ from mcp.server.stdio import stdio_server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from opentelemetry import context as otel_context
 from pydantic import BaseModel, Field, ValidationError, create_model
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 
 from ragchains import __version__
@@ -46,10 +47,11 @@ from ragchains.factory import Service, filterable_fields
 from ragchains.models.providers import LLMFailure
 from ragchains.models.queue import Ticket, with_ticket
 from ragchains.observability.tracing import REQUEST_CONTEXT, StageSpans, app_tracer
-from ragchains.retrievers.access import caller_groups
+from ragchains.prompts.registry import PerLoad, PromptRegistry
+from ragchains.retrievers.access import caller_groups, current_groups
 from ragchains.retrievers.filters import OPERATORS
 from ragchains.serving.admission import check_in, tool_ticket
-from ragchains.serving.collection import DomainSummary, domain_summaries
+from ragchains.serving.collection import DomainSummary, FileCounts, domain_summaries
 from ragchains.serving.errors import failed
 from ragchains.serving.guards import CALLER_GROUPS
 from ragchains.serving.requests import Limits, Route, served_routes
@@ -174,7 +176,8 @@ class RagTools:
         self.service = service
         self.routes = routes
         self.on_llm_failure = on_llm_failure
-        self._arguments: tuple[Any, dict[str, type[BaseModel]]] | None = None
+        self.counts = FileCounts(service.index)
+        self._arguments = PerLoad(self._tool_arguments)
         self.server: Server[Any, Request] = Server(
             "ragchains", version=__version__, instructions=INSTRUCTIONS
         )
@@ -186,18 +189,13 @@ class RagTools:
     def arguments(self) -> dict[str, type[BaseModel]]:
         """Each tool's arguments, of the prompts' current load: a domain added to a domains
         folder the server follows is offered from the next listing on."""
-        loaded = self.service.prompts.current()
-        if self._arguments is None or self._arguments[0] is not loaded:
-            self._arguments = (
-                loaded,
-                {
-                    "search": tool_arguments(
-                        "SearchArguments", self.routes["retrieve"], SEARCH_CHOICES
-                    ),
-                    "ask": tool_arguments("AskArguments", self.routes["ask"], ("domain",)),
-                },
-            )
-        return self._arguments[1]
+        return self._arguments.get(self.service.prompts)
+
+    def _tool_arguments(self, _: PromptRegistry) -> dict[str, type[BaseModel]]:
+        return {
+            "search": tool_arguments("SearchArguments", self.routes["retrieve"], SEARCH_CHOICES),
+            "ask": tool_arguments("AskArguments", self.routes["ask"], ("domain",)),
+        }
 
     async def list_tools(self) -> list[types.Tool]:
         def tool(name: str, description: str, arguments: Any, result: Any) -> types.Tool:
@@ -277,7 +275,16 @@ class RagTools:
 
     async def _call(self, name: str, arguments: dict[str, Any]) -> BaseModel:
         if name == "list_domains":
-            return DomainsResult(domains=domain_summaries(self.service.prompts))
+            # As /collection tells them: each domain's files the caller may read, and its
+            # questions only where the caller may read the files they are about.
+            groups = current_groups()
+
+            def summaries() -> list[DomainSummary]:
+                return domain_summaries(
+                    self.service.prompts, lambda *scopes: self.counts.count(groups, *scopes)[0]
+                )
+
+            return DomainsResult(domains=await run_in_threadpool(summaries))
         if name == "list_fields":
             fields = dict(filterable_fields(self.service.index))
             example = [{"field": "filename", "op": "=", "value": "*.pdf"}]

@@ -43,7 +43,12 @@ from ragchains.chains.options import (
 from ragchains.chains.retrieve import MAX_ALTERNATIVES, RetrieveInput
 from ragchains.chains.rewrite import RewriteInput
 from ragchains.factory import Service, filterable_fields
-from ragchains.prompts.registry import DEFAULT_DOMAIN, PromptRegistry, PromptSelectionError
+from ragchains.prompts.registry import (
+    DEFAULT_DOMAIN,
+    PerLoad,
+    PromptRegistry,
+    PromptSelectionError,
+)
 from ragchains.retrievers.filters import MetadataFilter, validate_filters
 from ragchains.settings import Settings
 from ragchains.textrules import text_type
@@ -315,18 +320,14 @@ class Route:
         self.prompts = prompts
         self.runnable = chain.with_types(input_type=request_model)
         self.request_model = request_model
-        self._chain = chain
         self._choices = chain_choices(chain)
         # The config model of one load of the prompts (a live registry loads its folder
         # again on edits: new domains and versions).
-        self._config: tuple[PromptRegistry, type[BaseModel]] | None = None
+        self._config = PerLoad(lambda _: known_keys_model(chain))
 
     @property
     def _config_model(self) -> type[BaseModel]:
-        loaded = self.prompts.current()
-        if self._config is None or self._config[0] is not loaded:
-            self._config = loaded, known_keys_model(self._chain)
-        return self._config[1]
+        return self._config.get(self.prompts)
 
     def config_schema(self, ref_template: str) -> dict[str, Any]:
         """The JSON Schema of a request's ``config`` as ``check_body`` checks it: the run
