@@ -184,7 +184,7 @@ def unfound_domains(service: Service) -> list[str]:
     example served over other documents, a scope that names no ingested folder): one line
     each, for the log at start-up. Blocks: call it in a thread."""
     counts = FileCounts(service.index)
-    told = []
+    told: list[str] = []
     for name, domain in service.prompts.current().domains.items():
         if domain.scope.everything:
             continue
