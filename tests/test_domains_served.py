@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -255,7 +256,7 @@ def test_the_scope_holds_for_the_openai_api_and_the_mcp_tools(team: Team) -> Non
         listed = await client.call_tool("list_domains", {})
         return [found.structuredContent or {}, listed.structuredContent or {}]
 
-    found, listed = over_http(team.base, team.keys["sam"], use)
+    found, listed = mcp(team, "sam", use)
     chunks = [c["source"] for c in found["chunks"]]
     assert chunks and all(c.startswith("team-docs/legal/") for c in chunks), chunks
     counts = {d["name"]: d["documents"] for d in listed["domains"]}
@@ -282,10 +283,17 @@ def mcp_domains(team: Team) -> list[str]:
         options = tools["ask"].inputSchema["properties"]["domain"]["anyOf"]
         return list(next(s for s in options if "enum" in s)["enum"])
 
-    return over_http(team.base, team.keys["lena"], use)
+    return mcp(team, "lena", use)
 
 
-def test_edits_are_served_live_and_a_broken_one_is_not(team: Team) -> None:
+def mcp(team: Team, key: str, use: Any) -> Any:
+    """``use`` on an MCP session as ``key``, in a thread of its own: the browser's
+    Playwright holds this thread's event loop once it has started."""
+    with ThreadPoolExecutor(1) as worker:
+        return worker.submit(over_http, team.base, team.keys[key], use).result()
+
+
+def test_edits_are_served_live_and_a_broken_one_is_not(team: Team, browser: Any) -> None:
     made = team.run("domains", "new", "sales", "--domains", str(team.domains))
     assert made.returncode == 0, made.stderr
     (team.domains / "legal" / "answer" / "v2.yaml").write_text(NEW_ANSWER)
@@ -308,11 +316,21 @@ def test_edits_are_served_live_and_a_broken_one_is_not(team: Team) -> None:
     assert answers_with("v1") == "legal/answer@v1"
     schema = team.get("/chat/config_schema", "lena")["$defs"]["Configurable"]["properties"]
     assert schema["domain"]["enum"] == ["default", "legal", "sales"]
-    playground = httpx.get(
-        f"{team.base}/chat/playground/", headers={"X-API-Key": team.keys["lena"]}, timeout=30
-    )
-    assert playground.status_code == 200 and '"sales"' in playground.text
+    # The playground, in Chromium (the key sent as a program would: a browser link cannot).
+    context = browser.new_context(extra_http_headers={"X-API-Key": team.keys["lena"]})
+    try:
+        watched = open_page(context, f"{team.base}/chat/playground/")
+        domain = watched.page.locator("[id='#/properties/domain-input']")
+        domain.wait_for(timeout=15_000)
+        domain.select_option("sales")
+        assert domain.input_value() == "sales"
+        watched.assert_clean()
+    finally:
+        context.close()
     assert mcp_domains(team) == ["default", "legal", "sales"]
+    document = httpx.get(f"{team.base}/openapi.json", timeout=30).json()
+    models = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]["model"]
+    assert models["enum"] == ["default", "legal", "sales"]
     # A broken edit: the last good version serves, /readyz names the file.
     domain_file = team.domains / "sales" / "domain.yaml"
     good = domain_file.read_text()
