@@ -22,6 +22,8 @@ from ragchains.cli.common import (
     service_chain,
 )
 from ragchains.cli.eval_common import (
+    ANSWER_STYLE,
+    ANSWERS_CONFIG,
     LIMIT,
     OUT,
     QUIET,
@@ -103,20 +105,8 @@ Config file (YAML; relative paths are relative to it):
 
 @click.command("answers", epilog=_ANSWERS_CONFIG_HELP)
 @DOMAINS_OPTION
-@click.option(
-    "--config",
-    "config_file",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="YAML file naming the ground truth, the target and (optionally) the judge.",
-)
-@click.option(
-    "--answer-style",
-    type=click.Choice(["auto", "quote", "free"]),
-    help="The turns' answer style (overrides target.answer_style): quote copies sentences "
-    "from the sources, free generates; auto leaves it to the domain, the settings and the "
-    "model.",
-)
+@ANSWERS_CONFIG
+@ANSWER_STYLE
 @OUT
 @LIMIT
 @QUIET

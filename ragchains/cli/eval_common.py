@@ -25,6 +25,21 @@ LIMIT = click.option(
     "--limit", type=click.IntRange(min=1), help="Evaluate only the first N items (a quick look)."
 )
 QUIET = click.option("-q", "--quiet", is_flag=True, help="No progress bars.")
+# The answers config (`eval answers`, `eval compare`): the questions, the target, the judge.
+ANSWERS_CONFIG = click.option(
+    "--config",
+    "config_file",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="YAML file naming the ground truth, the target and (optionally) the judge.",
+)
+ANSWER_STYLE = click.option(
+    "--answer-style",
+    type=click.Choice(["auto", "quote", "free"]),
+    help="The turns' answer style (overrides target.answer_style): quote copies sentences "
+    "from the sources, free generates; auto leaves it to the domain, the settings and the "
+    "model.",
+)
 
 
 def beir_options(command: Callable[..., Any]) -> Callable[..., Any]:

@@ -19,7 +19,7 @@ from ragchains.cli.common import (
     load_settings,
     service_chain,
 )
-from ragchains.cli.eval_common import LIMIT, QUIET, user_errors
+from ragchains.cli.eval_common import ANSWER_STYLE, ANSWERS_CONFIG, LIMIT, QUIET, user_errors
 
 _COMPARE_HELP = """
 \b
@@ -45,13 +45,7 @@ The config file is the one `ragchains eval answers --help` describes.
 
 @click.command("compare", epilog=_COMPARE_HELP)
 @DOMAINS_OPTION
-@click.option(
-    "--config",
-    "config_file",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="The YAML file `eval answers` reads: the questions, the target, the judge.",
-)
+@ANSWERS_CONFIG
 @click.option(
     "--variant",
     "variant_specs",
@@ -61,11 +55,7 @@ The config file is the one `ragchains eval answers --help` describes.
     help="A domain and/or prompt versions to run the questions with, e.g. hr:answer=v2; "
     "at least two (see below).",
 )
-@click.option(
-    "--answer-style",
-    type=click.Choice(["auto", "quote", "free"]),
-    help="Every variant's answer style (overrides target.answer_style).",
-)
+@ANSWER_STYLE
 @click.option(
     "--out",
     type=click.Path(path_type=Path),
