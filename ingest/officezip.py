@@ -22,9 +22,9 @@ import re
 import shutil
 import zipfile
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ragchains.ingest.parts import LoadedFile, LoadOptions, SkipFile, read_bytes
 
@@ -32,7 +32,8 @@ from ragchains.ingest.parts import LoadedFile, LoadOptions, SkipFile, read_bytes
 MAX_UNZIPPED_BYTES = 512 * 1024 * 1024
 MAX_PARTS = 5000
 
-_OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+# The first bytes of an OLE compound file: a password-protected or legacy Office file.
+OLE_MAGIC = b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
 _MODERN = {"word": ".docx", "ppt": ".pptx", "xl": ".xlsx"}
 
 
@@ -179,11 +180,14 @@ def _transitional(archive: zipfile.ZipFile, strict: bool = True) -> io.BytesIO:
     return out
 
 
-def _ole_reason(data: bytes, kind: str) -> str:
+def ole_reason(data: bytes | IO[bytes], kind: str) -> str:
+    """Why an OLE compound file (its bytes, or the file open for reading, which olefile reads
+    by seeking: its header, sector table and directory) is not read as a ``kind`` ("Word")
+    file: password-protected (encrypted), or a legacy binary file."""
     import olefile
 
     try:
-        with olefile.OleFileIO(io.BytesIO(data)) as ole:
+        with olefile.OleFileIO(io.BytesIO(data) if isinstance(data, bytes) else data) as ole:
             encrypted = ole.exists("EncryptionInfo") or ole.exists("EncryptedPackage")
     except Exception:  # olefile raises many kinds on a damaged compound file
         encrypted = False
@@ -199,8 +203,8 @@ def open_office(path: Path, kind: str, folder: str) -> io.BytesIO:
     data = read_bytes(path)
     if not data.strip():
         raise SkipFile("empty file")
-    if data.startswith(_OLE_MAGIC):
-        raise SkipFile(_ole_reason(data, kind))
+    if data.startswith(OLE_MAGIC):
+        raise SkipFile(ole_reason(data, kind))
     try:
         archive = zipfile.ZipFile(io.BytesIO(data))
         entries = archive.infolist()
@@ -210,9 +214,10 @@ def open_office(path: Path, kind: str, folder: str) -> io.BytesIO:
         return _checked(archive, entries, data, kind, folder)
 
 
-def _checked(
-    archive: zipfile.ZipFile, entries: list[zipfile.ZipInfo], data: bytes, kind: str, folder: str
-) -> io.BytesIO:
+def check_bounds(entries: Sequence[zipfile.ZipInfo], kind: str) -> None:
+    """Raise ``SkipFile`` when a zip's central directory (``entries``) declares more than
+    ``MAX_PARTS`` parts or more than ``MAX_UNZIPPED_BYTES`` in all (a zip bomb): decided
+    before anything is inflated. ``kind`` names the format in the reason ("Word")."""
     if len(entries) > MAX_PARTS:
         raise SkipFile(f"{kind} file has {len(entries):,} parts, over the cap of {MAX_PARTS:,}")
     unzipped = sum(entry.file_size for entry in entries)
@@ -221,6 +226,12 @@ def _checked(
             f"{kind} file would unzip to {unzipped / 2**20:,.0f} MB, over the cap of "
             f"{MAX_UNZIPPED_BYTES // 2**20} MB (a zip bomb?)"
         )
+
+
+def _checked(
+    archive: zipfile.ZipFile, entries: list[zipfile.ZipInfo], data: bytes, kind: str, folder: str
+) -> io.BytesIO:
+    check_bounds(entries, kind)
     names = {entry.filename.split("/", 1)[0] for entry in entries}
     if folder not in names:
         other = next((suffix for top, suffix in _MODERN.items() if top in names), None)
@@ -246,16 +257,22 @@ def _checked(
     return io.BytesIO(data)
 
 
+def legacy_reason(kind: str, modern: str) -> str:
+    """Why a legacy binary ``kind`` file (.doc, .ppt, .xls) is not read, naming the format to
+    save it as (``modern``: ".docx")."""
+    return f"legacy binary {kind} file; save it as {modern} to have it read"
+
+
 def refuse_legacy(kind: str, modern: str) -> Callable[[Path, LoadOptions], LoadedFile]:
     """A loader for a legacy binary format (.doc, .ppt, .xls): the reason it is not read,
     naming the format to save it as (or that it is password-protected)."""
 
     def refuse(path: Path, options: LoadOptions) -> LoadedFile:
         data = read_bytes(path)
-        if data.startswith(_OLE_MAGIC):
-            reason = _ole_reason(data, kind)
+        if data.startswith(OLE_MAGIC):
+            reason = ole_reason(data, kind)
             if reason.startswith("legacy"):
-                reason = f"legacy binary {kind} file; save it as {modern} to have it read"
+                reason = legacy_reason(kind, modern)
             raise SkipFile(reason)
         article = "an" if kind[0] in "AEIOU" else "a"
         raise SkipFile(f"not {article} {kind} file (save it as {modern} to have it read)")
