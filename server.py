@@ -37,9 +37,16 @@ from starlette import routing
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
-from ragchains.factory import Service, build_service, configure_runtime, filterable_fields
+from ragchains.factory import (
+    Service,
+    build_service,
+    configure_runtime,
+    filterable_fields,
+    ingest_jobs,
+)
 from ragchains.feedback import FeedbackStore, feedback_path
 from ragchains.ingest.parsing import BudgetedCalls, ParseBudget
+from ragchains.ingestjobs import IngestJobs
 from ragchains.models.providers import LLMFailure
 from ragchains.models.queue import with_ticket
 from ragchains.observability.metrics import Metrics, RequestMetrics, StageMetrics, metrics_router
@@ -59,6 +66,7 @@ from ragchains.serving.admission import (
 from ragchains.serving.bodies import MALFORMED, BodyLimits, JsonBody, JsonOnly
 from ragchains.serving.collection import collection_router, unfound_domains
 from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
+from ragchains.serving.documents import documents_router
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
 from ragchains.serving.guards import Guarded, Keys, add_guards, request_guard
@@ -138,9 +146,12 @@ def create_app(
         ParseBudget(settings.ingest_file_memory_mb, settings.ingest_file_timeout)
     )
     keys = Keys.of(settings, keyring)
+    jobs = ingest_jobs(settings, service)
     # Every route's first dependency: the key (401), then what the request reads kept to
     # its groups and to the index generation current when it came.
-    app = _app(service, settings, mcp, files_reader, Depends(request_guard(keys, service.index)))
+    app = _app(
+        service, settings, mcp, files_reader, jobs, Depends(request_guard(keys, service.index))
+    )
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
     completion = completion_request(limits)
@@ -154,17 +165,14 @@ def create_app(
     app.include_router(metrics_router(metrics))
     app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
+    app.include_router(documents_router(service, settings, jobs, files_reader))
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
     mcp_app = Guarded(JsonOnly(Ticketed(mcp, settings.model_queue_wait)), keys, service.index)
     app.router.routes.append(routing.Route("/mcp", mcp_app, include_in_schema=False))
     add_page(app, ROUTES)
     # Innermost: each body's bytes counted and timed as its route reads them (routes check
     # what the bytes say: json_body).
-    app.add_middleware(
-        BodyLimits,
-        max_bytes=lambda path: settings.max_request_bytes,
-        timeout=settings.body_timeout,
-    )
+    app.add_middleware(BodyLimits, max_bytes=_body_limit(settings), timeout=settings.body_timeout)
     # Around it: a request whose client goes ends there, its ticket (model_ticket: the
     # model's work for it) with it.
     app.add_middleware(
@@ -191,6 +199,17 @@ def create_app(
 
 # The routes that run chains: their work is for the client alone, and stops when it goes.
 _CHAIN_PATHS = (*(f"/{name}/" for name in ROUTES), "/v1/chat/completions", "/mcp")
+
+
+def _body_limit(settings: Settings) -> Callable[[str], int]:
+    """The bytes a request's body may have: an upload's files (each checked again against
+    the per-file limit as it is read), else ``max_request_bytes``."""
+    uploads = settings.max_upload_mb * 2**20 * settings.max_upload_files + 2**20
+
+    def limit(path: str) -> int:
+        return uploads if path.startswith("/documents") else settings.max_request_bytes
+
+    return limit
 
 
 def _ends_with_its_client(path: str) -> bool:
@@ -226,6 +245,7 @@ def _app(
     settings: Settings,
     mcp: McpEndpoint,
     files_reader: BudgetedCalls,
+    jobs: IngestJobs,
     guard: Any,
 ) -> FastAPI:
     # The API docs (/docs) from files served here: no CDN, the machine may be offline. (No
@@ -235,7 +255,7 @@ def _app(
         title="ragchains",
         version=__version__,
         description="Grounded, cited answers over your own documents.",
-        lifespan=_lifespan(service, settings, mcp, files_reader),
+        lifespan=_lifespan(service, settings, mcp, files_reader, jobs),
         dependencies=[guard],
     )
     app.state.service = service  # what `ragchains serve` announces (domains, index)
@@ -243,7 +263,11 @@ def _app(
 
 
 def _lifespan(
-    service: Service, settings: Settings, mcp: McpEndpoint, files_reader: BudgetedCalls
+    service: Service,
+    settings: Settings,
+    mcp: McpEndpoint,
+    files_reader: BudgetedCalls,
+    jobs: IngestJobs,
 ) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -271,9 +295,12 @@ def _lifespan(
         # A team's domains folder: its edits are served as they are saved.
         if isinstance(service.prompts, LiveRegistry):
             service.prompts.watch()
+        # The documents API's jobs, those an earlier run left unfinished first.
+        jobs.start()
         async with mcp.running():
             yield
         gc.unfreeze()
+        await asyncio.to_thread(jobs.close)
         if isinstance(service.prompts, LiveRegistry):
             await asyncio.to_thread(service.prompts.close)
         await asyncio.to_thread(files_reader.close)

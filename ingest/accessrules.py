@@ -31,7 +31,7 @@ def rules_for_run(
     plain re-run never opens files up; the report says so."""
     if access is not None:
         return list(access)
-    rules = [AccessRule(r["pattern"], tuple(r["groups"])) for r in kept]
+    rules = recorded_rules(kept)
     if rules:
         report.notes.append(
             "access rules of the last run kept: "
@@ -39,6 +39,11 @@ def rules_for_run(
             + " (--access-clear drops them)"
         )
     return rules
+
+
+def recorded_rules(kept: Sequence[Mapping[str, Any]]) -> list[AccessRule]:
+    """Rules as an index manifest or a store's meta keeps them, read back."""
+    return [AccessRule(r["pattern"], tuple(r["groups"])) for r in kept]
 
 
 def rules_as_recorded(rules: Sequence[AccessRule]) -> list[dict[str, Any]]:

@@ -9,13 +9,14 @@ the index, that version is kept rather than lost.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from opentelemetry import trace
 
 from ragchains.ingest.chunking import Chunker
+from ragchains.ingest.details import UPLOADED_BY, file_details
 from ragchains.ingest.discovery import Discovered
 from ragchains.ingest.errors import NothingIngestedError
 from ragchains.ingest.parsing import ParseBudget, Parsed, ParseJob, parse_files
@@ -27,6 +28,32 @@ from ragchains.retrievers.indexformat import Chunk, FileRecord, file_sha256
 # Spans for `ragchains ingest` when it exports traces (the API's global provider; without
 # one they record nothing).
 _tracer = trace.get_tracer(__name__)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """What a run does beside reading its inputs. By default it mirrors them: an earlier file
+    not among them is removed, unless it was uploaded (through the documents API: only that
+    API, or a rebuild, removes such a file). An edit of a few documents (``ingest.edits``)
+    instead keeps every earlier file but those it ``removes``, reads ``read_again`` even if
+    unchanged, labels its files with ``groups`` (over the rules) and records who made it."""
+
+    removes: Collection[str] | None = None  # None: mirror the inputs
+    read_again: Collection[str] = ()
+    groups: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    uploaded_by: str | None = None
+
+    @property
+    def inputs_required(self) -> bool:
+        """Whether a run with no readable input fails (a mirror does: it would empty the
+        index; an edit may only remove)."""
+        return self.removes is None
+
+    def keeps(self, old: FileRecord) -> bool:
+        """Whether an earlier file that is not among the inputs stays."""
+        if self.removes is None:
+            return bool(old.details.get(UPLOADED_BY))
+        return old.source not in self.removes
 
 
 @dataclass
@@ -52,11 +79,14 @@ def read_files(
     report: IngestReport,
     progress: bool,
     rules: Sequence[AccessRule] = (),
+    plan: RunPlan | None = None,
 ) -> ReadResult:
     """Load and chunk each file that is new or changed, in worker processes under
     ``budget`` (``ragchains.ingest.parsing``); record what happened to each in ``report``.
     ``stored_ids(source)``: the chunk ids the store holds for a file; ``rules``: who may read
-    which file (the first that matches)."""
+    which file (the first that matches); ``plan``: what else the run keeps, reads or labels
+    (``RunPlan``; default: a run that mirrors its inputs)."""
+    plan = plan or RunPlan()
     read = ReadResult()
     hashed: dict[str, tuple[str, int, str | None]] = {}  # source -> sha256, size, failure
     jobs: list[ParseJob] = []
@@ -68,14 +98,22 @@ def read_files(
             continue
         hashed[source] = (sha, size, None)
         old = old_files.get(source)
-        if not (old and same_chunking and old.sha256 == sha):
+        if not (old and same_chunking and old.sha256 == sha) or source in plan.read_again:
             jobs.append(ParseJob(source, path, sha))
-    outcomes = parse_files(jobs, chunker=chunker, options=options, budget=budget, progress=progress)
-    parsed = {job.source: outcome for job, outcome in outcomes}
+    report.progress.reading(len(jobs))
+    parsed: dict[str, Parsed | str] = {}
+    for job, result in parse_files(
+        jobs, chunker=chunker, options=options, budget=budget, progress=progress
+    ):
+        parsed[job.source] = result
+        chunks = result.chunks if isinstance(result, Parsed) else []
+        pages = {c.metadata.get("page") for c in chunks if c.metadata.get("page") is not None}
+        report.progress.file_read(len(pages), len(chunks))
     for source in sorted(found.files):
         sha, size, failure = hashed[source]
         old = old_files.get(source)
-        groups = groups_for(source, rules)
+        given = plan.groups.get(source)
+        groups = given if given is not None else groups_for(source, rules)
         outcome = parsed.get(source)
         if failure is None and outcome is None:  # unchanged: not parsed
             assert old is not None
@@ -88,7 +126,7 @@ def read_files(
         if isinstance(outcome, str):
             failure = outcome
         if failure is not None:
-            report.skipped.append(Skipped(source, failure))
+            report.skipped.append(Skipped(source, failure, groups))
             if old is not None:
                 read.kept.add(source)
                 read.records[source] = replace(old, access=groups)
@@ -97,7 +135,10 @@ def read_files(
         assert isinstance(outcome, Parsed)
         chunks = outcome.chunks
         report.partial.extend(Skipped(source, reason) for reason in outcome.partial)
-        read.records[source] = FileRecord(source, sha, size, len(chunks), outcome.format, groups)
+        details = file_details(chunks, outcome.partial, uploaded_by=plan.uploaded_by)
+        read.records[source] = FileRecord(
+            source, sha, size, len(chunks), outcome.format, groups, details
+        )
         if (
             old is not None
             and old.sha256 == sha
@@ -112,8 +153,13 @@ def read_files(
             continue
         read.chunks[source] = chunks
         (report.added if old is None else report.updated).append(source)
+    for source, old in sorted(old_files.items()):
+        if source not in read.records and plan.keeps(old):
+            read.kept.add(source)  # not this run's to change: kept as it is
+            read.records[source] = old
     report.removed = sorted(set(old_files) - set(read.records))
-    if not report.added and not report.updated and not report.unchanged:
+    nothing_read = not report.added and not report.updated and not report.unchanged
+    if nothing_read and (found.files or plan.inputs_required):
         reasons = "; ".join(f"{s.source}: {s.reason}" for s in report.skipped[:5]) or "no files"
         raise NothingIngestedError(f"nothing could be ingested ({reasons})")
     trace.get_current_span().set_attributes(

@@ -9,6 +9,7 @@ import numpy as np
 from opentelemetry import trace
 from tqdm import tqdm
 
+from ragchains.ingest.progress import IngestProgress
 from ragchains.ingest.report import IngestReport
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.indexformat import Chunk
@@ -21,7 +22,10 @@ _tracer = trace.get_tracer(__name__)
 
 
 def embed_texts(
-    embedder: SentenceTransformerEmbedder, texts: list[str], progress: bool
+    embedder: SentenceTransformerEmbedder,
+    texts: list[str],
+    progress: bool,
+    tracker: IngestProgress | None = None,
 ) -> np.ndarray:
     if not texts:
         return np.zeros((0, embedder.dimension), dtype=np.float32)
@@ -31,6 +35,8 @@ def embed_texts(
             batch = texts[start : start + EMBED_BATCH]
             out.append(embedder.encode(batch))
             bar.update(len(batch))
+            if tracker is not None:
+                tracker.embedded(len(batch))
     return np.concatenate(out)
 
 
@@ -53,8 +59,9 @@ def chunk_vectors(
     for row, chunk in enumerate(chunks):
         if chunk.id in stored:
             vectors[row] = stored[chunk.id]
+    report.progress.embedding(len(missing))
     if missing:
         vectors[np.array(missing)] = embed_texts(
-            embedder, [chunks[i].text for i in missing], progress
+            embedder, [chunks[i].text for i in missing], progress, report.progress
         )
     return vectors

@@ -16,11 +16,13 @@ from tqdm import tqdm
 from ragchains.ingest.accessrules import (
     check_rules_match,
     note_opened,
+    recorded_rules,
     rules_as_recorded,
     rules_for_run,
 )
-from ragchains.ingest.changes import originals_wanted, read_files
+from ragchains.ingest.changes import RunPlan, originals_wanted, read_files
 from ragchains.ingest.discovery import Discovered, discover
+from ragchains.ingest.edits import CollectionEdit
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import resolve_field_types
@@ -71,9 +73,12 @@ def ingest(
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
     originals: bool = True,
+    edit: CollectionEdit | None = None,
+    report: IngestReport | None = None,
 ) -> IngestReport:
     """Bring the index at ``index_dir`` in line with ``paths`` (as ``ragchains.ingest.changes``
-    describes).
+    describes), or make ``edit`` to it (``paths`` unused; see ``ragchains.ingest.edits``).
+    ``report``: the one to fill (a caller watching its ``progress``; default a new one).
     ``originals``: keep each file's bytes in the index folder (``files/<sha256>``, served by
     ``GET /files/{id}``); False: keep none, and delete those kept before.
     ``budget``: what one file may cost to parse (``ragchains.ingest.parsing``).
@@ -81,8 +86,9 @@ def ingest(
     files under the inputs (a deeper folder's first); the first rule that matches a file
     decides. None: the rules the index's last run was given ([]: none)."""
     index_dir = Path(index_dir)
-    found = discover(paths)  # before locking: a typo in a path must not create the folder
-    if access:
+    # Before locking: a typo in a path must not create the folder.
+    found = edit.found() if edit is not None else discover(paths)
+    if access and edit is None:
         check_rules_match(access, found)
     try:
         with writer_lock(index_dir):
@@ -99,6 +105,8 @@ def ingest(
                 progress=progress,
                 access=access,
                 originals=originals,
+                edit=edit,
+                report=report or IngestReport(index=index_dir),
             )
             # Counted for a server's /metrics; a folder that is no index yet stays empty
             # (a second run would take it for someone else's folder).
@@ -146,8 +154,10 @@ def _ingest_locked(
     progress: bool,
     access: Sequence[AccessRule] | None,
     originals: bool,
+    edit: CollectionEdit | None,
+    report: IngestReport,
 ) -> IngestReport:
-    report = IngestReport(index=index_dir)
+    report.edit = edit is not None
     report.skipped.extend(found.skipped)
     if not rebuild:  # an auto embedder keeps the backend the index was embedded with
         embedder.follow(recorded_embedder(index_dir))
@@ -182,7 +192,8 @@ def _ingest_locked(
         if previous is not None:
             previous.close()
 
-    access = rules_for_run(access, kept, report)
+    # An edit labels its files itself, and keeps the rules the last run recorded.
+    access = rules_for_run(access, kept, report) if edit is None else recorded_rules(kept)
     read = read_files(
         found,
         old_files,
@@ -194,6 +205,7 @@ def _ingest_locked(
         report=report,
         progress=progress,
         rules=[*access, *found.sidecar_rules],
+        plan=edit.plan() if edit is not None else RunPlan(),
     )
     note_opened(read.records, old_files, report)
     per_file = {**{s: old_chunks.get(s, []) for s in read.kept}, **read.chunks}
@@ -219,6 +231,7 @@ def _ingest_locked(
         access_rules=rules_as_recorded(access),
         originals=originals,
     )
+    report.progress.writing()
     build_and_write(
         index_dir,
         contents,

@@ -10,6 +10,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from ragchains.ingest.progress import IngestProgress
+
 # The ingest log of an index folder (beside CURRENT): the runs so far, for a server's
 # /metrics (the server runs in another process than `ragchains ingest`). A store keeps the
 # same record in its meta table, under "ingests".
@@ -20,6 +22,9 @@ INGEST_LOG = "ingests.json"
 class Skipped:
     source: str
     reason: str
+    # Who could read it had it been read (None: not known, it was passed over before the
+    # access rules applied); the documents API lists it to them only.
+    groups: tuple[str, ...] | None = None
 
 
 @dataclass
@@ -37,6 +42,9 @@ class IngestReport:
     chunks_embedded: int = 0
     wrote: bool = False
     notes: list[str] = field(default_factory=list)
+    edit: bool = False  # an edit of some documents (ingest.edits), not a run over inputs
+    # Where the run tells how far it has got, for whoever watches it (a documents-API job).
+    progress: IngestProgress = field(default_factory=IngestProgress, repr=False, compare=False)
 
     @property
     def changed(self) -> bool:
@@ -67,7 +75,8 @@ class IngestReport:
 
 def logged(previous: Mapping[str, Any], report: IngestReport) -> dict[str, Any]:
     """The ingest log ``previous`` with ``report``'s run added: the runs and skipped files
-    so far (counters: they only grow), and the last run's counts."""
+    so far (counters: they only grow), the last run's counts, and each file that is skipped
+    now with its reason (``SKIPPED``, which the documents API lists)."""
     return {
         "runs": int(previous.get("runs") or 0) + 1,
         "skipped_files": int(previous.get("skipped_files") or 0) + len(report.skipped),
@@ -76,7 +85,34 @@ def logged(previous: Mapping[str, Any], report: IngestReport) -> dict[str, Any]:
             **report.counts(),
             "wrote": report.wrote,
         },
+        SKIPPED: skipped_now(previous.get(SKIPPED) or {}, report),
     }
+
+
+# The ingest log's record of the files skipped when last tried: source -> reason and when.
+SKIPPED = "skipped_sources"
+
+
+def skipped_now(previous: Mapping[str, Any], report: IngestReport) -> dict[str, Any]:
+    """Which files are skipped after ``report``'s run: a run over inputs tried every one of
+    them (those it skipped are all there are); an edit tried its own, and a file it read or
+    removed is no longer skipped."""
+    settled = {*report.added, *report.updated, *report.unchanged, *report.removed}
+    kept = (
+        {s: v for s, v in previous.items() if s not in settled and isinstance(v, dict)}
+        if report.edit
+        else {}
+    )
+    at = datetime.now(UTC).isoformat(timespec="seconds")
+    now = {
+        s.source: {
+            "reason": s.reason,
+            "at": at,
+            "groups": None if s.groups is None else list(s.groups),
+        }
+        for s in report.skipped
+    }
+    return {**kept, **now}
 
 
 def read_ingest_log(index_dir: str | Path) -> dict[str, Any]:

@@ -14,11 +14,13 @@ from tqdm import tqdm
 from ragchains.ingest.accessrules import (
     check_rules_match,
     note_opened,
+    recorded_rules,
     rules_as_recorded,
     rules_for_run,
 )
-from ragchains.ingest.changes import originals_wanted, read_files
+from ragchains.ingest.changes import RunPlan, originals_wanted, read_files
 from ragchains.ingest.discovery import discover
+from ragchains.ingest.edits import CollectionEdit
 from ragchains.ingest.embedding import chunk_vectors
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.fieldtypes import NOT_FILTERABLE
@@ -67,15 +69,20 @@ def ingest_to_store(
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
     originals: bool = True,
+    edit: CollectionEdit | None = None,
+    report: IngestReport | None = None,
 ) -> IngestReport:
     """``ingest`` into a PostgreSQL store: the same files, chunks, ids and report, written as
     one transaction that deletes the chunks of changed and removed files and adds the new
     ones (unchanged files are not read back). ``originals``: keep each file's bytes (the
-    ``originals`` table); False: keep none, and delete those kept before."""
-    found = discover(paths)
-    if access:
+    ``originals`` table); False: keep none, and delete those kept before. ``edit``, when
+    given, is made instead of reading ``paths`` (see ``ragchains.ingest.edits``); ``report``:
+    the one to fill."""
+    found = edit.found() if edit is not None else discover(paths)
+    if access and edit is None:
         check_rules_match(access, found)
-    report = IngestReport(index=store.location)
+    report = report or IngestReport(index=store.location)
+    report.edit = edit is not None
     report.skipped.extend(found.skipped)
     try:
         with store.writer() as writer:
@@ -90,7 +97,13 @@ def ingest_to_store(
             chunker, options, chunking = setup.chunker, setup.options, setup.chunking
             old_files = store.files() if meta else {}
             same_chunking = bool(meta) and meta.get("chunking") == chunking
-            access = rules_for_run(access, recorded.get("access_rules") or [], report)
+            kept_rules = recorded.get("access_rules") or []
+            # An edit labels its files itself, and keeps the rules the last run recorded.
+            access = (
+                rules_for_run(access, kept_rules, report)
+                if edit is None
+                else recorded_rules(kept_rules)
+            )
             read = read_files(
                 found,
                 old_files,
@@ -102,6 +115,7 @@ def ingest_to_store(
                 report=report,
                 progress=progress,
                 rules=[*access, *found.sidecar_rules],
+                plan=edit.plan() if edit is not None else RunPlan(),
             )
             note_opened(read.records, old_files, report)
             report.chunks_total = sum(r.chunk_count for r in read.records.values())
@@ -134,6 +148,7 @@ def ingest_to_store(
                 originals=wanted,
                 keep_originals=originals,
             )
+            report.progress.writing()
             with _tracer.start_as_current_span("write") as span:
                 span.set_attribute("ragchains.chunks", len(new_chunks))
                 report.notes.extend(writer.write(delta))

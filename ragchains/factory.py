@@ -17,11 +17,13 @@ from typing import overload
 from ragchains.chains.graph import Chains, create_chains
 from ragchains.chains.llm import LLM
 from ragchains.chains.requery import RequeryPolicy
+from ragchains.ingest.edits import CollectionEdit
 from ragchains.ingest.indexrun import ingest
 from ragchains.ingest.parsing import ParseBudget
 from ragchains.ingest.parts import LoadOptions
 from ragchains.ingest.report import IngestReport
 from ragchains.ingest.storerun import check_store_embedder, ingest_to_store
+from ragchains.ingestjobs import IngestJobs
 from ragchains.prompts.live import LiveRegistry
 from ragchains.prompts.registry import CHAIN_PROMPTS, PromptRegistry, default_registry
 from ragchains.retrievers.access import AccessRule
@@ -285,8 +287,12 @@ def run_ingest(
     progress: bool = True,
     access: Sequence[AccessRule] | None = None,
     originals: bool = True,
+    edit: CollectionEdit | None = None,
+    report: IngestReport | None = None,
 ) -> IngestReport:
-    """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL); ``access``: who
+    """Ingest ``paths`` into an index folder or a PostgreSQL store (a URL), or make ``edit``
+    to it instead (the documents API; see ``ingest.edits``); ``report``: the one to fill
+    (whoever passes it can watch its ``progress``); ``access``: who
     may read which files (see ``retrievers.access``; None: the last run's rules);
     ``originals``: keep each file's bytes (False: keep none, and delete those kept).
     ``text_columns``: the table columns that form a row's text (default: all);
@@ -317,6 +323,8 @@ def run_ingest(
                 progress=progress,
                 access=access,
                 originals=originals,
+                edit=edit,
+                report=report,
             )
         finally:
             store.close()
@@ -333,4 +341,41 @@ def run_ingest(
         progress=progress,
         access=access,
         originals=originals,
+        edit=edit,
+        report=report,
     )
+
+
+def jobs_folder(settings: Settings, index: Store) -> Path:
+    """Where the documents API keeps its jobs: RAGCHAINS_JOBS_DIR, else ``jobs/`` in the index
+    folder beside its generations (which an ingest replaces, never this), else (a store)
+    ``ragchains-jobs/`` in the current folder."""
+    if settings.jobs_dir is not None:
+        return settings.jobs_dir.expanduser()
+    folder = index.folder
+    return Path(folder) / "jobs" if folder is not None else Path("ragchains-jobs")
+
+
+def ingest_jobs(settings: Settings, service: Service) -> IngestJobs:
+    """The documents API's jobs over the index folder or store ``service`` serves: each an
+    edit made by ``run_ingest``, with an embedder of its own (loaded at the first job: a
+    long embedding never holds up a question's) and served once committed."""
+    target: Target = settings.store or service.index.location
+    embedders: list[SentenceTransformerEmbedder] = []
+
+    def run(edit: CollectionEdit, report: IngestReport) -> IngestReport:
+        if not embedders:
+            embedders.append(build_embedder(settings))
+        report.index = service.index.location
+        return run_ingest(
+            settings, (), target, embedder=embedders[0], progress=False, edit=edit, report=report
+        )
+
+    def committed() -> None:
+        index = service.index
+        if isinstance(index, LiveIndex):
+            index.refresh()
+        elif isinstance(index, PostgresStore):
+            index.meta(fresh=True)
+
+    return IngestJobs(jobs_folder(settings, service.index), run, committed)

@@ -236,6 +236,22 @@ class Settings(BaseSettings):
         "sizes, scores and counts only); traces are exported when OTEL_EXPORTER_OTLP_ENDPOINT "
         "is set",
     )
+    max_upload_mb: int = Field(
+        100, ge=1, description="the largest file the documents API accepts, in MB (larger: 413)"
+    )
+    max_upload_files: int = Field(20, ge=1, description="files per upload request")
+    upload_min_free_mb: int = Field(
+        200,
+        ge=0,
+        description="disk space the documents API keeps free where it stages uploads: an "
+        "upload that would leave less is refused (507)",
+    )
+    jobs_dir: Path | None = Field(
+        None,
+        description="where the documents API keeps its ingest jobs and their staged files; "
+        "default: jobs/ in the index folder, beside its generations (with a store: "
+        "ragchains-jobs/ in the current folder)",
+    )
     feedback_db: Path | None = Field(
         None,
         description="SQLite file for readers' feedback on answers (POST /feedback); "

@@ -119,17 +119,25 @@ class ChunkStore:
             yield json.loads(meta)
 
     @cached_property
-    def _has_access_column(self) -> bool:
-        # Files written before access labels have no such column: everyone reads them.
+    def _file_columns(self) -> frozenset[str]:
         with self._reading() as con:
-            return any(c[1] == "access" for c in con.execute("PRAGMA table_info(files)"))
+            return frozenset(c[1] for c in con.execute("PRAGMA table_info(files)"))
 
     def files(self) -> dict[str, FileRecord]:
-        access = "access" if self._has_access_column else "'[]'"
+        # Files written before access labels have no such column: everyone reads them; and
+        # before their details, none are known.
+        access = "access" if "access" in self._file_columns else "'[]'"
+        details = "details" if "details" in self._file_columns else "'{}'"
         with self._reading() as con:
             rows = con.execute(
-                f"SELECT source, sha256, size, chunk_count, format, {access} FROM files"
+                f"SELECT source, sha256, size, chunk_count, format, {access}, {details} FROM files"
             ).fetchall()
         return {
-            r[0]: FileRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5]))) for r in rows
+            r[0]: FileRecord(r[0], r[1], r[2], r[3], r[4], tuple(json.loads(r[5])), _details(r[6]))
+            for r in rows
         }
+
+
+def _details(text: str) -> dict[str, Any]:
+    found = json.loads(text)
+    return found if isinstance(found, dict) else {}

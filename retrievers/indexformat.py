@@ -40,7 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -147,6 +147,9 @@ class FileRecord:
     format: str
     # Who may read it (see retrievers.access); () = everyone.
     access: tuple[str, ...] = ()
+    # What the documents API shows of it (see ``ingest.details``): its pages, slides or
+    # rows, OCR confidence, what was left out, when it was read and who uploaded it.
+    details: dict[str, Any] = field(default_factory=dict)
 
 
 # ----------------------------------------------------------------------------- generations

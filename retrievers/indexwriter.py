@@ -123,7 +123,8 @@ def _write_chunk_store(path: Path, chunks: Sequence[Chunk], files: Sequence[File
                 size INTEGER NOT NULL,
                 chunk_count INTEGER NOT NULL,
                 format TEXT NOT NULL,
-                access TEXT NOT NULL DEFAULT '[]'
+                access TEXT NOT NULL DEFAULT '[]',
+                details TEXT NOT NULL DEFAULT '{}'
             );
             """
         )
@@ -135,10 +136,18 @@ def _write_chunk_store(path: Path, chunks: Sequence[Chunk], files: Sequence[File
             ),
         )
         con.executemany(
-            "INSERT INTO files (source, sha256, size, chunk_count, format, access) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO files (source, sha256, size, chunk_count, format, access, details) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?)",
             (
-                (f.source, f.sha256, f.size, f.chunk_count, f.format, json.dumps(list(f.access)))
+                (
+                    f.source,
+                    f.sha256,
+                    f.size,
+                    f.chunk_count,
+                    f.format,
+                    json.dumps(list(f.access)),
+                    json.dumps(f.details, sort_keys=True),
+                )
                 for f in files
             ),
         )

@@ -309,18 +309,28 @@ class PostgresStore:
         if not self.meta(fresh=True):
             return {}
         with self.connection() as conn:
-            # A store written before access labels (version 1) has no column yet: everyone's.
-            labelled = self.column_width(conn, "files", "access") is not None
-            access = sql.SQL("access" if labelled else "ARRAY[]::text[]")
             rows = conn.execute(
                 sql.SQL("SELECT source, sha256, size, chunk_count, format, {} FROM {}").format(
-                    access, self.table("files")
+                    self._labels(conn), self.table("files")
                 )
             ).fetchall()
         return {
-            source: FileRecord(source, sha, size, count, fmt, tuple(access))
-            for source, sha, size, count, fmt, access in rows
+            source: FileRecord(source, sha, size, count, fmt, tuple(access), dict(details))
+            for source, sha, size, count, fmt, access, details in rows
         }
+
+    def _labels(self, conn: psycopg.Connection[Any]) -> sql.Composable:
+        """The files table's access and details columns, as a store of any version has them:
+        one written before access labels (version 1) has no access column (everyone's), and
+        one written before details none of those."""
+        labelled = self.column_width(conn, "files", "access") is not None
+        detailed = self.column_width(conn, "files", "details") is not None
+        return sql.SQL(", ").join(
+            [
+                sql.SQL("access" if labelled else "ARRAY[]::text[]"),
+                sql.SQL("details" if detailed else "'{}'::jsonb"),
+            ]
+        )
 
     def file_records(self, file_id: str) -> list[FileRecord]:
         """The records of the files whose bytes have this sha256, by source ([]: none); who
@@ -328,18 +338,16 @@ class PostgresStore:
         if not is_file_id(file_id) or not self.known_meta():
             return []
         with self.connection() as conn:
-            labelled = self.column_width(conn, "files", "access") is not None
-            access = sql.SQL("access" if labelled else "ARRAY[]::text[]")
             rows = conn.execute(
                 sql.SQL(
                     "SELECT source, sha256, size, chunk_count, format, {} FROM {} "
                     "WHERE sha256 = %s ORDER BY source"
-                ).format(access, self.table("files")),
+                ).format(self._labels(conn), self.table("files")),
                 (file_id,),
             ).fetchall()
         return [
-            FileRecord(source, sha, size, count, fmt, tuple(groups))
-            for source, sha, size, count, fmt, groups in rows
+            FileRecord(source, sha, size, count, fmt, tuple(groups), dict(details))
+            for source, sha, size, count, fmt, groups, details in rows
         ]
 
     def original(self, file_id: str) -> bytes | None:

@@ -233,11 +233,19 @@ class StoreWriter:
             with conn.cursor() as cur:
                 cur.executemany(
                     sql.SQL(
-                        "INSERT INTO {} (source, sha256, size, chunk_count, format, access) "
-                        "VALUES (%s, %s, %s, %s, %s, %s)"
+                        "INSERT INTO {} (source, sha256, size, chunk_count, format, access, "
+                        "details) VALUES (%s, %s, %s, %s, %s, %s, %s)"
                     ).format(files),
                     [
-                        (f.source, f.sha256, f.size, f.chunk_count, f.format, list(f.access))
+                        (
+                            f.source,
+                            f.sha256,
+                            f.size,
+                            f.chunk_count,
+                            f.format,
+                            list(f.access),
+                            Jsonb(f.details),
+                        )
                         for f in delta.files
                     ],
                 )
@@ -299,6 +307,12 @@ class StoreWriter:
                 "CREATE TABLE IF NOT EXISTS {} (source text PRIMARY KEY, sha256 text NOT NULL, "
                 "size bigint NOT NULL, chunk_count integer NOT NULL, format text NOT NULL, "
                 "access text[] NOT NULL DEFAULT ARRAY[]::text[])"
+            ).format(self.table("files"))
+        )
+        # Each file's details (what the documents API shows), added to older stores in place.
+        conn.execute(
+            sql.SQL(
+                "ALTER TABLE {} ADD COLUMN IF NOT EXISTS details jsonb NOT NULL DEFAULT '{{}}'"
             ).format(self.table("files"))
         )
         conn.execute(

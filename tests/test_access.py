@@ -351,11 +351,11 @@ def test_keys_are_stored_hashed_and_found_by_key(tmp_path: Path) -> None:
     found = ring.find(alice.encode())
     assert found is not None and found.name == "alice" and found.groups == {"hr"}
     assert ring.find(b"rk-wrong") is None and ring.find(b"") is None
-    assert list_keys(path) == [("alice", ["hr"]), ("bob", ["eng", "ops"])]
+    assert list_keys(path) == [("alice", ["hr"], "reader"), ("bob", ["eng", "ops"], "reader")]
     with pytest.raises(KeysFileError, match="already holds a key for 'alice'"):
         add_key(path, "alice", ["x"])
     remove_key(path, "alice")
-    assert list_keys(path) == [("bob", ["eng", "ops"])]
+    assert list_keys(path) == [("bob", ["eng", "ops"], "reader")]
     with pytest.raises(KeysFileError, match="holds no key for 'alice'"):
         remove_key(path, "alice")
     path.chmod(0o664)  # whoever may write it could add a key of their own
@@ -387,9 +387,9 @@ def test_keys_changed_at_once_lose_no_change(tmp_path: Path) -> None:
             list(pool.map(run, some))
 
     together(lambda name: add_key(path, name, ["hr"]), names)
-    assert sorted(name for name, _ in list_keys(path)) == sorted(names)
+    assert sorted(key.principal for key in list_keys(path)) == sorted(names)
     together(lambda name: remove_key(path, name), names[::2])
-    assert sorted(name for name, _ in list_keys(path)) == sorted(names[1::2])
+    assert sorted(key.principal for key in list_keys(path)) == sorted(names[1::2])
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".keys.toml.")] == [
         ".keys.toml.lock"
     ]
@@ -451,7 +451,7 @@ def test_the_keys_command_prints_a_key_once_and_lists_owners(tmp_path: Path) -> 
     key = made.stdout.strip().splitlines()[0]
     assert key.startswith("rk-") and key not in path.read_text()
     listed = CliRunner().invoke(app, ["keys", "list", "--keys-file", str(path)])
-    assert listed.exit_code == 0 and listed.stdout.strip() == "carol: hr"
+    assert listed.exit_code == 0 and listed.stdout.strip() == "carol: hr (reader)"
     bad = CliRunner().invoke(
         app, ["keys", "add", "dan", "--groups", "a b", "--keys-file", str(path)]
     )

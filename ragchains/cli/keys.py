@@ -12,8 +12,10 @@ from ragchains.cli.common import fail, load_settings
 @click.group("keys")
 def keys_group() -> None:
     """API keys whose callers read only what their groups may (files labelled at ingest with
-    --access or .ragchains-access.toml). The server uses the file RAGCHAINS_KEYS_FILE names;
-    keys are stored as their sha256, and each is shown once, when made."""
+    --access or .ragchains-access.toml, or given groups at upload), each with a role: reader
+    (asks and reads), editor (also adds, replaces and removes documents whose groups are all
+    its own) or admin (everything). The server uses the file RAGCHAINS_KEYS_FILE names; keys
+    are stored as their sha256, and each is shown once, when made."""
 
 
 def _keys_file(path: Path | None) -> Path:
@@ -33,14 +35,22 @@ KEYS_FILE_OPTION = click.option(
 @keys_group.command("add")
 @click.argument("principal")
 @click.option("--groups", required=True, metavar="GROUP[,GROUP]", help="What the key may read.")
+@click.option(
+    "--role",
+    type=click.Choice(["reader", "editor", "admin"]),
+    default="reader",
+    show_default=True,
+    help="reader: asks and reads; editor: also adds, replaces and removes documents within "
+    "its groups (the Documents page, /documents); admin: every document and every job.",
+)
 @KEYS_FILE_OPTION
-def add_command(principal: str, groups: str, keys_file: Path | None) -> None:
+def add_command(principal: str, groups: str, role: str, keys_file: Path | None) -> None:
     """Make a key for PRINCIPAL (a person or a program) and print it, once."""
     from ragchains.serving.keys import KeysFileError, add_key
 
     path = _keys_file(keys_file)
     try:
-        key = add_key(path, principal, groups.split(","))
+        key = add_key(path, principal, groups.split(","), role)
     except KeysFileError as exc:
         fail(str(exc))
     click.echo(key)
@@ -50,12 +60,12 @@ def add_command(principal: str, groups: str, keys_file: Path | None) -> None:
 @keys_group.command("list")
 @KEYS_FILE_OPTION
 def list_command(keys_file: Path | None) -> None:
-    """Each key's owner and groups (never the keys)."""
+    """Each key's owner, groups and role (never the keys)."""
     from ragchains.serving.keys import KeysFileError, list_keys
 
     try:
-        for name, groups in list_keys(_keys_file(keys_file)):
-            click.echo(f"{name}: {', '.join(groups)}")
+        for name, groups, role in list_keys(_keys_file(keys_file)):
+            click.echo(f"{name}: {', '.join(groups)} ({role})")
     except KeysFileError as exc:
         fail(str(exc))
 

@@ -18,7 +18,7 @@ from ragchains.models.providers import LLMFailure
 from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import ErrorMiddleware, Scope, refuse
-from ragchains.serving.keys import KeyRing
+from ragchains.serving.keys import KeyRing, Principal
 from ragchains.settings import Settings
 
 
@@ -62,6 +62,12 @@ OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs
 # reads everything), for work the request hands to tasks that do not inherit its context
 # (MCP's tool calls run in the session manager's task group).
 CALLER_GROUPS = "ragchains_caller_groups"
+# And the caller (a Principal; None on an open path asked without a key).
+CALLER = "ragchains_caller"
+# RAGCHAINS_API_KEY's holder reads everything and may do everything.
+API_KEY_PRINCIPAL = Principal("api-key", None, "admin")
+# A server without keys is one person's: whoever reaches it may do everything.
+OPEN_SERVER_PRINCIPAL = Principal("local", None, "admin")
 GENERATION_ATTRIBUTE = "ragchains.index.generation"
 MISSING_KEY = (
     "missing or wrong API key: send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'"
@@ -93,21 +99,47 @@ class Keys:
         opened = frozenset({"/metrics"}) if settings.metrics_public else frozenset()
         return cls(api_key, keyring, opened)
 
-    def groups(self, path: str, headers: Headers) -> frozenset[str] | None:
-        """The groups the request's key may read (None: everything); 401 without a key
-        that opens the path."""
-        if is_open(path) or path in self.opened:
-            return None
+    def principal(self, path: str, headers: Headers) -> Principal | None:
+        """Who the request's key belongs to (None: a path open to all, asked without a key);
+        401 without a key that opens the path."""
         given = headers.get("x-api-key", "").encode("latin-1")
         if "x-api-key" not in headers:
             scheme, _, token = headers.get("authorization", "").partition(" ")
             given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
-        if self.key is not None and hmac.compare_digest(given, self.key):
-            return None
+        if self.key is not None and given and hmac.compare_digest(given, self.key):
+            return API_KEY_PRINCIPAL
         principal = self.keyring.find(given) if self.keyring is not None else None
-        if principal is None:
+        if principal is None and not (is_open(path) or path in self.opened):
             raise HTTPException(401, MISSING_KEY, headers={"WWW-Authenticate": "Bearer"})
-        return principal.groups
+        return principal
+
+
+def caller_of(keys: Keys | None, path: str, headers: Headers) -> Principal | None:
+    """The request's caller: its key's principal, everyone's on a server without keys, None
+    on an open path asked without a key (401 elsewhere without one)."""
+    if keys is None:
+        return OPEN_SERVER_PRINCIPAL
+    return keys.principal(path, headers)
+
+
+def caller(request: Request) -> Principal | None:
+    """The caller ``request_guard`` found for ``request``."""
+    found = getattr(request.state, CALLER, None)
+    return found if isinstance(found, Principal) else None
+
+
+def requires(role: str) -> Callable[[Request], Principal]:
+    """A route's dependency: its caller, who must have ``role`` (ROLES) or above; 403
+    naming the role otherwise."""
+
+    def check(request: Request) -> Principal:
+        found = caller(request)
+        if found is None or not found.may(role):
+            held = found.role if found is not None else "no key"
+            raise HTTPException(403, f"this needs the {role} role; the key used has {held}")
+        return found
+
+    return check
 
 
 def is_open(path: str) -> bool:
@@ -137,7 +169,9 @@ def request_guard(keys: Keys | None, index: object) -> Callable[[Request], Async
     ``yield`` once the response is sent, a stream's end included)."""
 
     async def guard(request: Request) -> AsyncIterator[None]:
-        groups = keys.groups(request.scope["path"], request.headers) if keys is not None else None
+        caller = caller_of(keys, request.scope["path"], request.headers)
+        groups = caller.groups if caller is not None else None
+        setattr(request.state, CALLER, caller)
         setattr(request.state, CALLER_GROUPS, groups)
         with guarded(index, groups):
             yield
@@ -156,10 +190,11 @@ class Guarded:
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         try:
-            groups = self.keys.groups(scope["path"], Headers(scope=scope)) if self.keys else None
+            caller = caller_of(self.keys, scope["path"], Headers(scope=scope))
         except HTTPException as refused:
             await refuse(scope, send, refused.status_code, refused.detail, **refused.headers or {})
             return
-        scope.setdefault("state", {})[CALLER_GROUPS] = groups
+        groups = caller.groups if caller is not None else None
+        scope.setdefault("state", {}).update({CALLER: caller, CALLER_GROUPS: groups})
         with guarded(self.index, groups):
             await self.app(scope, receive, send)

@@ -1,12 +1,15 @@
-"""API keys with an owner and groups, kept hashed in a TOML file (``RAGCHAINS_KEYS_FILE``).
+"""API keys with an owner, groups and a role, kept hashed in a TOML file
+(``RAGCHAINS_KEYS_FILE``).
 
     [[keys]]
     principal = "alice"
     groups = ["hr", "managers"]
+    role = "editor"         # reader (the default when absent), editor or admin
     sha256 = "…"            # of the key; the key itself is shown once, by `ragchains keys add`
 
 A request with one of these keys reads what its groups may read (see ``retrievers.access``);
-``RAGCHAINS_API_KEY``, when also set, stays a key that reads everything. A running server
+its role says what else it may do (``ROLES``). ``RAGCHAINS_API_KEY``, when also set, stays
+a key that reads everything, with the admin role. A running server
 re-reads the file within a second of a change (``ragchains keys add`` / ``remove``), so a key
 is revoked without a restart; a file that can no longer be read then lets no key in.
 """
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from ragchains.retrievers.access import AccessRuleError, checked_groups
 
@@ -42,10 +46,32 @@ class KeysFileError(ValueError):
     """A keys file that cannot be read or used (the message names it and says why)."""
 
 
+# What each role may do, each including the one before it:
+#   reader  ask, search and read what its groups may (every key made before roles existed);
+#   editor  also add, replace, re-ingest and remove documents whose groups are all its own;
+#   admin   everything: every document and everyone's ingest jobs.
+ROLES = ("reader", "editor", "admin")
+DEFAULT_ROLE = "reader"
+
+
 @dataclass(frozen=True)
 class Principal:
+    """Who makes a request: a name, the groups it reads (None: every document) and its role."""
+
     name: str
-    groups: frozenset[str]
+    groups: frozenset[str] | None
+    role: str = DEFAULT_ROLE
+
+    def may(self, role: str) -> bool:
+        """Whether this principal has ``role`` or one above it (``ROLES``)."""
+        return ROLES.index(self.role) >= ROLES.index(role)
+
+
+def checked_role(role: str) -> str:
+    """``role`` if it is one of ``ROLES``; KeysFileError naming them otherwise."""
+    if role not in ROLES:
+        raise KeysFileError(f"{role!r} is not a role: choose one of {', '.join(ROLES)}")
+    return role
 
 
 def key_digest(key: bytes) -> str:
@@ -116,11 +142,13 @@ def _principals(entries: list[dict[str, object]]) -> dict[str, Principal]:
     return {str(entry["sha256"]): _principal(entry) for entry in entries}
 
 
-def add_key(path: Path, principal: str, groups: list[str]) -> str:
-    """A new key for ``principal`` with ``groups``, its digest written to ``path`` (created
-    readable by its owner only); returns the key, which is kept nowhere else."""
+def add_key(path: Path, principal: str, groups: list[str], role: str = DEFAULT_ROLE) -> str:
+    """A new key for ``principal`` with ``groups`` and ``role``, its digest written to
+    ``path`` (created readable by its owner only); returns the key, which is kept nowhere
+    else."""
     if not principal.strip() or not principal.isprintable():
         raise KeysFileError(f"{principal!r} is not a usable name for a key's owner")
+    checked_role(role)
     try:
         names = checked_groups(groups, "--groups")
     except AccessRuleError as exc:
@@ -131,7 +159,12 @@ def add_key(path: Path, principal: str, groups: list[str]) -> str:
             raise KeysFileError(f"{path} already holds a key for {principal!r}")
         key = f"rk-{secrets.token_urlsafe(32)}"
         entries.append(
-            {"principal": principal, "groups": list(names), "sha256": key_digest(key.encode())}
+            {
+                "principal": principal,
+                "groups": list(names),
+                "role": role,
+                "sha256": key_digest(key.encode()),
+            }
         )
         _write(path, entries)
     return key
@@ -168,7 +201,8 @@ def _write(path: Path, entries: list[dict[str, object]]) -> None:
     # JSON strings and lists are TOML basic strings and arrays.
     text = "".join(
         f"[[keys]]\nprincipal = {json.dumps(e['principal'])}\n"
-        f"groups = {json.dumps(e['groups'])}\nsha256 = {json.dumps(e['sha256'])}\n\n"
+        f"groups = {json.dumps(e['groups'])}\nrole = {json.dumps(e.get('role', DEFAULT_ROLE))}\n"
+        f"sha256 = {json.dumps(e['sha256'])}\n\n"
         for e in entries
     )
     # A new file of our own (mode 0600), never one a crash or another user left.
@@ -184,9 +218,18 @@ def _write(path: Path, entries: list[dict[str, object]]) -> None:
         raise
 
 
-def list_keys(path: Path) -> list[tuple[str, list[str]]]:
-    """Each key's owner and groups, in the file's order."""
-    return [(str(e["principal"]), [str(g) for g in e["groups"]]) for e in _read(path)[0]]  # type: ignore[attr-defined]
+class ListedKey(NamedTuple):
+    principal: str
+    groups: list[str]
+    role: str
+
+
+def list_keys(path: Path) -> list[ListedKey]:
+    """Each key's owner, groups and role, in the file's order."""
+    return [
+        ListedKey(str(e["principal"]), [str(g) for g in e["groups"]], str(e.get("role", "reader")))  # type: ignore[attr-defined]
+        for e in _read(path)[0]
+    ]
 
 
 def _read(path: Path) -> tuple[list[dict[str, object]], Stamp]:
@@ -219,7 +262,7 @@ def _entries(path: Path, data: dict[str, object]) -> list[dict[str, object]]:
     for n, entry in enumerate(entries):
         if (
             not isinstance(entry, dict)
-            or set(entry) != {"principal", "groups", "sha256"}
+            or set(entry) - {"role"} != {"principal", "groups", "sha256"}
             or not isinstance(entry["principal"], str)
             or not isinstance(entry["groups"], list)
             or not isinstance(entry["sha256"], str)
@@ -227,7 +270,12 @@ def _entries(path: Path, data: dict[str, object]) -> list[dict[str, object]]:
         ):
             raise KeysFileError(
                 f"keys file {path}: key {n + 1} needs principal (text), groups (a list) and "
-                "sha256 (64 lowercase hex digits), nothing else"
+                "sha256 (64 lowercase hex digits), and may have a role; nothing else"
+            )
+        if entry.get("role", DEFAULT_ROLE) not in ROLES:
+            raise KeysFileError(
+                f"keys file {path}: key {n + 1} has role {entry['role']!r}: choose one of "
+                + ", ".join(ROLES)
             )
     return entries
 
@@ -235,4 +283,5 @@ def _entries(path: Path, data: dict[str, object]) -> list[dict[str, object]]:
 def _principal(entry: dict[str, object]) -> Principal:
     groups = entry["groups"]
     assert isinstance(groups, list)
-    return Principal(str(entry["principal"]), frozenset(str(g) for g in groups))
+    role = str(entry.get("role", DEFAULT_ROLE))
+    return Principal(str(entry["principal"]), frozenset(str(g) for g in groups), role)

@@ -1,0 +1,95 @@
+"""How far an ingest run has got: files read (and their pages and chunks), chunks embedded,
+the write; with a share of the whole and an estimate of the time left. A run updates it as
+it goes (``IngestReport.progress``); a documents-API job reads it from another thread, so
+every update replaces whole values and ``snapshot`` copies them at once."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The share of a run's time each stage takes, roughly, on these machines: parsing (and OCR)
+# dominates a new file, embedding comes next, the write is quick.
+_READ, _EMBED = 0.7, 0.25
+STAGES = ("queued", "reading", "embedding", "writing", "done")
+
+
+@dataclass
+class IngestProgress:
+    """One run's progress; ``on_change`` is called (from the run's thread) after each step."""
+
+    stage: str = "queued"
+    files_total: int = 0  # files to read this run (unchanged ones are not read)
+    files_done: int = 0
+    pages: int = 0
+    chunks: int = 0  # chunks of the files read so far
+    chunks_to_embed: int = 0
+    chunks_embedded: int = 0
+    on_change: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    _started: float | None = field(default=None, repr=False, compare=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def _changed(self, **values: Any) -> None:
+        with self._lock:
+            if self._started is None and values.get("stage", self.stage) != "queued":
+                self._started = time.monotonic()
+            for name, value in values.items():
+                setattr(self, name, value)
+        if self.on_change is not None:
+            self.on_change()
+
+    def reading(self, files: int) -> None:
+        self._changed(stage="reading", files_total=files)
+
+    def file_read(self, pages: int, chunks: int) -> None:
+        self._changed(
+            files_done=self.files_done + 1, pages=self.pages + pages, chunks=self.chunks + chunks
+        )
+
+    def embedding(self, chunks: int) -> None:
+        self._changed(stage="embedding", chunks_to_embed=chunks, chunks_embedded=0)
+
+    def embedded(self, chunks: int) -> None:
+        self._changed(chunks_embedded=self.chunks_embedded + chunks)
+
+    def writing(self) -> None:
+        self._changed(stage="writing")
+
+    def done(self) -> None:
+        self._changed(stage="done")
+
+    def fraction(self) -> float:
+        """The share of the run done, 0 to 1."""
+        if self.stage == "done":
+            return 1.0
+        read = self.files_done / self.files_total if self.files_total else 1.0
+        embed = self.chunks_embedded / self.chunks_to_embed if self.chunks_to_embed else 1.0
+        if self.stage in ("queued",):
+            return 0.0
+        if self.stage == "reading":
+            return _READ * read
+        if self.stage == "embedding":
+            return _READ + _EMBED * embed
+        return _READ + _EMBED  # writing
+
+    def snapshot(self) -> dict[str, Any]:
+        """The progress as the API shows it: counts, ``percent`` and ``eta_seconds`` (None
+        until something is done to estimate from)."""
+        with self._lock:
+            done = self.fraction()
+            elapsed = time.monotonic() - self._started if self._started is not None else 0.0
+            eta = elapsed * (1 - done) / done if 0 < done < 1 and elapsed > 0 else None
+            return {
+                "stage": self.stage,
+                "files_total": self.files_total,
+                "files_done": self.files_done,
+                "pages": self.pages,
+                "chunks": self.chunks,
+                "chunks_to_embed": self.chunks_to_embed,
+                "chunks_embedded": self.chunks_embedded,
+                "percent": round(100 * done, 1),
+                "eta_seconds": None if eta is None else round(eta, 1),
+            }
