@@ -103,12 +103,17 @@ def read_files(
     report.progress.reading(len(jobs))
     parsed: dict[str, Parsed | str] = {}
     for job, result in parse_files(
-        jobs, chunker=chunker, options=options, budget=budget, progress=progress
+        jobs,
+        chunker=chunker,
+        options=options,
+        budget=budget,
+        progress=progress,
+        on_pages=report.progress.pages_told,
     ):
         parsed[job.source] = result
         chunks = result.chunks if isinstance(result, Parsed) else []
         pages = {c.metadata.get("page") for c in chunks if c.metadata.get("page") is not None}
-        report.progress.file_read(len(pages), len(chunks))
+        report.progress.file_read(job.source, len(pages), len(chunks))
     for source in sorted(found.files):
         sha, size, failure = hashed[source]
         old = old_files.get(source)

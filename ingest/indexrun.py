@@ -115,6 +115,7 @@ def ingest(
                     log_ingest(index_dir, report)
                 except OSError as exc:  # the run itself is done and committed
                     report.notes.append(f"the run was not added to the ingest log: {exc}")
+            report.progress.done()
             return report
     except IndexBusyError as exc:
         raise IngestError(str(exc)) from exc
@@ -158,6 +159,7 @@ def _ingest_locked(
     report: IngestReport,
 ) -> IngestReport:
     report.edit = edit is not None
+    report.unlisted = sorted(edit.removes) if edit is not None else []
     report.skipped.extend(found.skipped)
     if not rebuild:  # an auto embedder keeps the backend the index was embedded with
         embedder.follow(recorded_embedder(index_dir))

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 
 from tqdm import tqdm
 
+from ragchains.ingest import pageprogress
 from ragchains.ingest.chunking import Chunker, chunk_file
 from ragchains.ingest.errors import IngestError
 from ragchains.ingest.loaders import load_file
@@ -114,9 +115,12 @@ class Parsed:
 _worker: dict[str, Any] = {}
 
 
-def _start_worker(chunker: Chunker, options: LoadOptions, budget: ParseBudget) -> None:
+def _start_worker(
+    chunker: Chunker, options: LoadOptions, budget: ParseBudget, pages: Any = None
+) -> None:
     _start_budgeted(budget)
     _worker.update(chunker=chunker, options=options)
+    pageprogress.listen(pages)
 
 
 def _start_budgeted(budget: ParseBudget) -> None:
@@ -134,6 +138,7 @@ def _start_budgeted(budget: ParseBudget) -> None:
 def _parse(job: ParseJob) -> Parsed | str:
     """One file loaded and chunked, or the reason it is skipped."""
     _worker["peak_before"] = _peak_address_space()
+    pageprogress.reading(job.source)
     try:
         loaded = load_file(job.path, _worker["options"])
         chunks = chunk_file(job.source, loaded, _worker["chunker"], file_id=job.sha256)
@@ -192,22 +197,27 @@ def parse_files(
     options: LoadOptions,
     budget: ParseBudget,
     progress: bool = False,
+    on_pages: Callable[[list[tuple[str, str, int]]], None] | None = None,
 ) -> Iterator[tuple[ParseJob, Parsed | str]]:
     """Each job's outcome, in the order given: its chunks, or the reason it is skipped
     (``over the 1 GB memory budget while parsing``, ``over the 120 s time budget``, a
     parser's own reason). Files are parsed ``budget.worker_count`` at a time; leaving the
-    iteration early ends the workers."""
+    iteration early ends the workers. ``on_pages``: told, from a thread of its own, the
+    page counts the workers send as they read (``ingest.pageprogress``)."""
     if not jobs:
         return
     from pebble import ProcessExpired, ProcessPool
 
+    context = _context()
+    pages = context.Queue() if on_pages is not None else None
     pool = ProcessPool(
         max_workers=budget.worker_count(len(jobs)),
         max_tasks=FILES_PER_WORKER,
         initializer=_start_worker,
-        initargs=(chunker, options, budget),
-        context=_context(),
+        initargs=(chunker, options, budget, pages),
+        context=context,
     )
+    listening = _PageListener(pages, on_pages) if pages is not None and on_pages else None
     finished = False
     try:
         futures = [pool.schedule(_parse, args=(job,), timeout=budget.seconds) for job in jobs]
@@ -245,6 +255,33 @@ def parse_files(
         else:  # stopped early (an error, Ctrl-C): no file still parsing is wanted
             pool.stop()
         pool.join()
+        if listening is not None:
+            listening.stop()
+
+
+class _PageListener:
+    """Hands the workers' page counts to ``on_pages`` until stopped."""
+
+    def __init__(self, pages: Any, on_pages: Callable[[list[tuple[str, str, int]]], None]) -> None:
+        self.pages = pages
+        self.on_pages = on_pages
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ragchains-pages", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopping.is_set():
+            found = pageprogress.drained(self.pages, 0.2)
+            if found:
+                try:
+                    self.on_pages(found)
+                except Exception:  # progress must never fail the run
+                    log.debug("page progress not told", exc_info=True)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(5)
+        self.pages.close()
 
 
 def _died(exitcode: int | None) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pypdfium2 as pdfium
 import pypdfium2.raw as pdfium_c
 
-from ragchains.ingest import ocr
+from ragchains.ingest import ocr, pageprogress
 from ragchains.ingest.parts import Box, LoadedFile, LoadOptions, Part, SkipFile, WordBox, read_bytes
 
 # pdfium's character for a hyphen that ends a line while its word goes on at the start of the
@@ -41,6 +41,7 @@ def load_pdf(path: Path, options: LoadOptions) -> LoadedFile:
         parts: list[Part] = []
         notes: list[str] = []
         scans: list[int] = []  # pages with no text layer, to OCR
+        pageprogress.pages_to_read(len(pdf))
         for index in range(len(pdf)):
             number = index + 1
             page = _page(pdf, index, notes)
@@ -50,8 +51,11 @@ def load_pdf(path: Path, options: LoadOptions) -> LoadedFile:
                 part = _text_part(page, number)
                 if part is not None:
                     parts.append(part)
+                    pageprogress.page_read()
                 elif pdfium_c.FPDFPage_CountObjects(page) > 0:  # not a blank page
                     scans.append(index)
+                else:
+                    pageprogress.page_read()
             finally:
                 page.close()
         if scans:
@@ -63,6 +67,7 @@ def load_pdf(path: Path, options: LoadOptions) -> LoadedFile:
                 for result in ocr.ocr_pages(
                     _renders(pdf, scans, notes), timeout=options.ocr_page_timeout
                 ):
+                    pageprogress.page_read()
                     if isinstance(result, Part):
                         parts.append(result)
                     else:

@@ -29,6 +29,8 @@ class IngestProgress:
     chunks_to_embed: int = 0
     chunks_embedded: int = 0
     on_change: Callable[[], None] | None = field(default=None, repr=False, compare=False)
+    # Files being read: source -> (pages it has, pages read), as its worker tells them.
+    _reading: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     _started: float | None = field(default=None, repr=False, compare=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -44,10 +46,30 @@ class IngestProgress:
     def reading(self, files: int) -> None:
         self._changed(stage="reading", files_total=files)
 
-    def file_read(self, pages: int, chunks: int) -> None:
+    def file_read(self, source: str, pages: int, chunks: int) -> None:
+        """``source`` is read: ``pages`` pages (those its worker told of already are not
+        counted again) and ``chunks`` chunks."""
+        with self._lock:
+            told = self._reading.pop(source, (0, 0))[1]
         self._changed(
-            files_done=self.files_done + 1, pages=self.pages + pages, chunks=self.chunks + chunks
+            files_done=self.files_done + 1,
+            pages=self.pages + max(0, pages - told),
+            chunks=self.chunks + chunks,
         )
+
+    def pages_told(self, messages: list[tuple[str, str, int]]) -> None:
+        """What parse workers told of the pages they read (``ingest.pageprogress``)."""
+        read = 0
+        with self._lock:
+            for kind, source, count in messages:
+                total, done = self._reading.get(source, (0, 0))
+                if kind == "pages":
+                    self._reading[source] = (count, done)
+                else:
+                    self._reading[source] = (total, done + count)
+                    read += count
+        if read:
+            self._changed(pages=self.pages + read)
 
     def embedding(self, chunks: int) -> None:
         self._changed(stage="embedding", chunks_to_embed=chunks, chunks_embedded=0)
@@ -65,7 +87,9 @@ class IngestProgress:
         """The share of the run done, 0 to 1."""
         if self.stage == "done":
             return 1.0
-        read = self.files_done / self.files_total if self.files_total else 1.0
+        # A file being read counts for the share of its pages read.
+        partly = sum(done / total for total, done in self._reading.values() if total > 0)
+        read = min(1.0, (self.files_done + partly) / self.files_total) if self.files_total else 1.0
         embed = self.chunks_embedded / self.chunks_to_embed if self.chunks_to_embed else 1.0
         if self.stage in ("queued",):
             return 0.0

@@ -43,6 +43,7 @@ class IngestReport:
     wrote: bool = False
     notes: list[str] = field(default_factory=list)
     edit: bool = False  # an edit of some documents (ingest.edits), not a run over inputs
+    unlisted: list[str] = field(default_factory=list)  # what an edit removes, read or not
     # Where the run tells how far it has got, for whoever watches it (a documents-API job).
     progress: IngestProgress = field(default_factory=IngestProgress, repr=False, compare=False)
 
@@ -98,6 +99,7 @@ def skipped_now(previous: Mapping[str, Any], report: IngestReport) -> dict[str, 
     them (those it skipped are all there are); an edit tried its own, and a file it read or
     removed is no longer skipped."""
     settled = {*report.added, *report.updated, *report.unchanged, *report.removed}
+    settled |= set(report.unlisted)
     kept = (
         {s: v for s, v in previous.items() if s not in settled and isinstance(v, dict)}
         if report.edit

@@ -83,6 +83,7 @@ def ingest_to_store(
         check_rules_match(access, found)
     report = report or IngestReport(index=store.location)
     report.edit = edit is not None
+    report.unlisted = sorted(edit.removes) if edit is not None else []
     report.skipped.extend(found.skipped)
     try:
         with store.writer() as writer:
@@ -127,6 +128,7 @@ def ingest_to_store(
             originals_done = not (missing & wanted.keys()) if originals else missing == ids
             if meta and not report.changed and same_chunking and current and originals_done:
                 _log_run(writer, recorded, report)
+                report.progress.done()
                 return report  # (an older store is written anyway: the write migrates it)
             new_chunks = [c for source in sorted(read.chunks) for c in read.chunks[source]]
             stored = store.stored_vectors([c.id for c in new_chunks]) if meta else {}
@@ -156,6 +158,7 @@ def ingest_to_store(
             _log_run(writer, recorded, report)
     except StoreError as exc:
         raise IngestError(str(exc)) from exc
+    report.progress.done()
     return report
 
 

@@ -225,7 +225,10 @@ def _entry(
         state=state,
         left_out=left_out,
         skipped_reason=reason,
-        may_change=who is not None and record is not None and may_change(who, record.access),
+        # A skipped file may be taken off the list by whoever may change what it would be.
+        may_change=who is not None
+        and (record is not None or skipped.get("groups") is not None or who.may("admin"))  # type: ignore[union-attr]
+        and may_change(who, groups),
     )
 
 
