@@ -6,6 +6,7 @@ chains/, retrievers/ and ingest/ take their collaborators as arguments; only thi
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -348,12 +349,19 @@ def run_ingest(
 
 def jobs_folder(settings: Settings, index: Store) -> Path:
     """Where the documents API keeps its jobs: RAGCHAINS_JOBS_DIR, else ``jobs/`` in the index
-    folder beside its generations (which an ingest replaces, never this), else (a store)
-    ``ragchains-jobs/`` in the current folder."""
+    folder beside its generations (which an ingest replaces, never this), else (a store) a
+    folder of that store's own in the user's state folder (``platformdirs``: e.g.
+    ``~/.local/state/ragchains/jobs/<store>``): a job is re-run at start only by a server of
+    the store it was made for."""
     if settings.jobs_dir is not None:
         return settings.jobs_dir.expanduser()
     folder = index.folder
-    return Path(folder) / "jobs" if folder is not None else Path("ragchains-jobs")
+    if folder is not None:
+        return Path(folder) / "jobs"
+    import platformdirs
+
+    named = hashlib.sha256(index.location.encode()).hexdigest()[:16]
+    return Path(platformdirs.user_state_dir("ragchains")) / "jobs" / f"store-{named}"
 
 
 def ingest_jobs(settings: Settings, service: Service) -> IngestJobs:

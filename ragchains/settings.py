@@ -249,8 +249,8 @@ class Settings(BaseSettings):
     jobs_dir: Path | None = Field(
         None,
         description="where the documents API keeps its ingest jobs and their staged files; "
-        "default: jobs/ in the index folder, beside its generations (with a store: "
-        "ragchains-jobs/ in the current folder)",
+        "default: jobs/ in the index folder, beside its generations (with a store: a folder "
+        "of that store's own in the user's state folder)",
     )
     feedback_db: Path | None = Field(
         None,
