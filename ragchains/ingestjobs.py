@@ -144,6 +144,14 @@ def job_result(report: IngestReport) -> dict[str, Any]:
     }
 
 
+class PathBusy(Exception):
+    """A job still to end changes this path."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.path = path
+
+
 def _busy(exc: BaseException) -> bool:
     return isinstance(exc, IngestError) and "another ingest is writing" in str(exc)
 
@@ -221,8 +229,13 @@ class IngestJobs:
         return f"j-{datetime.now(UTC):%Y%m%d%H%M%S}-{secrets.token_hex(4)}"
 
     def submit(self, job: Job) -> Job:
-        """Queue ``job`` (its files staged in ``staging(job.id)`` already)."""
+        """Queue ``job`` (its files staged in ``staging(job.id)`` already); PathBusy when a
+        job still to end changes one of its paths (checked and queued at once: of two
+        requests for a path at the same moment, one is refused)."""
         with self._lock:
+            busy = sorted(self.busy_paths() & set(job.paths))
+            if busy:
+                raise PathBusy(busy[0])
             self._jobs[job.id] = job
             self._save(job)
         self._queue.put(job.id)

@@ -31,7 +31,7 @@ from ragchains.ingest.parts import SkipFile
 from ragchains.ingest.report import SKIPPED, read_ingest_log
 from ragchains.ingest.sniffing import UploadContentError, sniff_upload
 from ragchains.ingest.uploadnames import UploadNameError, upload_folder, upload_source
-from ragchains.ingestjobs import IngestJobs, Job, staged_name
+from ragchains.ingestjobs import IngestJobs, Job, PathBusy, staged_name
 from ragchains.retrievers.access import AccessRuleError, checked_groups
 from ragchains.retrievers.formats import format_named
 from ragchains.retrievers.indexformat import FileRecord
@@ -375,6 +375,17 @@ def documents_router(
                 "(GET /jobs) and try again",
             )
 
+    def queued(job: Job) -> Job:
+        try:
+            return jobs.submit(job)
+        except PathBusy as exc:
+            shutil.rmtree(jobs.staging(job.id), ignore_errors=True)
+            raise HTTPException(
+                409,
+                f"a job is already changing {exc.path!r}: wait for it to end (GET /jobs) and "
+                "try again",
+            ) from None
+
     def check_disk(needed: int) -> None:
         free = shutil.disk_usage(jobs.folder).free
         if free < needed + settings.upload_min_free_mb * 2**20:
@@ -472,7 +483,7 @@ def documents_router(
                 digests.append(digest)
             await run_in_threadpool(check_content, who, paths, digests, replacing)
             refuse_taken(paths)  # again: another request may have taken one meanwhile
-            job = jobs.submit(
+            job = queued(
                 Job(
                     id=job_id,
                     kind=kind,
@@ -585,7 +596,7 @@ def documents_router(
         try:
             job = await run_in_threadpool(prepare)
             refuse_taken(paths)
-            jobs.submit(job)
+            queued(job)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -640,7 +651,7 @@ def documents_router(
         if not current.may_change:
             raise HTTPException(403, f"you may not change {path!r}")
         refuse_taken([path])
-        job = jobs.submit(
+        job = queued(
             Job(id=jobs.new_id(), kind="remove", by=who.name, paths=[path], removes=[path])
         )
         return accepted(job)
