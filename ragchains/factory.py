@@ -370,6 +370,10 @@ def ingest_jobs(settings: Settings, service: Service) -> IngestJobs:
     long embedding never holds up a question's) and served once committed."""
     target: Target = settings.store or service.index.location
     embedders: list[SentenceTransformerEmbedder] = []
+    # Half the cores parse a job's files (unless set): the other half keep answering.
+    if not settings.ingest_workers:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        settings = settings.model_copy(update={"ingest_workers": max(1, (cores or 2) // 2)})
 
     def run(edit: CollectionEdit, report: IngestReport) -> IngestReport:
         if not embedders:
