@@ -192,11 +192,18 @@ class IngestJobs:
         # Replaced whole: a server killed while writing leaves the last record.
         path = self._record_path(job.id)
         tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as fh:
-            json.dump(job.record(), fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w", encoding="utf-8") as fh:
+                json.dump(job.record(), fh)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            # A full disk (ENOSPC at the write or the fsync) must leave no partial record
+            # behind in the jobs folder.
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise
 
     def _load(self) -> None:
         """The jobs of an earlier run of the server: those it left unfinished are queued
@@ -236,8 +243,10 @@ class IngestJobs:
             busy = sorted(self.busy_paths() & set(job.paths))
             if busy:
                 raise PathBusy(busy[0])
-            self._jobs[job.id] = job
+            # Saved first: a record that cannot be written (a full disk) refuses the job
+            # whole, never leaving it listed, queued and holding its paths in memory only.
             self._save(job)
+            self._jobs[job.id] = job
         self._queue.put(job.id)
         return job
 

@@ -261,6 +261,12 @@ class Collection:
         return reader.original(record.sha256)
 
 
+def _not_kept(exc: OSError) -> HTTPException:
+    return HTTPException(
+        507, f"the upload could not be kept ({exc.strerror or exc}); nothing was stored"
+    )
+
+
 def _readable_skip(entry: Mapping[str, Any], who: Principal | None) -> bool:
     """A skipped file is listed to whom it would be readable by; one whose groups are not
     known (skipped before its rules applied) to admins only."""
@@ -412,9 +418,7 @@ def documents_router(
                     digest.update(block)
                     await run_in_threadpool(out.write, block)
         except OSError as exc:
-            raise HTTPException(
-                507, f"the upload could not be kept ({exc.strerror or exc}); nothing was stored"
-            ) from None
+            raise _not_kept(exc) from None
         return digest.hexdigest(), size
 
     def sniff(path: Path, name: str) -> str:
@@ -472,8 +476,8 @@ def documents_router(
         await run_in_threadpool(check_disk, sum(u.size or 0 for _, u in uploads))
         job_id = jobs.new_id()
         staging = jobs.staging(job_id)
-        staging.mkdir(parents=True)
         try:
+            staging.mkdir(parents=True)
             staged, digests = {}, []
             for n, (path, upload) in enumerate(uploads):
                 name = staged_name(n, path)
@@ -493,6 +497,11 @@ def documents_router(
                     groups={p: list(g) for p, g in groups.items()},
                 )
             )
+        except OSError as exc:
+            # The jobs' disk full after the check (no inode for the staging folder, no room
+            # for the job's record): a 507 like the check's, never a 500.
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _not_kept(exc) from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -559,9 +568,8 @@ def documents_router(
 
         def prepare() -> Job:
             records = collection.files()
-            staging.mkdir(parents=True)
-            staged = {}
-            for n, path in enumerate(paths):
+            originals = []
+            for path in paths:
                 record = records.get(path)
                 if record is None or not may_read(record.access, who.groups):
                     raise HTTPException(404, f"no document you may read has the path {path!r}")
@@ -574,6 +582,12 @@ def documents_router(
                         f"no copy of {path!r} is kept (ingested with --no-originals): "
                         "upload it again",
                     )
+                originals.append(kept)
+            # The copies are staged like an upload's bytes: the same room kept free (507).
+            check_disk(sum(records[p].size or 0 for p in paths))
+            staging.mkdir(parents=True)
+            staged = {}
+            for n, (path, kept) in enumerate(zip(paths, originals, strict=True)):
                 name = staged_name(n, path)
                 try:
                     if isinstance(kept, Path):
@@ -597,6 +611,9 @@ def documents_router(
             job = await run_in_threadpool(prepare)
             refuse_taken(paths)
             queued(job)
+        except OSError as exc:  # the jobs' disk full (see accept)
+            shutil.rmtree(staging, ignore_errors=True)
+            raise _not_kept(exc) from None
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
