@@ -59,6 +59,8 @@ class Job:
     paths: list[str]
     groups: dict[str, list[str]] = field(default_factory=dict)  # per staged path
     staged: dict[str, str] = field(default_factory=dict)  # path -> staged file's name
+    # path -> the staged file's sha256: an upload of the same bytes meanwhile is refused.
+    digests: dict[str, str] = field(default_factory=dict)
     removes: list[str] = field(default_factory=list)
     read_again: list[str] = field(default_factory=list)
     state: str = "queued"
@@ -96,6 +98,7 @@ class Job:
             **self.as_dict(),
             "groups": self.groups,
             "staged": self.staged,
+            "digests": self.digests,
             "removes": self.removes,
             "read_again": self.read_again,
             "order": self.order,
@@ -110,6 +113,7 @@ class Job:
             paths=[str(p) for p in data.get("paths") or []],
             groups={str(k): [str(g) for g in v] for k, v in (data.get("groups") or {}).items()},
             staged={str(k): str(v) for k, v in (data.get("staged") or {}).items()},
+            digests={str(k): str(v) for k, v in (data.get("digests") or {}).items()},
             removes=[str(p) for p in data.get("removes") or []],
             read_again=[str(p) for p in data.get("read_again") or []],
             state=str(data.get("state") or "queued"),
@@ -254,6 +258,16 @@ class IngestJobs:
         """The paths a job still to end will change."""
         with self._lock:
             return {p for j in self._jobs.values() if j.state not in FINISHED for p in j.paths}
+
+    def pending_content(self) -> dict[str, tuple[str, list[str]]]:
+        """The sha256 of each file a job still to end will add, with its path and groups."""
+        with self._lock:
+            return {
+                digest: (path, j.groups.get(path, []))
+                for j in self._jobs.values()
+                if j.state not in FINISHED
+                for path, digest in j.digests.items()
+            }
 
     def get(self, job_id: str) -> Job | None:
         with self._lock:

@@ -461,6 +461,18 @@ def documents_router(
             if held is None and replacing:
                 raise HTTPException(404, f"no document you may read has the path {path!r}")
 
+    def refuse_pending(who: Principal, paths: list[str], digests: list[str]) -> None:
+        pending = jobs.pending_content()
+        for path, digest in zip(paths, digests, strict=True):
+            if digest in pending:
+                other, groups = pending[digest]
+                shown = repr(other) if may_read(groups, who.groups) else "a document"
+                raise HTTPException(
+                    409,
+                    f"{path!r} has the same content as {shown}, which a job is adding; it is "
+                    "not stored twice",
+                )
+
     async def accept(
         who: Principal,
         kind: str,
@@ -487,6 +499,10 @@ def documents_router(
                 digests.append(digest)
             await run_in_threadpool(check_content, who, paths, digests, replacing)
             refuse_taken(paths)  # again: another request may have taken one meanwhile
+            # Not yet in the collection, but a job's: the same bytes would be stored twice.
+            # Checked with no await before the job is queued, so of two such requests at
+            # once one is refused.
+            refuse_pending(who, paths, digests)
             job = queued(
                 Job(
                     id=job_id,
@@ -494,6 +510,7 @@ def documents_router(
                     by=who.name,
                     paths=paths,
                     staged=staged,
+                    digests=dict(zip(paths, digests, strict=True)),
                     groups={p: list(g) for p, g in groups.items()},
                 )
             )
