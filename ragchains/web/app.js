@@ -1,7 +1,10 @@
 // The chat page. The conversation lives in this browser (localStorage); every turn is one
 // call to the same LangServe streaming routes any client uses (/chat/stream, /ask/stream),
 // so what the page shows is what the chains produce. Nothing is fetched from elsewhere.
+// Two views, by the address's hash (so Back goes back): the chat, and #documents (the
+// documents the key may read, and its changes to them: documents.js).
 
+import { Documents } from "./documents.js";
 import { el } from "./dom.js";
 import { render } from "./markdown.js";
 import { Viewer } from "./viewer.js";
@@ -158,17 +161,23 @@ async function failure(response) {
   return new ServerError(response.status, message, retryAfter(response.headers.get("Retry-After")));
 }
 
-// A GET on this server with the caller's key; the body as "json", "text" or "blob".
-async function request(path, as = "json") {
+// A request to this server with the caller's key: its response, or a ServerError with the
+// server's reason. A body that is no JSON text (a FormData) gets its own Content-Type.
+async function send(path, { method = "GET", body, signal } = {}) {
   const sent = headers();
-  delete sent["Content-Type"];
-  const response = await fetch(path, { headers: sent });
+  if (typeof body !== "string") delete sent["Content-Type"];
+  const response = await fetch(path, { method, headers: sent, body, signal });
   if (!response.ok) {
     const error = await failure(response);
     if (error.status === 401) askForKey("The key was refused; enter it again.");
     throw error;
   }
-  return response[as]();
+  return response;
+}
+
+// A GET on this server with the caller's key; the body as "json", "text" or "blob".
+async function request(path, as = "json") {
+  return (await send(path))[as]();
 }
 
 // Server-sent events from a fetch body (EventSource cannot POST). Stops at once when
@@ -765,8 +774,6 @@ function basename(path) {
 }
 
 function openSource(source, opener, quote = null) {
-  sourceOpener = opener ?? null;
-  $("source-title").textContent = source.label;
   const location = source.location ?? {};
   const facts = [...fact("File", basename(source.source))];
   if (location.page != null || source.page != null) facts.push(...fact("Page", String(location.page ?? source.page)));
@@ -779,6 +786,27 @@ function openSource(source, opener, quote = null) {
   if (location.ocr_confidence != null) {
     facts.push(...fact("OCR confidence", `${Math.round(location.ocr_confidence * 100)}%`));
   }
+  showSource(source.label, facts, source, opener, quote);
+}
+
+// A document of the Documents list, whole, in the same viewer: a source without a chunk
+// (nothing highlighted; a PDF or a scan opens at its first page, a table at its first rows).
+function openDocument(doc, opener) {
+  const facts = [...fact("File", doc.path), ...fact("Format", doc.label ?? doc.format ?? "unknown")];
+  if (doc.pages != null) facts.push(...fact("Pages", String(doc.pages)));
+  if (doc.slides != null) facts.push(...fact("Slides", String(doc.slides)));
+  if (doc.rows != null) facts.push(...fact("Rows", String(doc.rows)));
+  facts.push(...fact("Chunks", String(doc.chunks)));
+  if (doc.ocr_confidence != null) {
+    facts.push(...fact("OCR confidence", `${Math.round(doc.ocr_confidence * 100)}%`));
+  }
+  const source = { label: basename(doc.path), source: doc.path, file_id: doc.file_id, format: doc.format, location: {} };
+  showSource(basename(doc.path), facts, source, opener, null);
+}
+
+function showSource(title, facts, source, opener, quote) {
+  sourceOpener = opener ?? null;
+  $("source-title").textContent = title;
   $("source-facts").replaceChildren(...facts);
   $("source-panel").hidden = false;
   document.body.classList.add("source-open");
@@ -876,6 +904,7 @@ async function saveKey(event) {
   $("api-key").value = "";
   $("key-dialog").close();
   showCollection();
+  if (view() === "documents") documents.refresh();
 }
 
 async function connect() {
@@ -893,8 +922,45 @@ async function connect() {
   if (limit) $("question").maxLength = limit;
   // The playground and API docs need the key too, which a browser link cannot send.
   $("developer-links").hidden = Boolean(state.server.api_key_required);
-  if (state.server.api_key_required && !localStorage.getItem(API_KEY)) askForKey();
-  else showCollection();
+  if (keyMissing()) {
+    askForKey();
+  } else {
+    showCollection();
+    if (view() === "documents") documents.refresh();
+  }
+}
+
+function keyMissing() {
+  return Boolean(state.server?.api_key_required) && !localStorage.getItem(API_KEY);
+}
+
+// ------------------------------------------------------------------------- views
+const documents = new Documents({ send, request, events, openDocument });
+
+function view() {
+  return location.hash === "#documents" ? "documents" : "chat";
+}
+
+// Shows the view the address names. ``moved``: a person went there (a link, Back), so the
+// focus goes to the view (its heading; the question box in the chat).
+function route(moved) {
+  const shown = view();
+  closeSource();
+  document.body.dataset.view = shown;
+  $("chat-view").hidden = shown !== "chat";
+  $("documents-view").hidden = shown !== "documents";
+  $("to-chat").toggleAttribute("aria-current", false);
+  $("to-documents").toggleAttribute("aria-current", false);
+  $(`to-${shown}`).setAttribute("aria-current", "page");
+  document.title = shown === "documents" ? "Documents · ragchains" : "ragchains";
+  if (document.body.classList.contains("settings-open")) $("menu").click();
+  if (shown === "documents") {
+    // Read again each time: the role, the documents and their states may have changed.
+    if (state.server && !keyMissing()) documents.refresh();
+    if (moved) $("documents-title").focus();
+  } else if (moved) {
+    $("question").focus();
+  }
 }
 
 // ------------------------------------------------------------------------- what is there
@@ -955,7 +1021,7 @@ async function showCollection() {
             ),
           ),
         )
-      : null,
+      : "", // (replaceChildren would show a null as the text "null")
   );
 }
 
@@ -1018,6 +1084,7 @@ function init() {
       $("ask-form").requestSubmit();
     }
   });
+  window.addEventListener("hashchange", () => route(true));
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape") return;
     closeSource();
@@ -1035,6 +1102,7 @@ function init() {
   }
   $("intro").hidden = state.turns.length > 0;
   showRunning();
+  route(false);
   connect();
 }
 
