@@ -583,3 +583,38 @@ def test_a_field_only_hidden_files_have_is_not_told_of_even_in_an_error(
         assert sources(retriever.invoke("payroll", filters=band)) == {"docs/hr-payroll.csv"}
     assert "salary_band" in retriever.fields  # no access control: every field
     index.close()
+
+
+def test_a_key_has_a_role_reader_by_default_and_a_bad_role_stops_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "keys.toml"
+    made = CliRunner().invoke(
+        app,
+        ["keys", "add", "eddie", "--groups", "hr", "--role", "editor", "--keys-file", str(path)],
+    )
+    assert made.exit_code == 0, made.output
+    add_key(path, "rosa", ["eng"])
+    assert [(k.principal, k.role) for k in list_keys(path)] == [
+        ("eddie", "editor"),
+        ("rosa", "reader"),
+    ]
+    listed = CliRunner().invoke(app, ["keys", "list", "--keys-file", str(path)])
+    assert listed.stdout.splitlines() == ["eddie: hr (editor)", "rosa: eng (reader)"]
+    ring = KeyRing(path)
+    key = made.stdout.strip().splitlines()[0].encode()
+    found = ring.find(key)
+    assert found is not None and found.role == "editor" and found.may("editor")
+    assert not found.may("admin")
+    # A file written before roles (no role line) is read: its keys are readers.
+    old = tmp_path / "old.toml"
+    old.write_text('[[keys]]\nprincipal = "olga"\ngroups = ["ops"]\nsha256 = "' + "a" * 64 + '"\n')
+    old.chmod(0o600)
+    assert list_keys(old)[0].role == "reader"
+    bad = tmp_path / "bad.toml"
+    bad.write_text(old.read_text().replace('groups = ["ops"]', 'groups = ["ops"]\nrole = "owner"'))
+    bad.chmod(0o600)
+    with pytest.raises(KeysFileError, match="role 'owner'"):
+        KeyRing(bad)
+    wrong = CliRunner().invoke(
+        app, ["keys", "add", "x", "--groups", "hr", "--role", "owner", "--keys-file", str(path)]
+    )
+    assert wrong.exit_code == 2 and "owner" in wrong.output
