@@ -159,8 +159,23 @@ def test_an_editor_uploads_replaces_and_removes_and_a_reader_sees_only_its_own(
         wait_until(unanswerable, "the removed document gone", timeout=ANSWERABLE_WITHIN)
         assert "handbook/quokka.docx" not in listed_paths(base, editor)
         assert "handbook/vireo-scan.pdf" in listed_paths(base, editor)
+        # Read again from the copy kept of it: the same chunks, nothing to write.
+        again = httpx.post(
+            f"{base}/documents/reingest",
+            json={"paths": ["handbook/vireo-scan.pdf"]},
+            headers=headers(editor),
+        )
+        reread = wait_for_job(base, editor, job_of(again)["id"])
+        assert reread["state"] == "done", reread
+        assert reread["result"]["unchanged"] == ["handbook/vireo-scan.pdf"]
+        refused_again = httpx.post(
+            f"{base}/documents/reingest",
+            json={"paths": ["handbook/vireo-scan.pdf"]},
+            headers=headers(reader),
+        )
+        assert refused_again.status_code == 403
         jobs = httpx.get(f"{base}/jobs", headers=headers(editor)).json()["jobs"]
-        assert [j["kind"] for j in jobs] == ["remove", "replace", "upload"]
+        assert [j["kind"] for j in jobs] == ["reingest", "remove", "replace", "upload"]
         assert httpx.get(f"{base}/jobs", headers=headers(reader)).json()["jobs"] == []
         assert httpx.get(f"{base}/jobs/{job['id']}", headers=headers(reader)).status_code == 404
 
