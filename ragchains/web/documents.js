@@ -214,7 +214,7 @@ export class Documents {
     if (chosen && !kinds.includes(chosen)) kinds.push(chosen);
     select.replaceChildren(
       el("option", { value: "" }, "All formats"),
-      kinds.map((kind) => el("option", { value: kind }, labels[kind]?.label_plural ?? kind)),
+      ...kinds.map((kind) => el("option", { value: kind }, labels[kind]?.label_plural ?? kind)),
     );
     select.value = chosen;
   }
@@ -321,7 +321,7 @@ export class Documents {
     const shown = [...select.options].slice(1).map((o) => o.value);
     const all = chosen && !folders.includes(chosen) ? [...folders, chosen].sort() : folders;
     if (shown.length !== all.length || shown.some((f, i) => f !== all[i])) {
-      select.replaceChildren(el("option", { value: "" }, "All folders"), all.map((f) => el("option", { value: f }, f)));
+      select.replaceChildren(el("option", { value: "" }, "All folders"), ...all.map((f) => el("option", { value: f }, f)));
       select.value = chosen;
     }
     $("upload-folders").replaceChildren(...folders.map((f) => el("option", { value: f })));
@@ -633,7 +633,12 @@ function resultNodes(result) {
   if (result.kept_previous?.length) {
     nodes.push(el("p", { class: "job-line" }, el("strong", {}, "Previous version kept: "), result.kept_previous.join(", ")));
   }
-  if (typeof result.chunks === "number") nodes.push(el("p", { class: "job-line hint" }, `${plural(result.chunks, "passage")} in all.`));
+  // ``chunks`` counts the whole collection's after the job, ``embedded`` the job's own.
+  const counts = [
+    typeof result.embedded === "number" && result.embedded ? `${plural(result.embedded, "passage")} embedded` : null,
+    typeof result.chunks === "number" ? `${plural(result.chunks, "passage")} in the collection now` : null,
+  ].filter(Boolean);
+  if (counts.length) nodes.push(el("p", { class: "job-line hint" }, `${counts.join("; ")}.`));
   for (const note of result.notes ?? []) nodes.push(el("p", { class: "job-line hint" }, note));
   return { nodes, summary: said.join(", ") || "nothing changed" };
 }
