@@ -4,6 +4,10 @@ it, and checks every reply: never a server error, only declared statuses and con
 bodies and each streamed event as declared, 405 for a method a route does not take, every
 request the document allows accepted and every one it forbids refused.
 
+The documents API (uploads, multipart included, and their ingest jobs) changes the collection:
+it is fuzzed against a server of its own over a throwaway index, with an editor's key, an
+admin's and none, never against the sample index other tests read.
+
 The chat model is an OpenAI-compatible upstream on this machine (tests/servers.FakeOpenAI):
 the subject here is the HTTP surface, and thousands of requests must stay within minutes.
 """
@@ -12,19 +16,28 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterator
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpx
 import pytest
 from pydantic import SecretStr
 
-from tests.servers import FakeOpenAI, ragchains_serve
+from ragchains.serving.keys import add_key
+from tests.conftest import FIXTURES
+from tests.documents import headers as key_header
+from tests.documents import job_of, wait_for_job
+from tests.fixtures.make_pdf import write_pdf
+from tests.servers import FakeOpenAI, ragchains_serve, wait_until
+from tests.test_cli import run
+from tests.test_ocr import draw_page
 
 pytestmark = pytest.mark.slow
 
@@ -59,26 +72,93 @@ BUDGETS = [
     pytest.param(20, id="20s"),
     pytest.param(150, id="150s", marks=pytest.mark.long),
 ]
+# The documents API's operations (its tag), fuzzed apart from the sample index (see above).
+DOCUMENTS_TAG = "documents"
+NOT_DOCUMENTS = ("--exclude-tag", DOCUMENTS_TAG)
+ONLY_DOCUMENTS = ("--include-tag", DOCUMENTS_TAG)
+# What the documents run adds to CONFIG (an operation's filters of different kinds match
+# any of them: include-name names one operation). A document's path and a job's id are drawn half
+# the time from those that exist (a fuzzed one is a 404 all but always); a document is
+# removed only from among its own few, never one another reply named (those replaced and
+# read again must stay for the next key's run). An upload the
+# document allows may still be refused for what no schema says: its file's name (400) or
+# content (415) - schemathesis names a file after its field and the format it drew.
+DOCUMENTS_CONFIG = """
+[dictionaries.documents]
+values = {documents}
+
+[dictionaries.replaceable]
+values = {replaceable}
+
+[dictionaries.removable]
+values = {removable}
+
+[dictionaries.jobs]
+values = {jobs}
+
+[[operations]]
+include-name = "GET /documents/{{path}}"
+parameters = {{ "path.path" = {{ dictionary = "documents", probability = 0.5 }} }}
+
+[[operations]]
+include-name = "PUT /documents/{{path}}"
+parameters = {{ "path.path" = {{ dictionary = "replaceable", probability = 0.8 }} }}
+generation.max-examples = 40
+
+[[operations]]
+include-name = "DELETE /documents/{{path}}"
+parameters = {{ "path.path" = {{ dictionary = "removable", probability = 0.5 }} }}
+phases.examples.extra-data-sources.responses = false
+phases.coverage.extra-data-sources.responses = false
+phases.fuzzing.extra-data-sources.responses = false
+
+[[operations]]
+include-path = "/documents/reingest"
+parameters = {{ "body.paths[*]" = {{ dictionary = "documents", probability = 0.5 }} }}
+
+[[operations]]
+include-path-regex = "^/jobs/"
+parameters = {{ "path.job_id" = {{ dictionary = "jobs", probability = 0.5 }} }}
+
+[[operations]]
+include-name = ["POST /documents", "PUT /documents/{{path}}"]
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "401", "403", "404", "409",
+                                                     "415", "429", "5xx"]
+"""
+# The throwaway collection: the fixture documents (readable by all: an editor may change
+# none of them) and hr's (an editor of hr may change them), a PDF among them for a PDF to
+# replace; a job failing inside the server (not for a reason of the file's) is a bug.
+HR_DOCUMENTS = ["hr/forms/badges.pdf", "hr/policies/leave.md"]
+# A new version is taken only of the same type, and a fuzzed file has a suffix only when
+# schemathesis drew one of its sample files (PNG mostly, or a PDF, a JPEG): a PDF and a
+# scanned image of hr's (an editor's to replace), and everyone's PDF (an admin's).
+REPLACEABLE = ["hr/forms/badges.pdf", "hr/forms/badge.png", "docs/manual.pdf"]
+HR_REMOVABLE = ["hr/memos/canteen.txt", "hr/memos/parking.txt", "hr/memos/lockers.txt"]
+REMOVABLE = [*HR_REMOVABLE, "docs/tools.csv", "docs/beds.json", "docs/plants.jsonl"]
+FAILED_INSIDE = "the job failed inside the server"
 
 
 def _fuzz(
     base: str,
     workdir: Path,
-    seconds: int,
+    seconds: int | None,
     *headers: str,
     operations: Collection[tuple[str, str]] = (),
+    select: tuple[str, ...] = NOT_DOCUMENTS,
+    config: str = CONFIG,
 ) -> tuple[str, dict[str, Any]]:
-    """schemathesis against ``base`` for ``seconds``, its exit status 0; then each of
-    ``operations`` the run did not answer (2xx) runs again alone, its examples and fuzzed
-    cases only (bounded by their count, not by time): a budget that ran out must not leave
-    an operation unchecked. Returns the output and the HAR record of every
-    request and reply."""
-    report, har = _schemathesis(base, workdir, seconds, headers)
+    """schemathesis against ``base`` for ``seconds`` (None: each operation's examples and
+    cases, bounded by their count), over the operations ``select`` selects, its exit status
+    0; then each of ``operations`` the run did not answer (2xx) runs again alone, its
+    examples and fuzzed cases only (bounded by their count, not by time): a budget that ran
+    out must not leave an operation unchecked. Returns the output and the HAR record of
+    every request and reply."""
+    report, har = _schemathesis(base, workdir, seconds, headers, [*select], config)
     answered = _answered_per_operation(har)
     unreached = sorted(op for op in operations if not _answered(answered, op))
     if unreached:
         names = [arg for op in unreached for arg in ("--include-name", " ".join(op))]
-        more, rest = _schemathesis(base, workdir, None, headers, names)
+        more, rest = _schemathesis(base, workdir, None, headers, names, config, again=True)
         report += f"\nrun again alone: {unreached}\n{more}"
         har["log"]["entries"] += rest["log"]["entries"]
     return report, har
@@ -89,11 +169,14 @@ def _schemathesis(
     workdir: Path,
     seconds: int | None,
     headers: tuple[str, ...],
-    only: list[str] | None = None,
+    only: list[str],
+    config_text: str,
+    *,
+    again: bool = False,
 ) -> tuple[str, dict[str, Any]]:
-    har = workdir / ("run.har" if only is None else "again.har")
+    har = workdir / ("again.har" if again else "run.har")
     config = workdir / "schemathesis.toml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     run = subprocess.run(
         [
             sys.executable,
@@ -106,7 +189,7 @@ def _schemathesis(
             "--checks",
             ",".join(CHECKS),
             "--phases",
-            "examples,coverage,fuzzing" if only is None else "examples,fuzzing",
+            "examples,fuzzing" if again else "examples,coverage,fuzzing",
             "--max-examples",
             "8",
             *(("--max-time", str(seconds)) if seconds else ()),
@@ -122,7 +205,7 @@ def _schemathesis(
             "--report-har-path",
             str(har),
             *(arg for header in headers for arg in ("-H", header)),
-            *(only or ()),
+            *only,
         ],
         capture_output=True,
         text=True,
@@ -134,24 +217,36 @@ def _schemathesis(
     return report, json.loads(har.read_text())
 
 
-def _answered_per_operation(har: dict[str, Any]) -> dict[tuple[str, str], int]:
-    """How many 2xx replies each (method, path) got."""
+def _answered_per_operation(
+    har: dict[str, Any], ok: Callable[[int], bool] = lambda status: 200 <= status < 300
+) -> dict[tuple[str, str], int]:
+    """How many 2xx replies (or replies whose status is ``ok``) each (method, path) got."""
     answered: dict[tuple[str, str], int] = {}
     for entry in har["log"]["entries"]:
-        key = (entry["request"]["method"], urlsplit(entry["request"]["url"]).path)
-        ok = 200 <= entry["response"]["status"] < 300
-        answered[key] = answered.get(key, 0) + ok
+        key = (entry["request"]["method"], unquote(urlsplit(entry["request"]["url"]).path))
+        answered[key] = answered.get(key, 0) + ok(entry["response"]["status"])
     return answered
 
 
 def _answered(answered: dict[tuple[str, str], int], operation: tuple[str, str]) -> int:
     """The 2xx replies an operation got; a path with parameters (/files/{file_id}) counts
-    those of every path it matches."""
+    those of every path it matches (a document's {path} holds slashes)."""
     method, template = operation
     if "{" not in template:
         return answered.get(operation, 0)
-    pattern = re.compile(re.sub(r"\\{[^/]+?\\}", "[^/]+", re.escape(template)) + "$")
+    pattern = re.escape(template).replace(r"\{path\}", ".+")
+    pattern = re.compile(re.sub(r"\\{[^/]+?\\}", "[^/]+", pattern) + "$")
     return sum(n for (m, path), n in answered.items() if m == method and pattern.match(path))
+
+
+def _operations(document: dict[str, Any], *, documents: bool) -> set[tuple[str, str]]:
+    """The document's (method, path) pairs: the documents API's, or all the others."""
+    return {
+        (method.upper(), path)
+        for path, methods in document["paths"].items()
+        for method, operation in methods.items()
+        if (DOCUMENTS_TAG in operation.get("tags", ())) == documents
+    }
 
 
 def served(sample_index: Path, upstream: FakeOpenAI, workdir: Path, **env: str) -> Any:
@@ -177,11 +272,8 @@ def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_d
     request was refused would prove nothing."""
     workdir = tmp_path_factory.mktemp("schemathesis")
     with served(sample_index, upstream, workdir) as base:
-        operations = {
-            (method.upper(), path)
-            for path, methods in httpx.get(f"{base}/openapi.json").json()["paths"].items()
-            for method in methods
-        }
+        document = httpx.get(f"{base}/openapi.json").json()
+        operations = _operations(document, documents=False)
         report, har = _fuzz(base, workdir, seconds, operations=operations)
         healthy = httpx.get(f"{base}/healthz").status_code
     answered = _answered_per_operation(har)
@@ -253,3 +345,190 @@ def test_the_document_lists_what_works_and_declares_each_reply(
     assert put.status_code == 405  # no body: the route answers, not the body's checks
     for reply, path in ((bad_json, "/chat/invoke"), (text, "/ask/invoke")):
         assert str(reply.status_code) in paths[path]["post"]["responses"]
+
+
+@dataclass(frozen=True)
+class DocumentsServer:
+    base: str
+    editor: str  # eddie's key: an editor of hr
+    admin: str  # ada's key
+    workdir: Path
+
+
+@pytest.fixture(scope="module")
+def documents_server(
+    upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DocumentsServer]:
+    """``ragchains serve`` with keys over an index of its own, ingested by the CLI from the
+    fixture documents and hr's (readable by hr only), for uploads to change as they may."""
+    workdir = tmp_path_factory.mktemp("schemathesis-documents")
+    corpus = workdir / "corpus"
+    shutil.copytree(FIXTURES / "docs", corpus / "docs")
+    write_pdf(corpus / "docs" / "manual.pdf", ["The Vireo manual: the kiln heats to 1200 C."])
+    for folder in ("forms", "policies", "memos"):
+        (corpus / "hr" / folder).mkdir(parents=True)
+    write_pdf(
+        corpus / "hr" / "forms" / "badges.pdf",
+        ["The Vireo handbook: staff badges are renewed every March.", "Lockers close at 20:00."],
+    )
+    scan, _ = draw_page(["Badge photos are taken on Mondays."], size=(1400, 300), left=40, top=80)
+    scan.save(corpus / "hr" / "forms" / "badge.png", dpi=(300, 300))
+    (corpus / "hr" / "policies" / "leave.md").write_text(
+        "# Leave\n\nParental leave lasts sixteen weeks at full pay.\n"
+    )
+    for path in HR_REMOVABLE:
+        topic = Path(path).stem
+        (corpus / path).write_text(f"The {topic} memo: the {topic} rules changed in May.\n")
+    index = workdir / "index"
+    ingested = run(
+        "ingest", corpus / "docs", corpus / "hr", "--index", index, "--access", "hr/*=hr"
+    )
+    assert ingested.returncode == 0, ingested.stderr
+    keys = workdir / "keys.toml"
+    editor = add_key(keys, "eddie", ["hr"], "editor")
+    admin = add_key(keys, "ada", ["hr"], "admin")
+    with served(index, upstream, workdir, RAGCHAINS_KEYS_FILE=str(keys)) as base:
+        yield DocumentsServer(base, editor, admin, workdir)
+
+
+def _a_job(server: DocumentsServer, key: str, name: str) -> str:
+    """The id of a job of ``key``'s that has ended: an upload of a small text file."""
+    reply = httpx.post(
+        f"{server.base}/documents",
+        data={"folder": "hr/seeded"},
+        files=[("files", (name, f"The {name} note says the seeded job ran.".encode()))],
+        headers=key_header(key),
+        timeout=60,
+    )
+    job = wait_for_job(server.base, key, job_of(reply)["id"], timeout=120)
+    assert job["state"] == "done", job
+    return str(job["id"])
+
+
+def _jobs(server: DocumentsServer) -> list[dict[str, Any]]:
+    reply = httpx.get(
+        f"{server.base}/jobs", params={"limit": 500}, headers=key_header(server.admin)
+    )
+    assert reply.status_code == 200, reply.text
+    jobs: list[dict[str, Any]] = reply.json()["jobs"]
+    return jobs
+
+
+def test_schemathesis_over_the_documents_api_with_an_editor_an_admin_and_no_key(
+    documents_server: DocumentsServer,
+) -> None:
+    """Uploads (multipart), replacements, re-reads, removals, the list and the jobs, each
+    reply checked as the other routes' are; with an editor's key and an admin's every
+    operation answered for real (2xx) at least once, without a key each a declared 401.
+    And every job the run started ends, none of them failing inside the server."""
+    server = documents_server
+    jobs = [_a_job(server, server.editor, "eddie.txt"), _a_job(server, server.admin, "ada.txt")]
+    config = CONFIG + DOCUMENTS_CONFIG.format(
+        documents=json.dumps(["docs/guide.md", "docs/notes.txt", *HR_DOCUMENTS]),
+        replaceable=json.dumps(REPLACEABLE),
+        removable=json.dumps(REMOVABLE),
+        jobs=json.dumps(jobs),
+    )
+    document = httpx.get(f"{server.base}/openapi.json").json()
+    operations = _operations(document, documents=True)
+    assert len(operations) == 10, operations
+    answered: dict[tuple[str, str], int] = {}
+    statuses: dict[tuple[str, str], set[int]] = {}
+    for key in (server.editor, server.admin):
+        _, har = _fuzz(
+            server.base,
+            server.workdir,
+            None,
+            f"X-API-Key: {key}",
+            select=ONLY_DOCUMENTS,
+            config=config,
+        )
+        for operation, count in _answered_per_operation(har).items():
+            answered[operation] = answered.get(operation, 0) + count
+        for entry in har["log"]["entries"]:
+            request = entry["request"]
+            sent = (request["method"], unquote(urlsplit(request["url"]).path))
+            statuses.setdefault(sent, set()).add(entry["response"]["status"])
+    unanswered = sorted(op for op in operations if not _answered(answered, op))
+    assert not unanswered, (unanswered, {op: statuses[op] for op in statuses if op[0] != "GET"})
+
+    _, refused = _fuzz(server.base, server.workdir, None, select=ONLY_DOCUMENTS, config=config)
+    no_key = _answered_per_operation(refused, lambda status: status == 401)
+    assert not [op for op in operations if not _answered(no_key, op)], no_key
+    assert not any(_answered_per_operation(refused).values())  # nothing answered without it
+
+    def ended() -> bool:
+        return all(job["state"] in ("done", "failed") for job in _jobs(server))
+
+    wait_until(ended, "every job of the run ended", timeout=120, every=0.5)
+    inside = [job for job in _jobs(server) if FAILED_INSIDE in (job["error"] or "")]
+    assert not inside, inside
+    assert httpx.get(f"{server.base}/healthz").status_code == 200
+
+
+def _schema(document: dict[str, Any], ref: dict[str, Any]) -> dict[str, Any]:
+    found: dict[str, Any] = document["components"]["schemas"][ref["$ref"].rsplit("/", 1)[-1]]
+    return found
+
+
+def test_the_document_declares_the_documents_api_as_it_answers(
+    documents_server: DocumentsServer,
+) -> None:
+    """Multipart bodies with their files as binary (at least one file per upload), 202 with
+    the job and its Location, refusals as problems, a job's events as an event stream only,
+    401 on every route of the API, and every reference resolved; and real replies as
+    declared."""
+    server = documents_server
+    document = httpx.get(f"{server.base}/openapi.json").json()
+    text = json.dumps(document)
+    schemas = document["components"]["schemas"]
+    assert not set(re.findall(r"#/components/schemas/([\w.-]+)", text)) - set(schemas)
+    paths = document["paths"]
+    problem = {"$ref": "#/components/schemas/Problem"}
+    for method, path in _operations(document, documents=True):
+        operation = paths[path][method.lower()]
+        responses = operation["responses"]
+        assert "401" in responses and operation["security"], (method, path)
+        for status, response in responses.items():
+            if status.startswith(("4", "5")):
+                assert response["content"] == {"application/json": {"schema": problem}}, (
+                    method,
+                    path,
+                    status,
+                )
+    upload = paths["/documents"]["post"]
+    body = _schema(document, upload["requestBody"]["content"]["multipart/form-data"]["schema"])
+    files = body["properties"]["files"]
+    assert files["type"] == "array" and files["minItems"] == 1
+    assert files["items"] == {"type": "string", "format": "binary"}
+    for status in ("400", "403", "409", "413", "415", "507"):
+        assert status in upload["responses"], status
+    accepted = upload["responses"]["202"]
+    assert accepted["content"]["application/json"]["schema"]["$ref"].endswith("/JobAccepted")
+    assert accepted["headers"]["Location"]["required"] is True
+    replace = paths["/documents/{path}"]["put"]
+    part = _schema(document, replace["requestBody"]["content"]["multipart/form-data"]["schema"])
+    assert part["properties"]["file"]["format"] == "binary"
+    assert "404" in replace["responses"] and "202" in replace["responses"]
+    assert "/" in paths["/documents/{path}"]["get"]["parameters"][0]["example"]
+    events = paths["/jobs/{job_id}/events"]["get"]["responses"]["200"]["content"]
+    assert list(events) == ["text/event-stream"]
+
+    # Real replies: a job accepted with its Location, a refused upload's problem.
+    reply = httpx.post(
+        f"{server.base}/documents",
+        data={"folder": "hr/declared"},
+        files=[("files", ("declared.txt", b"The declared note: reply as declared."))],
+        headers=key_header(server.editor),
+    )
+    job = job_of(reply)
+    assert str(reply.status_code) in upload["responses"]
+    refused = httpx.post(
+        f"{server.base}/documents",
+        files=[("files", ("fake.pdf", b"not a PDF at all"))],
+        headers=key_header(server.editor),
+    )
+    assert refused.status_code == 415 and isinstance(refused.json()["detail"], str)
+    no_key = httpx.get(f"{server.base}/jobs/{job['id']}")
+    assert no_key.status_code == 401 and "401" in paths["/jobs/{job_id}"]["get"]["responses"]
+    wait_for_job(server.base, server.editor, job["id"], timeout=120)

@@ -1,5 +1,6 @@
 """The OpenAPI document as the server behaves: every status a route can answer, with the
-body it carries, event streams as ``text/event-stream``, and only the routes a client calls.
+body it carries, event streams as ``text/event-stream``, uploads' files as binary parts, and
+only the routes a client calls.
 
 FastAPI documents each route from its handler's signature, and LangServe documents its
 routes through stand-in handlers: neither knows the replies made before a route runs (the
@@ -122,6 +123,31 @@ _ENVELOPES = tuple(
 REF_TEMPLATE = "#/components/schemas/{model}"
 # FastAPI's own 422 body, which the server never sends (see server.invalid_input).
 _FASTAPI_422 = ("HTTPValidationError", "ValidationError")
+MULTIPART = "multipart/form-data"
+# What a status means for a multipart body (an upload), where MEANING's words are of JSON.
+# A route's own word for a status comes first (serving.documents declares its refusals).
+MULTIPART_MEANING = {
+    400: "The body is not multipart/form-data that can be parsed, or holds more files than "
+    "an upload takes (RAGCHAINS_MAX_UPLOAD_FILES)",
+    413: "The request body is over the limit of an upload (its files, each at most "
+    "RAGCHAINS_MAX_UPLOAD_MB, at most RAGCHAINS_MAX_UPLOAD_FILES of them)",
+    415: "A file's content is not what its name says, or is of a type not read",
+}
+# The documents API's routes that read the collection (the index folder or the store), so
+# an unreachable store or a damaged index file answers them 503.
+COLLECTION_PREFIX = "/documents"
+# A document's path is its name in the collection, folders and all: /documents/hr/a.pdf.
+DOCUMENT_PATH = (
+    "the document's path in the collection (folder/…/file name, as GET /documents lists it)"
+)
+DOCUMENT_PATH_EXAMPLE = "hr/policies/handbook.pdf"
+JOB_LOCATION = {
+    "Location": {
+        "description": "the job's URL (GET it for the job's progress, or its /events)",
+        "required": True,
+        "schema": {"type": "string"},
+    }
+}
 
 
 def truthful_openapi(
@@ -250,6 +276,7 @@ def _amend(
             continue
         for method, operation in paths[path].items():
             _amend_operation(path, method.upper(), operation, chat_request, models, keyed)
+    _binary_parts(document)
 
 
 def _amend_operation(
@@ -270,8 +297,10 @@ def _amend_operation(
         operation.pop("parameters", None)
     responses = operation.setdefault("responses", {})
     problem = _ref("OpenAIError" if path.startswith(OPENAI_PREFIX) else "Problem")
+    body = operation.get("requestBody", {}).get("content", {})
+    meanings = MULTIPART_MEANING if MULTIPART in body else {}
     statuses: list[int] = []
-    if method == "POST":
+    if method == "POST" or body:
         statuses += BODY_CHECKS
     if endpoint in RUNNING or path == f"{OPENAI_PREFIX}chat/completions":
         statuses.append(503)  # the store or the index
@@ -279,10 +308,17 @@ def _amend_operation(
             statuses += MODEL_FAILURES
     if path == "/feedback":
         statuses.append(503)  # the feedback store cannot be written
+    if path.startswith(COLLECTION_PREFIX):
+        statuses.append(503)  # the store or the index
     if keyed and not is_open(path):
         statuses.append(401)
         operation["security"] = [{"bearer": []}, {"apiKey": []}]
-    _declare(responses, statuses, problem)
+    # FastAPI's 422 (a parameter's or a form's) is the server's Problem (server.invalid_input).
+    if _ref(_FASTAPI_422[0]) == _schema_of(responses.get("422")):
+        del responses["422"]
+        statuses.append(422)
+    _declare(responses, statuses, problem, meanings)
+    _amend_documents(operation, responses)
     if path == "/readyz":  # not ready: the same report, saying what is not
         responses["503"] = {"description": "Not ready", "content": responses["200"]["content"]}
     if endpoint in STREAMING:
@@ -308,12 +344,76 @@ def _amend_operation(
         }
 
 
-def _declare(responses: dict[str, Any], statuses: Iterable[int], problem: dict[str, str]) -> None:
+def _declare(
+    responses: dict[str, Any],
+    statuses: Iterable[int],
+    problem: dict[str, str],
+    meanings: Mapping[int, str],
+) -> None:
+    """Each of ``statuses`` answered with ``problem``, described in ``meanings``' words
+    (else MEANING's), after the route's own description when it declares the status."""
     for status in sorted(set(statuses)):
+        meaning = meanings.get(status, MEANING[status])
+        own = responses.get(str(status), {}).get("description")
         responses[str(status)] = {
-            "description": MEANING[status],
+            "description": f"{own}; or: {meaning[0].lower()}{meaning[1:]}"
+            if own and own != meaning
+            else meaning,
             "content": {"application/json": {"schema": problem}},
         }
+
+
+def _amend_documents(operation: dict[str, Any], responses: dict[str, Any]) -> None:
+    """The documents API as it is called and answers: a document's path is one parameter,
+    its slashes included; a job accepted (202) with its URL in Location; a job's events as
+    ``text/event-stream`` only."""
+    for parameter in operation.get("parameters", []):
+        if parameter.get("in") == "path" and parameter.get("name") == "path":
+            parameter["description"] = DOCUMENT_PATH
+            parameter["example"] = DOCUMENT_PATH_EXAMPLE
+    accepted = responses.get("202")
+    if accepted is not None and _schema_of(accepted) == _ref("JobAccepted"):
+        accepted["headers"] = copy.deepcopy(JOB_LOCATION)
+    content = responses.get("200", {}).get("content", {})
+    if "text/event-stream" in content:  # FastAPI adds its default JSON beside it
+        responses["200"]["content"] = copy.deepcopy(EVENT_STREAM)
+
+
+def _binary_parts(document: dict[str, Any]) -> None:
+    """Multipart bodies' files as OpenAPI's binary strings (clients and fuzzers send those
+    as files), and a required list of files with at least one (an empty list is no part)."""
+    schemas = document["components"]["schemas"]
+    for methods in document["paths"].values():
+        for operation in methods.values():
+            content = operation.get("requestBody", {}).get("content", {}).get(MULTIPART)
+            ref = (content or {}).get("schema", {}).get("$ref", "")
+            body = schemas.get(ref.rsplit("/", 1)[-1])
+            if body is None:
+                continue
+            required = set(body.get("required", ()))
+            for name, part in body.get("properties", {}).items():
+                if _is_file(part):
+                    _as_binary(part)
+                elif part.get("type") == "array" and _is_file(part.get("items", {})):
+                    _as_binary(part["items"])
+                    if name in required:
+                        part["minItems"] = max(1, part.get("minItems", 1))
+
+
+def _is_file(schema: Mapping[str, Any]) -> bool:
+    return schema.get("type") == "string" and (
+        schema.get("format") == "binary"
+        or schema.get("contentMediaType") == "application/octet-stream"
+    )
+
+
+def _as_binary(schema: dict[str, Any]) -> None:
+    schema.pop("contentMediaType", None)
+    schema["format"] = "binary"
+
+
+def _schema_of(response: Mapping[str, Any] | None) -> Any:
+    return ((response or {}).get("content") or {}).get("application/json", {}).get("schema")
 
 
 def _add_models(schemas: dict[str, Any], model: type[BaseModel]) -> None:
