@@ -30,6 +30,10 @@ CONFIG_ONLY_CROSS_ENCODER = SHARED / "models" / "ms-marco-MiniLM-L-6-v2-config-o
 # started first, none of them is left running alone at the end while the other core idles.
 SLOWEST_FIRST = (
     "test_leaving.py",
+    "test_documents_page.py",
+    "test_documents_refusals.py",
+    "test_documents_restart.py",
+    "test_documents_served.py",
     "test_llamacpp_server.py",
     "test_cli.py",
     "test_passage_viewer.py",
