@@ -108,13 +108,13 @@ def serving(collection: Collection, jobs: Path | None = None, **env: str) -> Ite
     else:
         folder = jobs or collection.root / "jobs"
         env["RAGCHAINS_JOBS_DIR"] = str(folder)
-    with ragchains_serve(
-        *collection.target,
-        RAGCHAINS_KEYS_FILE=str(collection.keys),
-        RAGCHAINS_API_KEY=ADMIN_KEY,
-        RAGCHAINS_MAX_UPLOAD_MB="1",
+    variables: dict[str, Any] = {
+        "RAGCHAINS_KEYS_FILE": str(collection.keys),
+        "RAGCHAINS_API_KEY": ADMIN_KEY,
+        "RAGCHAINS_MAX_UPLOAD_MB": "1",
         **env,
-    ) as base:
+    }
+    with ragchains_serve(*collection.target, **variables) as base:
         yield Served(base, folder, collection)
 
 
