@@ -118,6 +118,7 @@ bench: setup
 	$(BIN)/python -m bench.ocr_quality
 	$(BIN)/python -m bench.office_formats
 	$(BIN)/python -m bench.parse_workers
+	$(BIN)/python -m bench.upload_answerable
 
 clean:
 	rm -rf .index .pytest_cache .ruff_cache .mypy_cache build node_modules $(VENDOR)
