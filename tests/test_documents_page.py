@@ -21,6 +21,7 @@ from playwright.sync_api import expect
 from ragchains.serving.keys import add_key
 from tests.browser import WatchedPage, open_page
 from tests.conftest import FIXTURES
+from tests.documents import scanned_pdf
 from tests.fixtures.make_office import write_docx
 from tests.servers import ragchains_serve
 from tests.test_chat_page import VIEWPORTS, viewport_id
@@ -424,3 +425,80 @@ def test_a_refused_upload_shows_the_servers_reason(
     logged = [REFUSED.match(error) for error in docs.watched.errors]
     assert [m and m[1] for m in logged] == ["415", "400"], docs.watched.errors
     assert page.evaluate("() => document.documentElement.scrollWidth <= innerWidth")
+
+
+def test_a_new_version_replaces_a_document_and_a_scan_shows_its_ocr_confidence(
+    opened: Callable[..., DocumentsPage], tmp_path: Path
+) -> None:
+    docs = opened((992, 1024), path="/#documents")
+    page = docs.page
+    docs.upload.get_by_label("Folder").fill("swifts")
+    first = note(tmp_path / "swift.md", "Swifts", "Swifts sleep on the wing.")
+    scan = scanned_pdf(tmp_path, "warehouse-scan.pdf")
+    docs.upload.get_by_label("Choose files").set_input_files([first, scan])
+    expect(docs.job("swift.md")).to_contain_text("Added: ", timeout=JOB_WAIT)
+    cells = docs.cells("swifts/warehouse-scan.pdf")
+    assert cells["Length"] == "1 page" and cells["Format"] == "PDF", cells
+    confidence = re.search(r"OCR (\d+)% confidence, 1 page", cells["State"])
+    assert confidence and 50 < int(confidence[1]) <= 100, cells
+
+    (tmp_path / "new").mkdir()
+    newer = note(tmp_path / "new" / "swift.md", "Swifts", "Swifts stay aloft for ten months.")
+    with page.expect_file_chooser() as chooser:
+        docs.page.get_by_role("button", name="Replace swifts/swift.md").click()
+    assert chooser.value.element.get_attribute("accept") == ".md"
+    chooser.value.set_files(newer)
+    expect(docs.job("Updated: swifts/swift.md")).to_have_count(1, timeout=JOB_WAIT)
+    page.get_by_role("button", name="swifts/swift.md", exact=True).click()
+    source = page.get_by_role("complementary", name="Source").locator(".source-view")
+    expect(source).to_contain_text("Swifts stay aloft for ten months.")
+    assert "on the wing" not in source.inner_text()
+    docs.watched.assert_clean()
+
+
+def test_what_was_left_out_or_skipped_is_shown_with_its_reason(
+    opened: Callable[..., DocumentsPage],
+) -> None:
+    """The states ingestion leaves documents in, as the API lists them (its real answer,
+    with a document made partly read, one skipped and one whose new version was not read)."""
+    states = {
+        "docs/guide.md": {"state": "partly read", "left_out": ["2 images (no OCR)"]},
+        "docs/notes.txt": {"state": "previous version kept", "skipped_reason": "not UTF-8 text"},
+    }
+
+    def listed(route: Any) -> None:
+        answer = route.fetch().json()
+        for doc in answer["documents"]:
+            doc.update(states.get(doc["path"], {}))
+        answer["documents"].append(
+            {
+                **answer["documents"][0],
+                "path": "docs/zz-broken.pdf",
+                "file_id": None,
+                "format": None,
+                "label": None,
+                "size": None,
+                "chunks": 0,
+                "ingested_at": None,
+                "state": "skipped",
+                "skipped_reason": "the PDF is encrypted",
+                "left_out": [],
+                "may_change": False,
+            }
+        )
+        route.fulfill(json=answer)
+
+    docs = opened((480, 800), key="reader")
+    docs.page.route(re.compile(r"/documents(\?.*)?$"), listed)
+    docs.open_documents()
+    guide = docs.cells("docs/guide.md")["State"]
+    assert guide.startswith("partly read") and "Left out:\n2 images (no OCR)" in guide, guide
+    notes = docs.cells("docs/notes.txt")["State"]
+    assert "Its new version was not read: not UTF-8 text" in notes, notes
+    broken = docs.cells("docs/zz-broken.pdf")
+    assert broken["State"] == "skipped\nSkipped: the PDF is encrypted", broken
+    assert broken["Chunks"] == "0" and broken["Ingested"] == "—"
+    # A skipped file has nothing to open.
+    assert docs.row("docs/zz-broken.pdf").get_by_role("button").count() == 0
+    assert not docs.overflows()
+    docs.watched.assert_clean()

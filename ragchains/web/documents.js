@@ -56,16 +56,24 @@ function duration(seconds) {
   return `${Math.round(seconds / 60)} min`;
 }
 
-const WHEN = new Intl.DateTimeFormat(undefined, { dateStyle: "medium", timeStyle: "short" });
+const DAY = new Intl.DateTimeFormat(undefined, { dateStyle: "medium" });
+const TIME = new Intl.DateTimeFormat(undefined, { timeStyle: "short" });
 
+// The day and the time, each on a line of its own.
 function when(iso) {
   const date = new Date(iso);
-  return Number.isNaN(date.getTime()) ? iso : WHEN.format(date);
+  if (Number.isNaN(date.getTime())) return el("time", { datetime: iso }, iso);
+  return el("time", { datetime: iso }, el("span", {}, DAY.format(date)), " ", el("span", {}, TIME.format(date)));
 }
 
 // A path in a URL: each of its parts encoded, its slashes kept (the API's {path:path}).
 function pathUrl(path) {
   return path.split("/").map(encodeURIComponent).join("/");
+}
+
+// A path that wraps after its slashes rather than within a name.
+function pathNodes(path) {
+  return path.split("/").flatMap((part, i, parts) => (i < parts.length - 1 ? [part, "/", el("wbr")] : [part]));
 }
 
 function suffix(path) {
@@ -92,6 +100,7 @@ export class Documents {
     this.replacing = null; // the document a new version is being chosen for
     this.removing = null; // { doc, opener } while the remove dialog is open
     this.groupsEdited = false;
+    this.following = new Set(); // ids of the jobs followed by this page
     this.wire();
   }
 
@@ -165,7 +174,23 @@ export class Documents {
   // shown (the role or the documents may have changed meanwhile) and after a new key.
   async refresh() {
     await Promise.all([this.loadMe(), this.loadFormats()]);
-    await this.list();
+    await Promise.all([this.list(), this.resume()]);
+  }
+
+  // Jobs of the caller's still under way (asked for before a reload, or from another tab):
+  // followed here too.
+  async resume() {
+    if (!this.me?.may_upload) return;
+    let jobs;
+    try {
+      jobs = (await this.request("/jobs")).jobs ?? [];
+    } catch {
+      return;
+    }
+    for (const job of jobs.reverse()) {
+      const open = !FINISHED.has(job.state) && job.by === this.me.name;
+      if (open && !this.following.has(job.id)) this.follow(this.jobItem(job), job);
+    }
   }
 
   async loadMe() {
@@ -338,9 +363,9 @@ export class Documents {
             title: `Open ${doc.path}`,
             onclick: (event) => this.openDocument(doc, event.currentTarget),
           },
-          doc.path,
+          pathNodes(doc.path),
         )
-      : el("span", { class: "doc-name" }, doc.path);
+      : el("span", { class: "doc-name" }, pathNodes(doc.path));
     return el(
       "tr",
       { "data-path": doc.path },
@@ -354,7 +379,7 @@ export class Documents {
       el(
         "td",
         { class: "doc-when" },
-        doc.ingested_at ? el("time", { datetime: doc.ingested_at }, when(doc.ingested_at)) : "—",
+        doc.ingested_at ? when(doc.ingested_at) : "—",
         doc.uploaded_by ? el("small", {}, `by ${doc.uploaded_by}`) : null,
       ),
       actions
@@ -487,6 +512,7 @@ export class Documents {
       this.say("");
       return;
     }
+    if (this.following.has(job.id)) return item.remove(); // resume() found it first
     await this.follow(item, job);
   }
 
@@ -528,6 +554,7 @@ export class Documents {
   }
 
   async follow(item, job) {
+    this.following.add(job.id);
     this.showJob(item, job);
     if (!FINISHED.has(job.state)) {
       try {
