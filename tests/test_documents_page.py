@@ -502,3 +502,30 @@ def test_what_was_left_out_or_skipped_is_shown_with_its_reason(
     assert docs.row("docs/zz-broken.pdf").get_by_role("button").count() == 0
     assert not docs.overflows()
     docs.watched.assert_clean()
+
+
+def test_a_job_whose_events_break_off_is_followed_by_polling(
+    opened: Callable[..., DocumentsPage], tmp_path: Path
+) -> None:
+    docs = opened((768, 1024), path="/#documents")
+    polled: list[str] = []
+    docs.page.on(
+        "request",
+        lambda request: (
+            polled.append(request.url) if re.search(r"/jobs/[^/]+$", request.url) else None
+        ),
+    )
+    # The stream ends before the job does (a proxy that cuts it): no `end` event.
+    docs.page.route(
+        re.compile(r"/jobs/[^/]+/events$"),
+        lambda route: route.fulfill(
+            status=200, headers={"Content-Type": "text/event-stream"}, body=": cut\n\n"
+        ),
+    )
+    plover = note(tmp_path / "plover.md", "Plovers", "Plovers run along the shore.")
+    docs.upload.get_by_label("Choose files").set_input_files(plover)
+    expect(docs.job("plover.md")).to_contain_text("Added: plover.md", timeout=JOB_WAIT)
+    expect(docs.job("plover.md").get_by_role("progressbar")).to_have_attribute("value", "100")
+    assert polled, "GET /jobs/{id} was never asked"
+    expect(docs.row("plover.md")).to_have_count(1)
+    docs.watched.assert_clean()
