@@ -64,7 +64,11 @@ def test_an_editor_uploads_replaces_and_removes_and_a_reader_sees_only_its_own(
     docx = handbook_docx(files / "quokka.docx", "417")
     scan = scanned_pdf(files)
 
-    with ragchains_serve(*target, RAGCHAINS_KEYS_FILE=str(keys)) as base:
+    # A store's jobs in this test's folder (the default is the user's state folder).
+    env = {"RAGCHAINS_KEYS_FILE": str(keys), "RAGCHAINS_JOBS_DIR": str(tmp_path / "jobs")}
+    if target[0] == "--index":
+        del env["RAGCHAINS_JOBS_DIR"]  # the default: jobs/ in the index folder
+    with ragchains_serve(*target, **env) as base:
         me = httpx.get(f"{base}/me", headers=headers(editor)).json()
         assert me["role"] == "editor" and me["may_upload"] and me["groups"] == ["hr"]
         # A reader may not upload (nor learn anything from trying).
@@ -181,5 +185,8 @@ def test_an_editor_uploads_replaces_and_removes_and_a_reader_sees_only_its_own(
 
     # A CLI run over the same folder keeps what was uploaded (only the API removes it).
     assert run("ingest", docs, *target).returncode == 0
-    with ragchains_serve(*target, RAGCHAINS_KEYS_FILE=str(keys)) as base:
+    with ragchains_serve(*target, **env) as base:
         assert "handbook/vireo-scan.pdf" in listed_paths(base, editor)
+        # The same bytes again under the same path: nothing to change, and said so.
+        same = upload(base, editor, scan, folder="handbook")
+        assert same.status_code == 409 and "unchanged" in same.json()["detail"]

@@ -442,6 +442,10 @@ def documents_router(
                 raise HTTPException(409, f"{path!r} has the same content as {seen[digest]!r}")
             seen[digest] = path
             same = by_digest.get(digest)
+            if same is not None and same.source == path:
+                raise HTTPException(
+                    409, f"{path!r} is unchanged: the collection holds these very bytes already"
+                )
             if same is not None:
                 shown = (
                     repr(same.source)
