@@ -245,12 +245,16 @@ export class Documents {
   }
 
   filter() {
-    this.query = {
+    const query = {
       search: $("doc-search").value.trim(),
       folder: $("doc-folder").value,
       format: $("doc-format").value,
       state: $("doc-state").value,
     };
+    // A late search timer (or a change back to the same choice) asks for what is shown
+    // already: the page turned to stays.
+    if (JSON.stringify(query) === JSON.stringify(this.query)) return;
+    this.query = query;
     this.offset = 0;
     this.list(true);
   }
