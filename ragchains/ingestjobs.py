@@ -21,7 +21,7 @@ import secrets
 import shutil
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -30,14 +30,12 @@ from typing import Any
 from tenacity import Retrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from ragchains.ingest.edits import CollectionEdit
-from ragchains.ingest.errors import IngestError, NothingIngestedError
+from ragchains.ingest.errors import IngestError
 from ragchains.ingest.progress import IngestProgress
 from ragchains.ingest.report import IngestReport
 
 log = logging.getLogger(__name__)
 
-KINDS = ("upload", "replace", "remove", "reingest")
-STATES = ("queued", "running", "done", "failed")
 FINISHED = frozenset({"done", "failed"})
 # Finished jobs remembered (with their results), the oldest forgotten first.
 KEPT_JOBS = 500
@@ -137,7 +135,7 @@ def job_result(report: IngestReport) -> dict[str, Any]:
         "added": list(report.added),
         "updated": list(report.updated),
         "removed": list(report.removed),
-        "unchanged": [s for s in report.unchanged],
+        "unchanged": list(report.unchanged),
         "skipped": shown["skipped_files"],
         "partly_read": shown["partly_read"],
         "kept_previous": list(report.kept_previous),
@@ -326,8 +324,7 @@ class IngestJobs:
             read_again=frozenset(job.read_again),
             by=job.by,
         )
-        report = IngestReport(index="")
-        report.progress = job.progress
+        report = IngestReport(index="", progress=job.progress)
         try:
             for attempt in Retrying(
                 retry=retry_if_exception(_busy),
@@ -335,14 +332,9 @@ class IngestJobs:
                 stop=stop_after_delay(BUSY_WAIT_SECONDS),
                 reraise=True,
             ):
-                with attempt:
-                    report = IngestReport(index="")
-                    report.progress = job.progress
-                    report = self._run(edit, report)
-        except NothingIngestedError as exc:
-            self._finish(job, error=str(exc), report=report)
-            return
-        except IngestError as exc:
+                with attempt:  # each try a report of its own: a busy one read nothing
+                    report = self._run(edit, IngestReport(index="", progress=job.progress))
+        except IngestError as exc:  # NothingIngestedError included: the reason is the job's
             self._finish(job, error=str(exc), report=report)
             return
         if report.wrote:
@@ -352,8 +344,11 @@ class IngestJobs:
     def _finish(
         self, job: Job, *, error: str | None = None, report: IngestReport | None = None
     ) -> None:
+        # Told outside the lock (whoever follows the job takes it).
         if error is None:
-            job.progress.done()  # (tells whoever follows it: outside the lock)
+            job.progress.done()
+        else:
+            job.progress.stopped()
         with self._lock:
             job.state = "failed" if error is not None else "done"
             job.error = error
@@ -380,7 +375,3 @@ def staged_name(index: int, path: str) -> str:
     """The name a job's ``index``-th file is staged under: its number and its suffix (the
     loaders go by the suffix; the document's name is its path, kept in the job)."""
     return f"{index:04d}{Path(path).suffix.lower()}"
-
-
-def paths_of(jobs: Iterable[Job]) -> set[str]:
-    return {p for j in jobs for p in j.paths}

@@ -157,6 +157,16 @@ def ragchains_serve(
     """`ragchains serve TARGET...` in a process of its own, as a user runs it, until the block
     ends (then Ctrl-C, as a user stops it); yields its base URL once /readyz answers.
     ``program``: the console script (another install's); ``env``: variables to set."""
+    with ragchains_serve_process(*target, program=program, cwd=cwd, **env) as (_, base):
+        yield base
+
+
+@contextmanager
+def ragchains_serve_process(
+    *target: str, program: Path = RAGCHAINS, cwd: Path = REPO, **env: str
+) -> Iterator[tuple[subprocess.Popen[str], str]]:
+    """``ragchains_serve``, yielding the process too (a test that kills it); stopped with
+    Ctrl-C at the end unless it is dead already."""
 
     def command(port: int) -> list[str]:
         return [str(program), "serve", *target, "--port", str(port)]
@@ -169,8 +179,8 @@ def ragchains_serve(
         timeout=300,
         cwd=cwd,
         env=user_env(**env),
-    ) as (_, base):
-        yield base
+    ) as served:
+        yield served
 
 
 @contextmanager

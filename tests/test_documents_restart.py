@@ -8,10 +8,8 @@ failed with the reason and the collection is unchanged. For an index folder and 
 from __future__ import annotations
 
 import shutil
-import signal
 import subprocess
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -34,7 +32,7 @@ from tests.documents import (
     upload,
     wait_for_job,
 )
-from tests.servers import RAGCHAINS, REPO, _served_process, user_env, wait_until
+from tests.servers import ragchains_serve_process, wait_until
 from tests.test_cli import run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -47,26 +45,6 @@ FILES_GONE = (
     "the server stopped during this job and its files are gone; nothing of it was applied: "
     "upload them again"
 )
-
-
-@contextmanager
-def serve(target: list[str], **env: str) -> Iterator[tuple[subprocess.Popen[str], str]]:
-    """`ragchains serve TARGET` as ``tests.servers.ragchains_serve`` runs it, yielding its
-    process too (to kill it); stopped with Ctrl-C at the end unless it is dead already."""
-
-    def command(port: int) -> list[str]:
-        return [str(RAGCHAINS), "serve", *target, "--port", str(port)]
-
-    with _served_process(
-        "ragchains serve",
-        command,
-        "/readyz",
-        stop=(signal.SIGINT,),
-        timeout=300,
-        cwd=REPO,
-        env=user_env(**env),
-    ) as served:
-        yield served
 
 
 def kill_with_its_workers(process: subprocess.Popen[str]) -> list[psutil.Process]:
@@ -128,7 +106,7 @@ def test_a_server_killed_mid_job(target: list[str], tmp_path: Path, files_kept: 
     scan = scanned_pdf(tmp_path / "upload", pages=PAGES)
     before = on_disk(target)
 
-    with serve(target, **env) as (process, base):
+    with ragchains_serve_process(*target, **env) as (process, base):
         listed = the_documents(base, editor)
         assert SCAN not in listed
         job_id = job_of(upload(base, editor, scan, folder="scans"))["id"]
@@ -153,7 +131,7 @@ def test_a_server_killed_mid_job(target: list[str], tmp_path: Path, files_kept: 
     if not files_kept:
         shutil.rmtree(staged)
 
-    with serve(target, **env) as (_, base):
+    with ragchains_serve_process(*target, **env) as (_, base):
         first_look = the_documents(base, editor)  # the previous generation, or all of the job
         assert {p: v for p, v in first_look.items() if p != SCAN} == listed
         ended = wait_for_job(base, editor, job_id)

@@ -44,8 +44,6 @@ from ragchains.settings import Settings
 
 _PROBLEM = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 COPY_CHUNK = 1 << 20
-# Room kept free on the jobs' disk beyond an upload's own bytes (the index's next generation
-# is written beside the current one).
 DocumentState = Literal["read", "partly read", "skipped", "previous version kept"]
 
 
@@ -285,7 +283,7 @@ def documents_router(
     collection = Collection(service)
     max_file = settings.max_upload_mb * 2**20
 
-    def listed(who: Principal | None) -> tuple[dict[str, FileRecord], list[DocumentEntry]]:
+    def listed(who: Principal | None) -> list[DocumentEntry]:
         groups = who.groups if who is not None else None
         records = collection.files()
         skipped = collection.skipped()
@@ -299,7 +297,7 @@ def documents_router(
             for path, entry in skipped.items()
             if path not in records and isinstance(entry, dict) and _readable_skip(entry, who)
         ]
-        return records, sorted(entries, key=lambda e: e.path)
+        return sorted(entries, key=lambda e: e.path)
 
     @router.get("/me", response_model=Caller, summary="Who the key belongs to, and its role")
     async def me(request: Request) -> Caller:
@@ -334,7 +332,7 @@ def documents_router(
         of it or why it was skipped (the reasons `ragchains ingest` prints, OCR confidence
         included). Documents outside the caller's groups are never listed."""
         who = caller(request)
-        _, entries = await run_in_threadpool(listed, who)
+        entries = await run_in_threadpool(listed, who)
         folders = sorted({e.path.rsplit("/", 1)[0] for e in entries if "/" in e.path})
         wanted = folder.strip("/")
         needle = search.casefold()
@@ -356,9 +354,12 @@ def documents_router(
 
     def one(request: Request, path: str) -> tuple[Principal | None, DocumentEntry]:
         who = caller(request)
-        for entry in listed(who)[1]:
-            if entry.path == path:
-                return who, entry
+        record = collection.files().get(path)
+        skipped = collection.skipped().get(path)
+        if record is not None and may_read(record.access, who.groups if who else None):
+            return who, _entry(path, record, skipped, who)
+        if record is None and isinstance(skipped, dict) and _readable_skip(skipped, who):
+            return who, _entry(path, None, skipped, who)
         raise HTTPException(404, f"no document you may read has the path {path[:200]!r}")
 
     @router.get(
