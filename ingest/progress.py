@@ -32,6 +32,7 @@ class IngestProgress:
     # Files being read: source -> (pages it has, pages read), as its worker tells them.
     _reading: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
     _started: float | None = field(default=None, repr=False, compare=False)
+    _ended = False  # failed where it stood: nothing is left to estimate
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def _changed(self, **values: Any) -> None:
@@ -83,6 +84,10 @@ class IngestProgress:
     def done(self) -> None:
         self._changed(stage="done")
 
+    def stopped(self) -> None:
+        """The run failed where it stood (its counts stay, its estimate goes)."""
+        self._changed(_ended=True)
+
     def fraction(self) -> float:
         """The share of the run done, 0 to 1."""
         if self.stage == "done":
@@ -105,7 +110,8 @@ class IngestProgress:
         with self._lock:
             done = self.fraction()
             elapsed = time.monotonic() - self._started if self._started is not None else 0.0
-            eta = elapsed * (1 - done) / done if 0 < done < 1 and elapsed > 0 else None
+            going = 0 < done < 1 and elapsed > 0 and not self._ended
+            eta = elapsed * (1 - done) / done if going else None
             return {
                 "stage": self.stage,
                 "files_total": self.files_total,
