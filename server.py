@@ -34,9 +34,11 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableGenerator
 from langserve import add_routes
 from opentelemetry.trace import TracerProvider
 from starlette import routing
+from starlette.middleware.sessions import SessionMiddleware
 
 from ragchains import __version__
 from ragchains.chains.llm import LLM
+from ragchains.conversations import ConversationStore, open_conversations
 from ragchains.factory import (
     Service,
     build_service,
@@ -65,11 +67,12 @@ from ragchains.serving.admission import (
 )
 from ragchains.serving.bodies import MALFORMED, BodyLimits, JsonBody, JsonOnly
 from ragchains.serving.collection import collection_router, unfound_domains
+from ragchains.serving.conversations import conversations_router
 from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
 from ragchains.serving.documents import documents_router
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
-from ragchains.serving.guards import Guarded, Keys, add_guards, request_guard
+from ragchains.serving.guards import Callers, Guarded, add_guards, request_guard
 from ragchains.serving.keys import KeyRing
 from ragchains.serving.mcp_server import McpEndpoint, RagTools
 from ragchains.serving.openai_api import completion_request, openai_router
@@ -83,7 +86,16 @@ from ragchains.serving.requests import (
     check_body,
     served_routes,
 )
+from ragchains.serving.signin import (
+    MAX_SESSION_SECONDS,
+    SESSION_COOKIE,
+    SignIn,
+    secure_cookie,
+    session_folder,
+    session_secret,
+)
 from ragchains.serving.sourcefiles import source_files_router
+from ragchains.serving.threads import threads_router
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
@@ -124,6 +136,8 @@ def create_app(
     keyring = _keyring(settings, keyring)
     health = Health()
     feedback_store = FeedbackStore(feedback_path(settings, service.index.folder))
+    store_url = service.index.url if isinstance(service.index, PostgresStore) else None
+    conversations = open_conversations(settings, index=service.index.folder, store_url=store_url)
     tracer = app_tracer(tracer_provider)
     metrics = Metrics(service)
     # LCEL callbacks on every served run (and those run for MCP's tools): each stage's span
@@ -145,12 +159,19 @@ def create_app(
     files_reader = BudgetedCalls(
         ParseBudget(settings.ingest_file_memory_mb, settings.ingest_file_timeout)
     )
-    keys = Keys.of(settings, keyring)
+    signin = SignIn(settings) if settings.oidc_issuer is not None else None
+    callers = Callers.of(settings, keyring, signin)
     jobs = ingest_jobs(settings, service)
     # Every route's first dependency: the key (401), then what the request reads kept to
     # its groups and to the index generation current when it came.
     app = _app(
-        service, settings, mcp, files_reader, jobs, Depends(request_guard(keys, service.index))
+        service,
+        settings,
+        mcp,
+        files_reader,
+        jobs,
+        conversations,
+        Depends(request_guard(callers, service.index)),
     )
     add_error_handlers(app, service.prompts)
     # Before LangServe's ~100 routes, which each request is otherwise matched against first.
@@ -166,8 +187,12 @@ def create_app(
     app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
     app.include_router(documents_router(service, settings, jobs, files_reader))
+    app.include_router(conversations_router(conversations))
+    app.include_router(threads_router(conversations, routes["chat"], limits, service.llm, ticket))
+    if signin is not None:
+        app.include_router(signin.router())
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
-    mcp_app = Guarded(JsonOnly(Ticketed(mcp, settings.model_queue_wait)), keys, service.index)
+    mcp_app = Guarded(JsonOnly(Ticketed(mcp, settings.model_queue_wait)), callers, service.index)
     app.router.routes.append(routing.Route("/mcp", mcp_app, include_in_schema=False))
     add_page(app, ROUTES)
     # Innermost: each body's bytes counted and timed as its route reads them (routes check
@@ -179,6 +204,17 @@ def create_app(
         CancelOnDisconnect, watched=_ends_with_its_client, on_departure=end_model_work
     )
     add_guards(app, settings, on_llm_failure=on_llm_failure)
+    if signin is not None:
+        # The signed-in person's session: Starlette's signed cookie (itsdangerous).
+        folder = session_folder(settings, service.index.folder, service.index.location)
+        app.add_middleware(
+            SessionMiddleware,
+            secret_key=session_secret(settings, folder),
+            session_cookie=SESSION_COOKIE,
+            max_age=MAX_SESSION_SECONDS,
+            same_site="lax",
+            https_only=secure_cookie(settings),
+        )
     # Outermost (Starlette runs the last added first): every request is counted and traced,
     # those refused by the guards too.
     app.add_middleware(RequestMetrics, metrics=metrics)
@@ -188,7 +224,7 @@ def create_app(
         app,
         chat_request=completion,
         prompts=service.prompts,
-        keyed=settings.api_key is not None or keyring is not None,
+        keyed=not callers.open_to_all,
         routes=routes,
         limits=limits,
         # With per-user access the document (open to all) does not tell the fields.
@@ -198,7 +234,7 @@ def create_app(
 
 
 # The routes that run chains: their work is for the client alone, and stops when it goes.
-_CHAIN_PATHS = (*(f"/{name}/" for name in ROUTES), "/v1/chat/completions", "/mcp")
+_CHAIN_PATHS = (*(f"/{name}/" for name in ROUTES), "/v1/chat/completions", "/mcp", "/threads/")
 
 
 def _body_limit(settings: Settings) -> Callable[[str], int]:
@@ -246,6 +282,7 @@ def _app(
     mcp: McpEndpoint,
     files_reader: BudgetedCalls,
     jobs: IngestJobs,
+    conversations: ConversationStore,
     guard: Any,
 ) -> FastAPI:
     # The API docs (/docs) from files served here: no CDN, the machine may be offline. (No
@@ -255,7 +292,7 @@ def _app(
         title="ragchains",
         version=__version__,
         description="Grounded, cited answers over your own documents.",
-        lifespan=_lifespan(service, settings, mcp, files_reader, jobs),
+        lifespan=_lifespan(service, settings, mcp, files_reader, jobs, conversations),
         dependencies=[guard],
     )
     app.state.service = service  # what `ragchains serve` announces (domains, index)
@@ -268,6 +305,7 @@ def _lifespan(
     mcp: McpEndpoint,
     files_reader: BudgetedCalls,
     jobs: IngestJobs,
+    conversations: ConversationStore,
 ) -> Callable[[FastAPI], Any]:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -304,6 +342,7 @@ def _lifespan(
         if isinstance(service.prompts, LiveRegistry):
             await asyncio.to_thread(service.prompts.close)
         await asyncio.to_thread(files_reader.close)
+        await asyncio.to_thread(conversations.close)
         if isinstance(service.index, PostgresStore):
             await service.index.aclose()
         if isinstance(service.index, LiveIndex | PostgresStore):

@@ -258,6 +258,64 @@ class Settings(BaseSettings):
         "default: feedback.sqlite in the index folder, beside its generations",
     )
 
+    conversations_db: Path | None = Field(
+        None,
+        description="SQLite file for people's conversations (the chat page's history and the "
+        "threads API); default: conversations.sqlite in the index folder, beside its "
+        "generations; with a store: the store's own database (tables of its schema)",
+    )
+    conversation_days: int | None = Field(
+        None,
+        ge=1,
+        description="delete a conversation this many days after its last turn (unset: keep "
+        "them until their owner deletes them)",
+    )
+
+    # Sign-in with OpenID Connect (the chat page; bearer tokens on every route). Without an
+    # issuer, people use keys as before.
+    oidc_issuer: str | None = Field(
+        None,
+        description="the identity provider's issuer URL (its /.well-known/openid-configuration "
+        "is read at start-up); set it to let people sign in on the chat page and to accept "
+        "its access tokens as bearer tokens",
+        pattern=r"^https?://",
+    )
+    oidc_client_id: str | None = Field(None, description="this service's client id at the provider")
+    oidc_client_secret: SecretStr | None = Field(
+        None, description="its client secret (unset: a public client, PKCE only)"
+    )
+    oidc_scopes: str = Field("openid profile email", description="scopes asked for at sign-in")
+    oidc_audience: str | None = Field(
+        None,
+        description="the audience bearer tokens must carry (default: the client id)",
+    )
+    oidc_groups_claim: str = Field(
+        "groups", description="the claim whose values are a person's access groups"
+    )
+    oidc_role_claim: str = Field(
+        "ragchains_role", description="the claim that names a person's role (reader, editor, admin)"
+    )
+    oidc_role_groups: dict[str, str] = Field(
+        default_factory=dict,
+        description='groups that give a role, e.g. {"hr-editors": "editor", "it": "admin"}; '
+        "a person has the highest role their claim or groups give (reader when none)",
+    )
+    oidc_name_claim: str = Field(
+        "name", description="the claim shown as a person's name (falls back to email, then sub)"
+    )
+    public_url: str | None = Field(
+        None,
+        description="the address people reach this server at (e.g. https://rag.example.com), "
+        "for the sign-in redirect behind a proxy; an https address also makes the session "
+        "cookie Secure",
+        pattern=r"^https?://",
+    )
+    session_secret: SecretStr | None = Field(
+        None,
+        description="the key that signs sign-in session cookies (default: one generated and "
+        "kept in session.key beside the conversations, so restarts keep people signed in)",
+    )
+
     @field_validator("domains", mode="before")
     @classmethod
     def _no_folder_is_none(cls, value: object) -> object:
@@ -271,4 +329,11 @@ class Settings(BaseSettings):
                 f"chunk_overlap ({self.chunk_overlap}) must be smaller than "
                 f"chunk_size ({self.chunk_size})"
             )
+        if self.oidc_issuer is not None and not self.oidc_client_id:
+            raise ValueError("oidc_issuer needs oidc_client_id (RAGCHAINS_OIDC_CLIENT_ID)")
+        for group, role in self.oidc_role_groups.items():
+            if role not in ("reader", "editor", "admin"):
+                raise ValueError(
+                    f"oidc_role_groups: {group!r} gives {role!r}, not reader, editor or admin"
+                )
         return self

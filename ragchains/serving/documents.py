@@ -148,7 +148,11 @@ class Reingest(BaseModel):
 class Caller(BaseModel):
     """Who the key belongs to and what its role lets it do (for a page to show only that)."""
 
-    name: str | None = Field(description="the key's owner (null: no key sent)")
+    name: str | None = Field(description="the key's owner or the signed-in person (null: neither)")
+    display: str | None = Field(None, description="how to name them on a page")
+    via: Literal["key", "oidc", "open"] | None = Field(
+        None, description="a key, a sign-in (session or token), or a server open to all"
+    )
     role: Literal["reader", "editor", "admin"] | None
     groups: list[str] | None = Field(description="what it reads (null: every document)")
     may_upload: bool
@@ -299,13 +303,15 @@ def documents_router(
         ]
         return sorted(entries, key=lambda e: e.path)
 
-    @router.get("/me", response_model=Caller, summary="Who the key belongs to, and its role")
+    @router.get("/me", response_model=Caller, summary="Who is asking (key or sign-in), their role")
     async def me(request: Request) -> Caller:
         """The key's owner, role and groups, and what the role allows (the page shows the
         Documents controls by it)."""
         who = caller(request)
         return Caller(
             name=who.name if who else None,
+            display=(who.display or who.name) if who else None,
+            via=who.via if who else None,  # type: ignore[arg-type]
             role=who.role if who else None,  # type: ignore[arg-type]
             groups=sorted(who.groups) if who and who.groups is not None else None,
             may_upload=bool(who and who.may("editor")),

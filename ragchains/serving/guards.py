@@ -5,7 +5,7 @@ route (CORS, the errors' replies)."""
 from __future__ import annotations
 
 import hmac
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -19,6 +19,7 @@ from ragchains.retrievers.access import caller_groups
 from ragchains.retrievers.live import LiveIndex
 from ragchains.serving.errors import ErrorMiddleware, Scope, refuse
 from ragchains.serving.keys import KeyRing, Principal
+from ragchains.serving.signin import EXPIRED_SESSION, SIGN_IN_PATHS, SignIn, TokenRefused
 from ragchains.settings import Settings
 
 
@@ -67,7 +68,7 @@ CALLER = "ragchains_caller"
 # RAGCHAINS_API_KEY's holder reads everything and may do everything.
 API_KEY_PRINCIPAL = Principal("api-key", None, "admin")
 # A server without keys is one person's: whoever reaches it may do everything.
-OPEN_SERVER_PRINCIPAL = Principal("local", None, "admin")
+OPEN_SERVER_PRINCIPAL = Principal("local", None, "admin", via="open")
 GENERATION_ATTRIBUTE = "ragchains.index.generation"
 MISSING_KEY = (
     "missing or wrong API key: send it as 'X-API-Key: <key>' or 'Authorization: Bearer <key>'"
@@ -75,51 +76,116 @@ MISSING_KEY = (
 
 
 class Keys:
-    """Every route but the health checks and the page's files needs a key: ``X-API-Key:
-    <key>`` or ``Authorization: Bearer <key>`` (what OpenAI SDKs send). ``api_key`` reads
-    everything; a key of ``keyring`` reads what its groups may."""
+    """The keys a server takes: ``api_key`` reads everything; a key of ``keyring`` reads
+    what its groups may."""
 
-    def __init__(
-        self,
-        api_key: str | None,
-        keyring: KeyRing | None = None,
-        opened: frozenset[str] = frozenset(),
-    ) -> None:
+    def __init__(self, api_key: str | None, keyring: KeyRing | None = None) -> None:
         self.key = api_key.encode() if api_key is not None else None
         self.keyring = keyring
-        self.opened = opened  # paths the settings open, besides OPEN_PATHS
 
     @classmethod
     def of(cls, settings: Settings, keyring: KeyRing | None) -> Keys | None:
-        """The keys ``settings`` ask for; None when the server is open to all."""
+        """The keys ``settings`` ask for; None when they name none."""
         if settings.api_key is None and keyring is None:
             return None
         api_key = settings.api_key.get_secret_value() if settings.api_key is not None else None
-        # /metrics needs a key unless the settings open it to a scraper that sends none.
-        opened = frozenset({"/metrics"}) if settings.metrics_public else frozenset()
-        return cls(api_key, keyring, opened)
+        return cls(api_key, keyring)
 
-    def principal(self, path: str, headers: Headers) -> Principal | None:
-        """Who the request's key belongs to (None: a path open to all, asked without a key);
-        401 without a key that opens the path."""
-        given = headers.get("x-api-key", "").encode("latin-1")
-        if "x-api-key" not in headers:
-            scheme, _, token = headers.get("authorization", "").partition(" ")
-            given = token.strip().encode("latin-1") if scheme.lower() == "bearer" else b""
+    def find(self, given: bytes) -> Principal | None:
+        """Whose key ``given`` is; None when it is nobody's."""
         if self.key is not None and given and hmac.compare_digest(given, self.key):
             return API_KEY_PRINCIPAL
-        principal = self.keyring.find(given) if self.keyring is not None else None
-        if principal is None and not (is_open(path) or path in self.opened):
-            raise HTTPException(401, MISSING_KEY, headers={"WWW-Authenticate": "Bearer"})
-        return principal
+        return self.keyring.find(given) if self.keyring is not None else None
 
 
-def caller_of(keys: Keys | None, path: str, headers: Headers) -> Principal | None:
-    """The request's caller: its key's principal, everyone's on a server without keys, None
-    on an open path asked without a key (401 elsewhere without one)."""
-    if keys is None:
-        return OPEN_SERVER_PRINCIPAL
-    return keys.principal(path, headers)
+def presented(headers: Headers) -> tuple[bytes, bool]:
+    """What the request presents: ``X-API-Key: <key>``, else ``Authorization: Bearer <key or
+    token>`` (what OpenAI SDKs send); and whether it came as a bearer."""
+    if "x-api-key" in headers:
+        return headers["x-api-key"].encode("latin-1"), False
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return (token.strip().encode("latin-1"), True) if scheme.lower() == "bearer" else (b"", False)
+
+
+class Callers:
+    """Who makes each request: the owner of its key, the person its bearer token names
+    (one of the identity provider's access tokens), or the person signed in on its session
+    cookie; everyone's on a server with neither keys nor sign-in. Every route but the open
+    ones (OPEN_PATHS, and those the settings open) needs one of them: 401 otherwise, saying
+    why (a token expired, for another audience, from another issuer)."""
+
+    def __init__(
+        self,
+        keys: Keys | None,
+        signin: SignIn | None = None,
+        opened: frozenset[str] = frozenset(),
+    ) -> None:
+        self.keys = keys
+        self.signin = signin
+        self.opened = opened | (SIGN_IN_PATHS if signin is not None else frozenset())
+
+    @classmethod
+    def of(cls, settings: Settings, keyring: KeyRing | None, signin: SignIn | None) -> Callers:
+        # /metrics needs a key unless the settings open it to a scraper that sends none.
+        opened = frozenset({"/metrics"}) if settings.metrics_public else frozenset()
+        return cls(Keys.of(settings, keyring), signin, opened)
+
+    @property
+    def open_to_all(self) -> bool:
+        return self.keys is None and self.signin is None
+
+    async def principal(self, scope: MutableMapping[str, Any]) -> Principal | None:
+        """The request's caller (None: a path open to all, asked without a key); 401
+        without one elsewhere."""
+        if self.open_to_all:
+            return OPEN_SERVER_PRINCIPAL
+        path = scope["path"]
+        headers = Headers(scope=scope)
+        given, bearer = presented(headers)
+        found = self.keys.find(given) if self.keys is not None and given else None
+        if (
+            found is None
+            and given
+            and bearer
+            and self.signin is not None
+            and given.count(b".") == 2
+        ):
+            try:
+                found = await self.signin.bearer_principal(given.decode("latin-1"))
+            except TokenRefused as exc:
+                raise HTTPException(401, str(exc), headers=INVALID_TOKEN) from exc
+        session = scope.get("session") if self.signin is not None else None
+        if found is None and not given and self.signin is not None:
+            found = self.signin.session_principal(session)
+            if found is not None:
+                refuse_other_sites(scope, headers)
+        if found is None and not (is_open(path) or path in self.opened):
+            if self.signin is not None and not given and self.signin.session_expired(session):
+                raise HTTPException(401, EXPIRED_SESSION, headers={"WWW-Authenticate": "Bearer"})
+            reason = MISSING_KEY if self.signin is None else MISSING_SIGN_IN
+            raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
+        return found
+
+
+INVALID_TOKEN = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
+MISSING_SIGN_IN = (
+    "sign in first (GET /auth/login), or send a key as 'X-API-Key: <key>' or a token as "
+    "'Authorization: Bearer <token>'"
+)
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def refuse_other_sites(scope: MutableMapping[str, Any], headers: Headers) -> None:
+    """403 for a change asked by a page of another origin on the strength of a session
+    cookie (a cross-site request forgery): browsers send Origin with every such request.
+    SameSite=Lax already keeps the cookie off other sites' requests; this also covers
+    another port of the same host, which is the same site."""
+    origin = headers.get("origin")
+    if scope.get("method", "GET") in SAFE_METHODS or origin is None:
+        return
+    own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"
+    if origin.rstrip("/") != own:
+        raise HTTPException(403, "a page of another origin may not act for a signed-in person")
 
 
 def caller(request: Request) -> Principal | None:
@@ -163,13 +229,13 @@ def guarded(index: object, groups: frozenset[str] | None) -> Iterator[None]:
             yield
 
 
-def request_guard(keys: Keys | None, index: object) -> Callable[[Request], AsyncIterator[None]]:
-    """A dependency of every route (the app's): the key checked first (401), then
+def request_guard(callers: Callers, index: object) -> Callable[[Request], AsyncIterator[None]]:
+    """A dependency of every route (the app's): the caller found first (401), then
     ``guarded`` from there to the response's last byte (FastAPI leaves a dependency's
     ``yield`` once the response is sent, a stream's end included)."""
 
     async def guard(request: Request) -> AsyncIterator[None]:
-        caller = caller_of(keys, request.scope["path"], request.headers)
+        caller = await callers.principal(request.scope)
         groups = caller.groups if caller is not None else None
         setattr(request.state, CALLER, caller)
         setattr(request.state, CALLER_GROUPS, groups)
@@ -181,16 +247,16 @@ def request_guard(keys: Keys | None, index: object) -> Callable[[Request], Async
 
 class Guarded:
     """``request_guard`` for the one route FastAPI's dependencies do not reach (MCP's
-    transport, a plain ASGI route): the same key, the same ``guarded``."""
+    transport, a plain ASGI route): the same callers, the same ``guarded``."""
 
-    def __init__(self, app: Any, keys: Keys | None, index: object) -> None:
+    def __init__(self, app: Any, callers: Callers, index: object) -> None:
         self.app = app
-        self.keys = keys
+        self.callers = callers
         self.index = index
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
         try:
-            caller = caller_of(self.keys, scope["path"], Headers(scope=scope))
+            caller = await self.callers.principal(scope)
         except HTTPException as refused:
             await refuse(scope, send, refused.status_code, refused.detail, **refused.headers or {})
             return

@@ -51,6 +51,8 @@ class KeysFileError(ValueError):
 #   editor  also add, replace, re-ingest and remove documents whose groups are all its own;
 #   admin   everything: every document and everyone's ingest jobs.
 ROLES = ("reader", "editor", "admin")
+# The names of people signed in with OpenID Connect (serving.signin) begin with it.
+SIGNED_IN_PREFIX = "oidc:"
 DEFAULT_ROLE = "reader"
 
 
@@ -61,6 +63,8 @@ class Principal:
     name: str
     groups: frozenset[str] | None
     role: str = DEFAULT_ROLE
+    display: str | None = None  # how a page names them (a signed-in person's name claim)
+    via: str = "key"  # key, oidc (a session or a bearer token) or open (a server without keys)
 
     def may(self, role: str) -> bool:
         """Whether this principal has ``role`` or one above it (``ROLES``)."""
@@ -148,6 +152,8 @@ def add_key(path: Path, principal: str, groups: list[str], role: str = DEFAULT_R
     else."""
     if not principal.strip() or not principal.isprintable():
         raise KeysFileError(f"{principal!r} is not a usable name for a key's owner")
+    if principal.startswith(SIGNED_IN_PREFIX):
+        raise KeysFileError(f"{SIGNED_IN_PREFIX}… names a signed-in person, not a key's owner")
     checked_role(role)
     try:
         names = checked_groups(groups, "--groups")

@@ -117,5 +117,8 @@ def readiness(service: Service, health: Health, limits: Limits) -> dict[str, Any
         "domains_problems": problems,
         # The chat page asks for a key only when one is needed, and keeps within the limits.
         "api_key_required": settings.api_key is not None or hidden,
+        # With an identity provider, the page offers sign-in (and a key field beside it when
+        # keys are taken too).
+        "sign_in": {"url": "/auth/login"} if settings.oidc_issuer is not None else None,
         "limits": asdict(limits),
     }

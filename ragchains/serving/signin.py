@@ -1,0 +1,382 @@
+"""Sign-in with OpenID Connect: the chat page's people through the authorization code flow
+with PKCE (Authlib's Starlette client: the state, nonce and code verifier, the token
+exchange and the ID token's signature, issuer, audience, expiry and nonce), and programs
+through the provider's access tokens sent as bearer tokens (checked with joserfc against
+the provider's published keys: signature, issuer, audience, expiry).
+
+A signed-in person is a ``Principal``: named ``oidc:<sub>`` (never the same name as a key's
+owner), their access groups from a claim (``RAGCHAINS_OIDC_GROUPS_CLAIM``), their role from a
+claim or from their groups (``RAGCHAINS_OIDC_ROLE_GROUPS``). The session is Starlette's
+signed cookie (``HttpOnly``, ``SameSite=Lax``, ``Secure`` when the server's public address is
+https); it ends at the ID token's expiry or at sign-out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import secrets
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from authlib.integrations.starlette_client import OAuth, OAuthError
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+from httpx import HTTPError
+from joserfc import jws, jwt
+from joserfc.errors import (
+    BadSignatureError,
+    ExpiredTokenError,
+    InvalidClaimError,
+    InvalidKeyIdError,
+    JoseError,
+    MissingClaimError,
+)
+from joserfc.jwk import KeySet
+
+from ragchains.serving.keys import ROLES, SIGNED_IN_PREFIX, Principal
+from ragchains.settings import Settings
+
+log = logging.getLogger("ragchains.server")
+
+SESSION_COOKIE = "ragchains_session"
+SESSION_KEY_FILE = "session.key"
+PERSON = "person"  # the session's key for the signed-in person
+LEEWAY = 30  # seconds of clock difference allowed between us and the provider
+# How long a session cookie may live at most (the ID token's expiry ends it sooner).
+MAX_SESSION_SECONDS = 14 * 24 * 3600
+SIGN_IN_PATHS = frozenset({"/auth/login", "/auth/callback", "/auth/logout"})
+PROVIDER = "provider"
+UNREACHABLE = "the identity provider cannot be reached now; try again shortly"
+EXPIRED_SESSION = "your sign-in has expired: sign in again"
+
+
+class TokenRefused(Exception):
+    """A bearer token that is not one of the provider's, or not for us, or no longer valid."""
+
+
+class ClaimRules:
+    """How a person's claims become a principal (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.groups_claim = settings.oidc_groups_claim
+        self.role_claim = settings.oidc_role_claim
+        self.role_groups = dict(settings.oidc_role_groups)
+        self.name_claim = settings.oidc_name_claim
+
+    def principal(self, claims: Mapping[str, Any]) -> Principal:
+        sub = claims.get("sub")
+        if not isinstance(sub, str) or not sub:
+            raise TokenRefused("the token names no subject (sub)")
+        groups = self.groups(claims.get(self.groups_claim))
+        return Principal(
+            f"{SIGNED_IN_PREFIX}{sub}",
+            groups,
+            self.role(claims.get(self.role_claim), groups),
+            display=self.display(claims, sub),
+            via="oidc",
+        )
+
+    @staticmethod
+    def groups(value: Any) -> frozenset[str]:
+        """A claim's groups: a list of names, or one name, or names separated by spaces
+        (providers write each); anything else gives none."""
+        if isinstance(value, str):
+            value = value.split()
+        if not isinstance(value, list | tuple):
+            return frozenset()
+        return frozenset(
+            str(g).strip() for g in value if isinstance(g, str | int) and str(g).strip()
+        )
+
+    def role(self, claimed: Any, groups: frozenset[str]) -> str:
+        """The highest role the claim or the groups give; reader when none does."""
+        given = (
+            [claimed]
+            if isinstance(claimed, str)
+            else list(claimed or [])
+            if isinstance(claimed, list)
+            else []
+        )
+        given += [role for group, role in self.role_groups.items() if group in groups]
+        ranked = [ROLES.index(role) for role in given if role in ROLES]
+        return ROLES[max(ranked)] if ranked else ROLES[0]
+
+    def display(self, claims: Mapping[str, Any], sub: str) -> str:
+        for name in (self.name_claim, "name", "email", "preferred_username"):
+            value = claims.get(name)
+            if isinstance(value, str) and value.strip():
+                return value.strip()[:200]
+        return sub
+
+
+class SignIn:
+    """The provider, its sign-in routes and its tokens (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        assert settings.oidc_issuer is not None and settings.oidc_client_id is not None
+        self.issuer = settings.oidc_issuer.rstrip("/")
+        self.client_id = settings.oidc_client_id
+        self.audience = settings.oidc_audience or settings.oidc_client_id
+        self.public_url = settings.public_url.rstrip("/") if settings.public_url else None
+        self.rules = ClaimRules(settings)
+        secret = settings.oidc_client_secret
+        self.oauth = OAuth()
+        self.oauth.register(
+            PROVIDER,
+            client_id=self.client_id,
+            client_secret=secret.get_secret_value() if secret is not None else None,
+            server_metadata_url=f"{self.issuer}/.well-known/openid-configuration",
+            client_kwargs={
+                "scope": settings.oidc_scopes,
+                "code_challenge_method": "S256",
+                # A public client (no secret) names itself in the token request's body.
+                **({} if secret is not None else {"token_endpoint_auth_method": "none"}),
+                "timeout": 10.0,
+            },
+        )
+        self._keys_fetched_at = 0.0
+
+    @property
+    def client(self) -> Any:
+        return self.oauth.create_client(PROVIDER)
+
+    # ------------------------------------------------------------------ the session
+    def session_principal(self, session: Mapping[str, Any] | None) -> Principal | None:
+        """The person the session's cookie holds, while their ID token is unexpired."""
+        person = (session or {}).get(PERSON)
+        if not isinstance(person, dict):
+            return None
+        if not isinstance(person.get("exp"), int | float) or person["exp"] <= time.time():
+            return None
+        try:
+            return self.rules.principal(person.get("claims") or {})
+        except TokenRefused:
+            return None
+
+    @staticmethod
+    def session_expired(session: Mapping[str, Any] | None) -> bool:
+        person = (session or {}).get(PERSON)
+        return isinstance(person, dict) and float(person.get("exp") or 0) <= time.time()
+
+    # ------------------------------------------------------------------ bearer tokens
+    async def bearer_principal(self, token: str) -> Principal:
+        """The principal of one of the provider's access tokens; TokenRefused saying why."""
+        try:
+            unverified = jws.extract_compact(token.encode("ascii"))
+        except (JoseError, ValueError, UnicodeEncodeError) as exc:
+            raise TokenRefused("the bearer token is not a key nor a token (JWT)") from exc
+        claims = _json_object(unverified.payload)
+        if claims.get("iss") != self.issuer:
+            raise TokenRefused("the token's issuer is not the identity provider this server uses")
+        try:
+            verified = jwt.decode(token, await self._key_set(), algorithms=await self._algorithms())
+        except InvalidKeyIdError:
+            # The provider may have rotated its keys since they were fetched.
+            verified = await self._decode_after_refresh(token)
+        except BadSignatureError as exc:
+            raise TokenRefused("the token's signature does not verify") from exc
+        except JoseError as exc:
+            raise TokenRefused(f"the token cannot be read: {exc.description or exc.error}") from exc
+        registry = jwt.JWTClaimsRegistry(
+            leeway=LEEWAY,
+            iss={"essential": True, "value": self.issuer},
+            aud={"essential": True, "value": self.audience},
+            exp={"essential": True},
+            sub={"essential": True},
+        )
+        try:
+            registry.validate(verified.claims)
+        except ExpiredTokenError as exc:
+            raise TokenRefused("the token has expired") from exc
+        except MissingClaimError as exc:
+            raise TokenRefused(f"the token lacks the {exc.claim!r} claim") from exc
+        except InvalidClaimError as exc:
+            what = {"aud": "is for another audience", "nbf": "is not valid yet"}
+            reason = what.get(exc.claim, f"has a wrong {exc.claim!r} claim")
+            raise TokenRefused(f"the token {reason}") from exc
+        except JoseError as exc:
+            raise TokenRefused(f"the token is refused: {exc.description or exc.error}") from exc
+        return self.rules.principal(verified.claims)
+
+    async def _decode_after_refresh(self, token: str) -> Any:
+        if time.monotonic() - self._keys_fetched_at < 30:
+            raise TokenRefused("the token is signed with a key the provider does not publish")
+        try:
+            return jwt.decode(
+                token, await self._key_set(force=True), algorithms=await self._algorithms()
+            )
+        except InvalidKeyIdError as exc:
+            raise TokenRefused(
+                "the token is signed with a key the provider does not publish"
+            ) from exc
+        except BadSignatureError as exc:
+            raise TokenRefused("the token's signature does not verify") from exc
+
+    async def _key_set(self, *, force: bool = False) -> KeySet:
+        try:
+            keys = await self.client.fetch_jwk_set(force=force)
+        except (HTTPError, RuntimeError, ValueError) as exc:
+            log.warning("identity provider %s: keys not fetched: %s", self.issuer, exc)
+            raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
+        if force:
+            self._keys_fetched_at = time.monotonic()
+        return KeySet.import_key_set(keys)
+
+    async def _algorithms(self) -> list[str]:
+        metadata = await self.client.load_server_metadata()
+        found = metadata.get("id_token_signing_alg_values_supported") or ["RS256"]
+        return [alg for alg in found if alg != "none"]
+
+    # ------------------------------------------------------------------ the routes
+    def redirect_uri(self, request: Request) -> str:
+        if self.public_url is not None:
+            return f"{self.public_url}/auth/callback"
+        return str(request.url_for("sign_in_callback"))
+
+    def home(self, request: Request) -> str:
+        return f"{self.public_url}/" if self.public_url is not None else str(request.base_url)
+
+    def router(self) -> APIRouter:
+        router = APIRouter(tags=["sign-in"])
+
+        @router.get("/auth/login", summary="Sign in with the identity provider", status_code=302)
+        async def sign_in(request: Request) -> Response:
+            """Redirects to the identity provider's sign-in; it comes back to /auth/callback."""
+            try:
+                return await self.client.authorize_redirect(request, self.redirect_uri(request))
+            except (HTTPError, RuntimeError, ValueError) as exc:
+                log.warning("identity provider %s unreachable: %s", self.issuer, exc)
+                raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
+
+        @router.get("/auth/callback", name="sign_in_callback", include_in_schema=False)
+        async def sign_in_callback(request: Request) -> Response:
+            try:
+                token = await self.client.authorize_access_token(request, leeway=LEEWAY)
+            except OAuthError as exc:
+                raise HTTPException(400, f"sign-in failed: {exc.description or exc.error}") from exc
+            except JoseError as exc:
+                raise HTTPException(
+                    400, f"sign-in failed: the ID token is refused ({exc.error})"
+                ) from exc
+            except HTTPError as exc:
+                log.warning("identity provider %s unreachable: %s", self.issuer, exc)
+                raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
+            claims = dict(token.get("userinfo") or {})
+            if not claims:
+                raise HTTPException(400, "sign-in failed: the provider sent no ID token")
+            if self.rules.groups_claim not in claims:
+                claims.update(await self._userinfo(token))
+            try:
+                who = self.rules.principal(claims)
+            except TokenRefused as exc:
+                raise HTTPException(400, f"sign-in failed: {exc}") from exc
+            exp = min(float(claims.get("exp") or 0), time.time() + MAX_SESSION_SECONDS)
+            kept = {k: claims[k] for k in _KEPT_CLAIMS if k in claims}
+            for name in (self.rules.groups_claim, self.rules.role_claim, self.rules.name_claim):
+                if name in claims:
+                    kept[name] = claims[name]
+            request.session.clear()
+            request.session[PERSON] = {
+                "claims": kept,
+                "exp": exp,
+                "id_token": token.get("id_token"),
+            }
+            log.info("signed in: %s (%s)", who.name, who.role)
+            return RedirectResponse(self.home(request), status_code=303)
+
+        @router.post(
+            "/auth/logout",
+            summary="Sign out: the session ends here",
+            responses={200: {"description": "Where to go to end the provider's session too"}},
+        )
+        async def sign_out(request: Request) -> JSONResponse:
+            """Ends this server's session at once; ``end_session_url`` (when the provider
+            has one) ends the provider's too, then comes back to the page."""
+            person = request.session.get(PERSON)
+            request.session.clear()
+            hint = person.get("id_token") if isinstance(person, dict) else None
+            try:
+                metadata = await self.client.load_server_metadata()
+            except (HTTPError, RuntimeError, ValueError):
+                metadata = {}
+            url = None
+            if metadata.get("end_session_endpoint"):
+                made = await self.client.create_logout_url(
+                    post_logout_redirect_uri=self.home(request),
+                    id_token_hint=hint,
+                    client_id=self.client_id,
+                )
+                url = made["url"]
+            return JSONResponse({"signed_out": True, "end_session_url": url})
+
+        return router
+
+    async def _userinfo(self, token: Mapping[str, Any]) -> dict[str, Any]:
+        """The userinfo endpoint's claims, for a provider that keeps groups out of the ID
+        token; none when it has no such endpoint or does not answer."""
+        try:
+            return dict(await self.client.userinfo(token=dict(token)))
+        except (HTTPError, KeyError, OAuthError, ValueError) as exc:
+            log.info("identity provider %s: no userinfo (%s)", self.issuer, exc)
+            return {}
+
+
+# Claims the session keeps, beside those the rules read (a cookie is at most 4 KB).
+_KEPT_CLAIMS = ("sub", "name", "email", "preferred_username", "exp")
+
+
+def _json_object(payload: bytes) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(payload)
+    except ValueError as exc:
+        raise TokenRefused("the token's claims are not JSON") from exc
+    if not isinstance(value, dict):
+        raise TokenRefused("the token's claims are not a JSON object")
+    return value
+
+
+def secure_cookie(settings: Settings) -> bool:
+    """Whether the session cookie is marked Secure: when people reach the server over https."""
+    return bool(settings.public_url and urlsplit(settings.public_url).scheme == "https")
+
+
+def session_secret(settings: Settings, folder: Path) -> str:
+    """The key that signs session cookies: RAGCHAINS_SESSION_SECRET, else one made once and
+    kept in ``folder``/session.key (readable by its owner only), so a restart keeps people
+    signed in."""
+    if settings.session_secret is not None:
+        return settings.session_secret.get_secret_value()
+    path = folder / SESSION_KEY_FILE
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        pass
+    folder.mkdir(parents=True, exist_ok=True)
+    secret = secrets.token_urlsafe(48)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # another server made it first
+        return path.read_text().strip()
+    with os.fdopen(fd, "w") as out:
+        out.write(secret + "\n")
+    return secret
+
+
+def session_folder(settings: Settings, index_folder: Path | None, location: str) -> Path:
+    """Where session.key is kept: beside the conversations of an index folder, else in the
+    user's state folder under the store's name."""
+    if settings.conversations_db is not None:
+        return settings.conversations_db.parent
+    if index_folder is not None:
+        return index_folder
+    import platformdirs
+
+    named = hashlib.sha256(location.encode()).hexdigest()[:16]
+    return Path(platformdirs.user_state_dir("ragchains")) / "sessions" / f"store-{named}"
