@@ -54,6 +54,7 @@ ASSISTANT = "chat"
 ASSISTANT_UUID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), ASSISTANT))
 READER = Depends(requires("reader"))
 log = logging.getLogger("ragchains.server")
+BUSY_THREAD = "a run is in progress on this thread: wait for it to end"
 STREAM_MODES = frozenset({"values", "updates", "messages-tuple", "messages"})
 _PROBLEM = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _Metadata = Annotated[dict[str, Any], Field(max_length=64)]
@@ -171,6 +172,9 @@ def turn_messages(turn: Turn | TurnIn, turn_id: str) -> list[dict[str, Any]]:
         "prompts": output.prompts,
         "domain": turn.domain,
     }
+    earlier = (output.model_extra or {}).get("history_turns")
+    if isinstance(earlier, int):
+        details["history_turns"] = earlier  # the earlier turns the run was given
     if turn.error:
         details["error"] = turn.error
     return [
@@ -463,7 +467,7 @@ def threads_router(
             raise HTTPException(422, problem_text(exc.errors()[0])) from exc
         configurable = chat.resolve(body.config.configurable)
         if thread_id in running:
-            raise HTTPException(409, "a run is in progress on this thread: wait for it to end")
+            raise HTTPException(409, BUSY_THREAD)
         admit(held, llm)  # 503 now, not in a started stream
         config: Any = {"configurable": with_ticket(configurable, held), "run_name": ASSISTANT}
         return found, turn, config
@@ -498,15 +502,20 @@ def threads_router(
         modes = stream_modes(body.stream_mode)
         found, turn, config = await start(thread_id, body, who, held)
         run_id = str(uuid.uuid4())
-        running.add(thread_id)
         question = turn.question
+        earlier = len(turn.chat_history) // 2
 
         async def events() -> AsyncIterator[str]:
             out: dict[str, Any] = {"answer": ""}
             before = values_of(found.history)["messages"]
             asked = _message("human", question, f"{run_id}-question")
+            yield sse("metadata", {"run_id": run_id, "attempt": 1})
+            # Marked busy once the stream runs (a stream never started leaves no mark).
+            if thread_id in running:
+                yield sse("error", {"error": "Conflict", "message": BUSY_THREAD})
+                return
+            running.add(thread_id)
             try:
-                yield sse("metadata", {"run_id": run_id, "attempt": 1})
                 if "values" in modes:
                     yield sse("values", {"messages": [*before, asked]})
                 async for chunk in chat.runnable.astream(turn, config):
@@ -522,7 +531,9 @@ def threads_router(
                         yield sse("messages", [delta, meta])
             except Exception as exc:  # the headers are sent: the failure is an event
                 failure = failed(exc)
-                kept = finished(question, out, body, run_id, error=failure.reason)
+                kept = finished(
+                    question, out, body, run_id, history_turns=earlier, error=failure.reason
+                )
                 await record(who, thread_id, run_id, kept, body)
                 yield sse(
                     "error",
@@ -535,7 +546,7 @@ def threads_router(
                 return
             finally:
                 running.discard(thread_id)
-            kept = finished(question, out, body, run_id)
+            kept = finished(question, out, body, run_id, history_turns=earlier)
             await record(who, thread_id, run_id, kept, body)
             answer = turn_messages(kept, run_id)[1]
             if "updates" in modes:
@@ -568,21 +579,19 @@ def threads_router(
         run_id = str(uuid.uuid4())
         running.add(thread_id)
         question = turn.question
+        earlier = len(turn.chat_history) // 2
         try:
             result = await chat.runnable.ainvoke(turn, config)
         except Exception as exc:
             failure = failed(exc)
-            await record(
-                who,
-                thread_id,
-                run_id,
-                finished(question, {"answer": ""}, body, run_id, error=failure.reason),
-                body,
+            failure_turn = finished(
+                question, {"answer": ""}, body, run_id, history_turns=earlier, error=failure.reason
             )
+            await record(who, thread_id, run_id, failure_turn, body)
             raise
         finally:
             running.discard(thread_id)
-        kept = finished(question, dict(result), body, run_id)
+        kept = finished(question, dict(result), body, run_id, history_turns=earlier)
         await record(who, thread_id, run_id, kept, body)
         messages = [*values_of(found.history)["messages"], *turn_messages(kept, run_id)]
         return JSONResponse(
@@ -649,11 +658,19 @@ def merge(out: dict[str, Any], chunk: dict[str, Any]) -> None:
 
 
 def finished(
-    question: str, out: dict[str, Any], body: RunCreate, run_id: str, *, error: str | None = None
+    question: str,
+    out: dict[str, Any],
+    body: RunCreate,
+    run_id: str,
+    *,
+    history_turns: int,
+    error: str | None = None,
 ) -> TurnIn:
-    """The run as a stored turn (what the page stores for one of its own)."""
+    """The run as a stored turn (what the page stores for one of its own), with how many
+    earlier turns it was given as its chat history."""
     domain = body.config.configurable.get("domain")
     output = to_jsonable_python(out, fallback=str)  # models and documents as their fields
+    output["history_turns"] = history_turns
     status = "error" if error else "abstained" if out.get("abstained") else "answered"
     return TurnIn.model_validate(
         {
