@@ -95,7 +95,7 @@ from ragchains.serving.signin import (
     session_secret,
 )
 from ragchains.serving.sourcefiles import source_files_router
-from ragchains.serving.threads import threads_router
+from ragchains.serving.threads import run_request, threads_router
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
@@ -188,7 +188,10 @@ def create_app(
     app.include_router(collection_router(service))
     app.include_router(documents_router(service, settings, jobs, files_reader))
     app.include_router(conversations_router(conversations))
-    app.include_router(threads_router(conversations, routes["chat"], limits, service.llm, ticket))
+    run_body = run_request(limits)
+    app.include_router(
+        threads_router(conversations, routes["chat"], run_body, limits, service.llm, ticket)
+    )
     if signin is not None:
         app.include_router(signin.router())
     # Any method: the transport answers GET and DELETE itself (405 when stateless).
@@ -223,6 +226,7 @@ def create_app(
     app.openapi = truthful_openapi(  # type: ignore[method-assign]
         app,
         chat_request=completion,
+        run_request=run_body,
         prompts=service.prompts,
         keyed=not callers.open_to_all,
         routes=routes,

@@ -27,12 +27,19 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import sqlalchemy as sa
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StringConstraints, model_validator
-from sqlalchemy.dialects.postgresql import JSONB
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
 from sqlalchemy.engine import Connection, Engine
 
 from ragchains.settings import Settings
-from ragchains.textrules import text_type
+from ragchains.textrules import json_int, text_type
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +54,26 @@ MAX_PAGE = 200
 _Title = Annotated[str, StringConstraints(max_length=TITLE_CHARS)]
 _Short = Annotated[str, StringConstraints(min_length=1, max_length=200)]
 
+
+class JsonText(sa.types.TypeDecorator[Any]):
+    """JSON kept as its text, ASCII-escaped: any value JSON holds is stored as sent in both
+    databases (PostgreSQL's jsonb refuses the NUL character; escaped, it is six letters),
+    and the file reads as JSON."""
+
+    impl = sa.Text
+    cache_ok = True
+
+    def process_bind_param(self, value: Any, dialect: Any) -> str | None:
+        return None if value is None else json.dumps(value, ensure_ascii=True)
+
+    def process_result_value(self, value: Any, dialect: Any) -> Any:
+        return None if value is None else json.loads(value)
+
+
 # The tables, without a schema: a PostgreSQL store's schema is mapped in per connection
 # (``schema_translate_map``), so the same tables serve any store.
 METADATA = sa.MetaData()
-_JSON = sa.JSON().with_variant(JSONB(), "postgresql")
+_JSON = JsonText()
 CONVERSATIONS = sa.Table(
     "conversations",
     METADATA,
@@ -107,13 +130,13 @@ class TurnOutput(BaseModel):
     answer: str = ""
     citations: list[Citation] = Field(default_factory=list)
     prompts: dict[str, str] = Field(default_factory=dict)
-    abstained: bool = False
+    abstained: StrictBool = False
 
 
 class TurnFeedback(BaseModel):
     """The reader's thumbs up (1) or down (0) on the turn's answer, and their comment."""
 
-    score: Literal[0, 1] | None = None
+    score: json_int(ge=0, le=1) | None = None  # type: ignore[valid-type]
     comment: Annotated[str, StringConstraints(max_length=2000)] = ""
 
 
@@ -156,15 +179,12 @@ class ConversationWithTurns(Conversation):
 
 
 def storable(value: Any, what: str) -> Any:
-    """``value`` when both databases can keep it: PostgreSQL's JSON refuses the NUL
-    character anywhere in a text, and neither takes text that is not UTF-8 (JSON's lone
-    surrogates), so both are refused here, with a reason."""
+    """``value`` when it can be stored and sent back: text that is not UTF-8 (JSON's lone
+    surrogate escapes) is refused, with a reason."""
     stack = [value]
     while stack:
         item = stack.pop()
         if isinstance(item, str):
-            if "\x00" in item:
-                raise ValueError(f"the {what} holds a NUL character, which cannot be stored")
             try:
                 item.encode("utf-8")
             except UnicodeEncodeError:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, BeforeValidator, Field
 
 # Characters no typed text holds (tab and line breaks aside): a NUL-only question is not one.
 CONTROL = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f"
@@ -47,3 +47,21 @@ def text_type(what: str, max_chars: int, *, blank: bool = False) -> Any:
         Field(min_length=0 if blank else 1, json_schema_extra=published),
         AfterValidator(check),
     ]
+
+
+def _json_integer(value: Any) -> Any:
+    # JSON Schema's integer: 3 and 3.0 alike; never a boolean or a numeral in a string.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("should be a whole number")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise ValueError("should be a whole number")
+        return int(value)
+    return value
+
+
+def json_int(*, ge: int, le: int) -> Any:
+    """A whole number from ``ge`` to ``le`` as JSON Schema's "integer" reads it (see
+    ``_json_integer``), for request bodies: pydantic's int takes "3" and true, its strict int
+    refuses 3.0. (The bounds come first: after the validator they would not be published.)"""
+    return Annotated[int, Field(ge=ge, le=le), BeforeValidator(_json_integer)]

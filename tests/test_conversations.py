@@ -150,15 +150,27 @@ def test_retention_deletes_conversations_older_than_its_days(store: Conversation
     assert store.get("alice", old.id) is None
 
 
-def test_a_turn_the_databases_cannot_keep_is_refused_with_its_reason() -> None:
-    with pytest.raises(ValidationError, match="NUL"):
-        _turn("fine", answer="bad\x00answer")
+def test_what_json_holds_is_kept_as_sent(store: ConversationStore) -> None:
+    # PostgreSQL's jsonb refuses NUL; kept as JSON text, both databases keep it.
+    odd = "a NUL \x00, a tab \t, emoji 🦘 and ‮right-to-left‬"
+    made = store.create("alice", metadata={"odd \x00 key": odd})
+    stored = store.put_turn("alice", made.id, "t1", _turn("fine", answer=odd, error=odd))
+    assert stored is not None
+    opened = store.get("alice", made.id)
+    assert opened is not None and opened.metadata == {"odd \x00 key": odd}
+    assert opened.history[0].output.answer == odd and opened.history[0].error == odd
+
+
+def test_a_turn_that_cannot_be_kept_is_refused_with_its_reason() -> None:
     with pytest.raises(ValidationError, match="surrogate"):
         _turn("fine", answer="half \ud800 a pair")
     with pytest.raises(ValidationError, match="question is empty"):
         _turn("   ")
     with pytest.raises(ValidationError):
         TurnIn.model_validate({"question": "q", "status": "thinking"})
+    with pytest.raises(ValidationError):  # a vote is 0 or 1, not a boolean
+        TurnIn.model_validate({"question": "q", "feedback": {"score": True}})
+    assert TurnIn.model_validate({"question": "q", "feedback": {"score": 1.0}}).feedback.score == 1
 
 
 def test_a_deleted_conversation_is_gone_from_the_sqlite_file(tmp_path: Path) -> None:

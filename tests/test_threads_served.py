@@ -159,7 +159,11 @@ def test_threads_refuse_what_they_cannot_run_with_the_reason(
                 "no human",
             ),
             ({"assistant_id": "chat", "input": _ask("   ")}, 422, "empty"),
-            ({"assistant_id": "chat", "input": _ask("hi"), "stream_mode": "debug"}, 422, "debug"),
+            (
+                {"assistant_id": "chat", "input": _ask("hi"), "stream_mode": "debug"},
+                422,
+                "stream_mode",
+            ),
             (
                 {
                     "assistant_id": "chat",
@@ -173,7 +177,7 @@ def test_threads_refuse_what_they_cannot_run_with_the_reason(
         for body, status, reason in cases:
             reply = httpx.post(f"{base}/threads/{tid}/runs/stream", json=body, headers=auth)
             assert reply.status_code == status, (body, reply.text)
-            assert reason in reply.json()["detail"], reply.text
+            assert reason in reply.text, reply.text
         taken = httpx.post(f"{base}/threads", json={"thread_id": tid}, headers=auth)
         assert taken.status_code == 409
         unknown = httpx.get(f"{base}/threads/not-a-thread", headers=auth)

@@ -17,9 +17,11 @@ import json
 import re
 import sys
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 
 from fastapi import Depends, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ragchains.serving.errors import refuse
@@ -197,6 +199,8 @@ def check_json_bytes(body: bytes) -> str | None:
     return value_problem(body, value)
 
 
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
 # What json_body gives for a body that is not JSON at all: its route answers it (422,
 # naming where) when it reads the body itself.
 MALFORMED: Any = object()
@@ -277,3 +281,17 @@ class JsonOnly:
             return replay.pop() if replay else await receive()
 
         await self.app(scope, replayed, send)
+
+
+def read_model(model: type[ModelT], sent: Any) -> ModelT:
+    """A JSON body (``json_body``'s) as ``model``, or a 422 naming where it is wrong, as
+    FastAPI reports its own: for a route whose body model is built at run time (within the
+    server's limits), which FastAPI's annotations cannot name."""
+    if sent is MALFORMED:
+        problem = {"loc": ("body",), "msg": "the body is not valid JSON", "type": "json_invalid"}
+        raise RequestValidationError([problem])
+    try:
+        return model.model_validate(sent)
+    except ValidationError as exc:
+        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
+        raise RequestValidationError(errors) from exc

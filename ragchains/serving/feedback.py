@@ -7,12 +7,10 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import APIRouter, HTTPException
-from fastapi.exceptions import RequestValidationError
-from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from ragchains.feedback import FeedbackIn, FeedbackStore, FeedbackStoreError
-from ragchains.serving.bodies import MALFORMED, JsonBody
+from ragchains.serving.bodies import JsonBody, read_model
 
 log = logging.getLogger("ragchains.server")
 
@@ -48,11 +46,4 @@ def feedback_router(store: FeedbackStore, on_vote: Callable[[int], None]) -> API
 
 def read_feedback(sent: Any) -> FeedbackIn:
     """The body as FeedbackIn, or a 422 naming where it is wrong, as FastAPI reports its own."""
-    if sent is MALFORMED:
-        problem = {"loc": ("body",), "msg": "the body is not valid JSON", "type": "json_invalid"}
-        raise RequestValidationError([problem])
-    try:
-        return FeedbackIn.model_validate(sent)
-    except ValidationError as exc:
-        errors = [{**err, "loc": ("body", *err["loc"])} for err in exc.errors()]
-        raise RequestValidationError(errors) from exc
+    return read_model(FeedbackIn, sent)

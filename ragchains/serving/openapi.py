@@ -154,6 +154,7 @@ def truthful_openapi(
     app: FastAPI,
     *,
     chat_request: type[BaseModel],
+    run_request: type[BaseModel] | None = None,
     prompts: PromptRegistry,
     keyed: bool,
     routes: Mapping[str, Route],
@@ -182,6 +183,8 @@ def truthful_openapi(
                 _amend_requests(schemas, routes, limits, now)
                 if "chat" in routes:
                     _amend_completions(schemas[chat_request.__name__], routes["chat"])
+                    if run_request is not None:
+                        _amend_runs(document, run_request, routes["chat"])
             except BaseException:  # FastAPI cached its own document: never serve that one
                 app.openapi_schema = None
                 raise
@@ -248,6 +251,40 @@ def _amend_completions(body: dict[str, Any], chat: Route) -> None:
         }
         for domain in chat.domain_versions()
     ]
+
+
+def _amend_runs(document: dict[str, Any], run_request: type[BaseModel], chat: Route) -> None:
+    """The threads API's runs: their body (which the route reads itself, within the
+    server's limits), whose ``config.configurable`` is /chat's, with its bounds and each
+    domain's prompt versions; a streamed run's reply as events; the model's failures."""
+    schemas = document["components"]["schemas"]
+    _add_models(schemas, run_request)
+    config = chat.config_schema(REF_TEMPLATE)
+    for nested, schema in config.pop("$defs", {}).items():
+        schemas.setdefault(nested, schema)
+    schemas["RunConfig"]["properties"]["configurable"] = config["properties"]["configurable"]
+    for path, methods in document["paths"].items():
+        if not path.startswith("/threads/") or not path.endswith(("/runs/stream", "/runs/wait")):
+            continue
+        operation = methods["post"]
+        operation["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": _ref(run_request.__name__),
+                    "example": {
+                        "assistant_id": "chat",
+                        "input": {"messages": [{"role": "user", **_EXAMPLE_QUESTION}]},
+                    },
+                }
+            },
+        }
+        _declare(operation["responses"], (*MODEL_FAILURES, 503), _ref("Problem"), {})
+        if path.endswith("/stream"):
+            operation["responses"]["200"]["content"] = copy.deepcopy(EVENT_STREAM)
+
+
+_EXAMPLE_QUESTION = {"content": "What does the standard plan cost?"}
 
 
 def _amend(

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import to_jsonable_python
 
 from ragchains import __version__
@@ -42,11 +42,13 @@ from ragchains.conversations import (
 )
 from ragchains.models.queue import Ticket, with_ticket
 from ragchains.serving.admission import admit
+from ragchains.serving.bodies import JsonBody, read_model
 from ragchains.serving.conversations import ConversationId, TurnId, stored
 from ragchains.serving.errors import failed
 from ragchains.serving.guards import requires
 from ragchains.serving.keys import Principal
 from ragchains.serving.requests import Limits, Route
+from ragchains.textrules import json_int, text_type
 
 ASSISTANT = "chat"
 # The id the LangGraph server gives the assistant of a graph named "chat" (uuid5 of the
@@ -55,9 +57,10 @@ ASSISTANT_UUID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"
 READER = Depends(requires("reader"))
 log = logging.getLogger("ragchains.server")
 BUSY_THREAD = "a run is in progress on this thread: wait for it to end"
-STREAM_MODES = frozenset({"values", "updates", "messages-tuple", "messages"})
 _PROBLEM = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _Metadata = Annotated[dict[str, Any], Field(max_length=64)]
+_Limit = json_int(ge=1, le=1000)
+_Offset = json_int(ge=0, le=1_000_000)
 
 
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
@@ -80,8 +83,8 @@ class ThreadCreate(BaseModel):
 
 class ThreadSearch(BaseModel):
     model_config = ConfigDict(extra="allow")  # values, select, extract: accepted, unused
-    limit: Annotated[int, Field(ge=1, le=1000)] = 10
-    offset: Annotated[int, Field(ge=0, le=1_000_000)] = 0
+    limit: _Limit = 10  # type: ignore[valid-type]
+    offset: _Offset = 0  # type: ignore[valid-type]
     metadata: _Metadata | None = None
     ids: Annotated[list[str], Field(max_length=1000)] | None = None
     status: Literal["idle", "busy", "interrupted", "error"] | None = None
@@ -98,51 +101,109 @@ class ThreadPatch(BaseModel):
 
 class HistoryRequest(BaseModel):
     model_config = ConfigDict(extra="allow")  # metadata, checkpoint, select: accepted, unused
-    limit: Annotated[int, Field(ge=1, le=1000)] = 10
+    limit: _Limit = 10  # type: ignore[valid-type]
     before: str | dict[str, Any] | None = None
 
 
-class InputMessage(BaseModel):
-    """A message as LangChain writes it (``type``) or as OpenAI does (``role``); its text
-    a string or text blocks."""
+StreamMode = Literal["values", "updates", "messages-tuple", "messages"]
 
-    model_config = ConfigDict(extra="allow")
-    role: str | None = None
-    type: str | None = None
-    content: str | list[dict[str, Any]] = ""
 
-    def human(self) -> bool:
-        return (self.type or self.role) in ("human", "user")
+def _has_a_question(schema: dict[str, Any]) -> None:
+    """The input holds a question (JSON Schema's ``contains``): a message that is one of
+    the two human kinds, the first two of its items' kinds."""
+    schema["contains"] = {"anyOf": schema["items"]["anyOf"][:2]}
 
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(
-            str(block.get("text", "")) for block in self.content if block.get("type") == "text"
+
+def run_request(limits: Limits) -> type[BaseModel]:
+    """The body of a run, within ``limits``: the input's last human message is the
+    question (LangChain's ``type`` or OpenAI's ``role``, its text a string or text blocks),
+    checked as /chat checks one; other messages are accepted and not read (the thread's own
+    turns are the history)."""
+    question = text_type("question", limits.question_chars)
+
+    class TextBlock(BaseModel):
+        model_config = ConfigDict(extra="allow", title="RunTextBlock")
+        type: Literal["text"]
+        text: question  # type: ignore[valid-type]
+
+    human_content = question | Annotated[list[TextBlock], Field(min_length=1, max_length=1)]
+    other_content = str | list[dict[str, Any]] | None
+
+    class HumanMessage(BaseModel):
+        """The question: a message of OpenAI's ``role`` user, or LangChain's ``type``
+        human."""
+
+        model_config = ConfigDict(extra="allow", title="RunHumanMessage")
+        content: human_content  # type: ignore[valid-type]
+
+        def text(self) -> str:
+            if isinstance(self.content, str):
+                return self.content
+            return str(self.content[0].text)
+
+    class HumanByRole(HumanMessage):
+        model_config = ConfigDict(title="RunUserMessage")
+        role: Literal["user", "human"]
+
+    class HumanByType(HumanMessage):
+        model_config = ConfigDict(title="RunHumanTypedMessage")
+        type: Literal["human"]
+
+    class OtherByRole(BaseModel):
+        """A message of the model's, the system's or a tool's: accepted, not read."""
+
+        model_config = ConfigDict(extra="allow", title="RunOtherMessage")
+        role: Literal["assistant", "ai", "system", "developer", "tool"]
+        content: other_content = None  # type: ignore[valid-type]
+
+    class OtherByType(BaseModel):
+        model_config = ConfigDict(extra="allow", title="RunOtherTypedMessage")
+        type: Literal["ai", "system", "tool"]
+        content: other_content = None  # type: ignore[valid-type]
+
+    class RunInput(BaseModel):
+        model_config = ConfigDict(extra="allow", title="RunInput")
+        # Left to right: a message that is a question and something else is the question.
+        messages: list[
+            Annotated[
+                HumanByRole | HumanByType | OtherByRole | OtherByType,
+                Field(union_mode="left_to_right"),
+            ]
+        ] = Field(
+            min_length=1, max_length=limits.history_messages + 1, json_schema_extra=_has_a_question
         )
 
+        @model_validator(mode="after")
+        def _has_a_question(self) -> Any:
+            if not any(isinstance(m, HumanMessage) for m in self.messages):
+                raise ValueError("input.messages holds no human (user) message to answer")
+            return self
 
-class RunInput(BaseModel):
-    model_config = ConfigDict(extra="allow")
-    messages: Annotated[list[InputMessage], Field(min_length=1, max_length=200)]
+        def question(self) -> str:
+            asked = (m for m in reversed(self.messages) if isinstance(m, HumanMessage))
+            return next(asked).text()
 
+    class RunConfig(BaseModel):
+        model_config = ConfigDict(extra="allow", title="RunConfig")  # tags, recursion_limit
+        configurable: dict[str, Any] = Field(
+            default_factory=dict, description="the chat chain's choices, as on /chat"
+        )
 
-class RunConfig(BaseModel):
-    model_config = ConfigDict(extra="allow")  # tags, recursion_limit: accepted, unused
-    configurable: dict[str, Any] = Field(default_factory=dict)
+    class RunCreate(BaseModel):
+        """A run of the chat assistant on a thread: ``input.messages``' last human message
+        is the question; ``config.configurable`` holds the chat chain's choices (domain,
+        prompt versions, k), as on /chat. The protocol's other keys are accepted, unused."""
 
+        model_config = ConfigDict(extra="allow", title="RunCreate")
+        assistant_id: Annotated[str, Field(min_length=1, max_length=100)]
+        input: RunInput
+        stream_mode: StreamMode | Annotated[list[StreamMode], Field(min_length=1, max_length=4)] = (
+            "values"
+        )
+        config: RunConfig = Field(default_factory=RunConfig)
+        metadata: _Metadata | None = None
 
-class RunCreate(BaseModel):
-    """A run of the chat assistant on a thread: ``input.messages``' last human message is
-    the question; ``config.configurable`` holds the chat chain's choices (domain, prompt
-    versions, k), as on /chat. The protocol's other keys are accepted and unused."""
-
-    model_config = ConfigDict(extra="allow")
-    assistant_id: Annotated[str, Field(min_length=1, max_length=100)]
-    input: RunInput
-    stream_mode: str | list[str] = "values"
-    config: RunConfig = Field(default_factory=RunConfig)
-    metadata: _Metadata | None = None
+    return RunCreate
 
 
 # ----------------------------------------------------------------------------- views
@@ -165,7 +226,7 @@ def turn_messages(turn: Turn | TurnIn, turn_id: str) -> list[dict[str, Any]]:
     """A turn as the thread's two messages: the question and the answer (with what it
     rests on in ``response_metadata``)."""
     output = turn.output
-    details = {
+    details: dict[str, Any] = {
         "status": turn.status,
         "abstained": output.abstained,
         "citations": [c.model_dump() for c in output.citations],
@@ -276,10 +337,16 @@ def sse(event: str, data: Any) -> str:
 
 # ----------------------------------------------------------------------------- routes
 def threads_router(
-    store: ConversationStore, chat: Route, limits: Limits, llm: Any, ticket: Any
+    store: ConversationStore,
+    chat: Route,
+    run_model: type[BaseModel],
+    limits: Limits,
+    llm: Any,
+    ticket: Any,
 ) -> APIRouter:
     """``chat``: the chat chain as /chat serves it (its checks and its resolver);
-    ``ticket``: the dependency that gives a run its ticket for the model's queue."""
+    ``run_model``: a run's body (``run_request``); ``ticket``: the dependency that gives a
+    run its ticket for the model's queue."""
     router = APIRouter(tags=["threads"])
     running: set[str] = set()  # threads with a run in progress in this server
 
@@ -345,7 +412,8 @@ def threads_router(
         if body.sort_by in ("thread_id", "created_at"):
             key = "id" if body.sort_by == "thread_id" else "created_at"
             found.sort(key=lambda c: getattr(c, key), reverse=not oldest_first)
-        page = found[body.offset : body.offset + body.limit]
+        start, count = int(body.offset), int(body.limit)
+        page = found[start : start + count]
         views = []
         for conversation in page:
             full = await stored(store.get, who.name, conversation.id)
@@ -450,18 +518,15 @@ def threads_router(
         return run_view(found.id, turn)
 
     async def start(
-        thread_id: str, body: RunCreate, who: Principal, held: Ticket
+        thread_id: str, body: Any, who: Principal, held: Ticket
     ) -> tuple[ConversationWithTurns, Any, Any]:
         """The run's thread, chain input and config, every refusal made before any work."""
         check_assistant(body.assistant_id)
         found = await owned(who, thread_id)
-        humans = [m for m in body.input.messages if m.human()]
-        if not humans:
-            raise HTTPException(422, "input.messages holds no human (user) message to answer")
         history = chat_history(found.history, limits)
         try:
             turn = chat.request_model.model_validate(
-                {"question": humans[-1].text(), "chat_history": history}
+                {"question": body.input.question(), "chat_history": history}
             )
         except ValidationError as exc:
             raise HTTPException(422, problem_text(exc.errors()[0])) from exc
@@ -472,9 +537,7 @@ def threads_router(
         config: Any = {"configurable": with_ticket(configurable, held), "run_name": ASSISTANT}
         return found, turn, config
 
-    async def record(
-        who: Principal, thread_id: str, run_id: str, turn: TurnIn, body: RunCreate
-    ) -> None:
+    async def record(who: Principal, thread_id: str, run_id: str, turn: TurnIn, body: Any) -> None:
         """The run kept as the thread's next turn. Its failure is logged, not raised: the
         answer has been given (a full thread, a database down for a moment)."""
         try:
@@ -495,11 +558,14 @@ def threads_router(
     )
     async def stream_run(
         thread_id: ConversationId,
-        body: RunCreate,
+        sent: JsonBody,
         who: Annotated[Principal, READER],
         held: Ticket = ticket,
     ) -> StreamingResponse:
-        modes = stream_modes(body.stream_mode)
+        body: Any = read_model(run_model, sent)
+        modes = frozenset(
+            [body.stream_mode] if isinstance(body.stream_mode, str) else body.stream_mode
+        )
         found, turn, config = await start(thread_id, body, who, held)
         run_id = str(uuid.uuid4())
         question = turn.question
@@ -571,10 +637,11 @@ def threads_router(
     )
     async def wait_run(
         thread_id: ConversationId,
-        body: RunCreate,
+        sent: JsonBody,
         who: Annotated[Principal, READER],
         held: Ticket = ticket,
     ) -> JSONResponse:
+        body: Any = read_model(run_model, sent)
         found, turn, config = await start(thread_id, body, who, held)
         run_id = str(uuid.uuid4())
         running.add(thread_id)
@@ -614,18 +681,6 @@ def storable_metadata(metadata: dict[str, Any]) -> dict[str, Any]:
         raise HTTPException(422, str(exc)) from exc
 
 
-def stream_modes(mode: str | list[str]) -> frozenset[str]:
-    modes = frozenset([mode] if isinstance(mode, str) else mode)
-    unknown = sorted(modes - STREAM_MODES)
-    if unknown:
-        raise HTTPException(
-            422,
-            f"stream_mode {', '.join(unknown)} is not served: "
-            f"choose from {', '.join(sorted(STREAM_MODES))}",
-        )
-    return modes
-
-
 def chat_history(turns: Sequence[Turn], limits: Limits) -> list[dict[str, str]]:
     """The newest answered turns that fit the server's history limits, as the page sends
     them: each a user and an assistant message."""
@@ -660,7 +715,7 @@ def merge(out: dict[str, Any], chunk: dict[str, Any]) -> None:
 def finished(
     question: str,
     out: dict[str, Any],
-    body: RunCreate,
+    body: Any,
     run_id: str,
     *,
     history_turns: int,
