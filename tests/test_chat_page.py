@@ -4,6 +4,8 @@ port with the embedded SmolLM2, at five viewport sizes.
 Every test drives the page as a person would (by role, label and placeholder) and fails on any
 console error or uncaught page error. Feedback is checked through `ragchains feedback export`;
 the failing model is the OpenAI-compatible provider pointed at a local upstream that answers 500.
+The conversations are the server's (each server here keeps them in a file of its own): the page
+lists, opens, renames, exports and deletes them, and stores each turn as it ends.
 
 ``RAGCHAINS_SCREENSHOT=docs/chat-page.png pytest tests/test_chat_page.py -k screenshot`` saves
 the README's screenshot.
@@ -22,13 +24,15 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from PIL import Image
+from playwright.sync_api import expect
 from pydantic import SecretStr
 
 from ragchains.serving.keys import add_key
 from tests.browser import WatchedPage, open_page
-from tests.servers import FakeOpenAI
+from tests.servers import FakeOpenAI, wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser]
 
@@ -49,6 +53,27 @@ PLACEHOLDER = "Ask a question about your documents"
 MODEL_WAIT = 180_000  # ms: the embedded model on a busy machine
 RAGCHAINS = Path(sys.executable).parent / "ragchains"
 KEY = "page-key-123"
+# The open conversation's turns as the server keeps them (None: no conversation open yet).
+STORED_TURNS = """async () => {
+  const open = /^#c\\/(.+)$/.exec(location.hash);
+  if (!open) return null;
+  const key = localStorage.getItem("ragchains.api-key");
+  const response = await fetch(`/conversations/${open[1]}`,
+                               { headers: key ? { "X-API-Key": key } : {} });
+  return response.ok ? (await response.json()).history : null;
+}"""
+# The rectangles of the visible elements a selector names that overlap another's.
+OVERLAPS = """(selector) => {
+  const boxes = [...document.querySelectorAll(selector)]
+    .filter((e) => e.offsetParent !== null)
+    .map((e) => [e.id || e.className || e.tagName, e.getBoundingClientRect()]);
+  const hit = [];
+  boxes.forEach(([a, r], i) => boxes.slice(i + 1).forEach(([b, s]) => {
+    const across = r.left < s.right - 1 && s.left < r.right - 1;
+    if (across && r.top < s.bottom - 1 && s.top < r.bottom - 1) hit.push([a, b]);
+  }));
+  return hit;
+}"""
 
 
 def viewport_id(size: tuple[int, int]) -> str:
@@ -61,9 +86,10 @@ def page_server(
     serve_samples: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[tuple[str, Path]]:
-    """The embedded SmolLM2 over the samples, with a feedback store of its own."""
-    store = tmp_path_factory.mktemp("page") / "feedback.sqlite"
-    with serve_samples(feedback_db=store) as base:
+    """The embedded SmolLM2 over the samples, with feedback and conversations of its own."""
+    folder = tmp_path_factory.mktemp("page")
+    store = folder / "feedback.sqlite"
+    with serve_samples(feedback_db=store, conversations_db=folder / "conversations.sqlite") as base:
         yield base, store
 
 
@@ -91,9 +117,12 @@ def opened(browser: Any) -> Iterator[Callable[[str, tuple[int, int]], ChatPage]]
 
 
 @pytest.fixture(scope="module")
-def openai_server(serve_upstream: Callable[..., AbstractContextManager[str]]) -> Iterator[str]:
+def openai_server(
+    serve_upstream: Callable[..., AbstractContextManager[str]],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[str]:
     """The OpenAI-compatible provider against a local upstream the tests can break or slow."""
-    with serve_upstream() as base:
+    with serve_upstream(conversations_db=tmp_path_factory.mktemp("up") / "c.sqlite") as base:
         yield base
 
 
@@ -102,8 +131,12 @@ def keyed_server(
     serve_samples: Callable[..., AbstractContextManager[str]],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[str]:
-    store = tmp_path_factory.mktemp("keyed") / "feedback.sqlite"
-    with serve_samples(api_key=SecretStr(KEY), feedback_db=store) as base:
+    folder = tmp_path_factory.mktemp("keyed")
+    with serve_samples(
+        api_key=SecretStr(KEY),
+        feedback_db=folder / "feedback.sqlite",
+        conversations_db=folder / "conversations.sqlite",
+    ) as base:
         yield base
 
 
@@ -172,15 +205,34 @@ class ChatPage:
         assert answer.get_attribute("aria-busy") is None
         return answer
 
+    def stored_turns(self) -> list[dict[str, Any]]:
+        """The open conversation's turns as the server keeps them, once it keeps each turn
+        the page shows (the page stores a turn when it ends)."""
+        shown = self.page.locator(".turn").count()
+
+        def stored() -> list[dict[str, Any]] | None:
+            turns: list[dict[str, Any]] | None = self.page.evaluate(STORED_TURNS)
+            return turns if turns is not None and len(turns) >= shown else None
+
+        found: list[dict[str, Any]] = wait_until(stored, f"{shown} turns stored", timeout=60)
+        return found
+
     def stored_answer(self) -> str:
-        """The last turn's answer as the page keeps it (and sends it back as history): the
-        Markdown the server streamed, not its rendering."""
-        return str(
-            self.page.evaluate(
-                "() => JSON.parse(localStorage.getItem('ragchains.conversation.v1')).at(-1)"
-                ".out.answer"
-            )
+        """The last turn's answer as the server keeps it (the page sends it back as history):
+        the Markdown the server streamed, not its rendering."""
+        return str(self.stored_turns()[-1]["output"]["answer"])
+
+    def side(self) -> Any:
+        """The conversations' list, opened through the menu button where it is folded away."""
+        self.settings()
+        return self.page.get_by_role("navigation", name="Conversations")
+
+    def storage(self) -> dict[str, list[str]]:
+        """The names of what the page's origin keeps in the browser's storage."""
+        kept: dict[str, list[str]] = self.page.evaluate(
+            "() => ({ local: Object.keys(localStorage), session: Object.keys(sessionStorage) })"
         )
+        return kept
 
     def thoughts(self, turn: Any) -> Any:
         turn.get_by_text("Thought process").click()
@@ -267,13 +319,26 @@ def test_streamed_answer_with_a_citation_that_opens_its_chunk(
     assert sources.get_by_role("heading", name="Cited", exact=True).count() == 1
     assert sources.get_by_role("link").count() >= 2
 
-    # The conversation lives in the page: a reload keeps it, "New chat" clears it.
+    # The conversation lives on the server, not in the browser: its address names it, a
+    # reload opens it from there, and the list has it (titled by its first question).
+    assert len(chat.stored_turns()) == 2
+    assert re.search(r"#c/[A-Za-z0-9-]+$", page.url), page.url
+    assert chat.storage()["local"] == ["ragchains.preferences.v1"]
     page.reload()
-    kept = page.locator(".turn").last
-    assert ANSWERABLE in kept.inner_text()
+    kept = page.locator(".turn").nth(1)
+    expect(kept).to_contain_text(ANSWERABLE)
+    assert page.locator(".turn").count() == 2
     assert kept.locator(".answer-text").inner_text() == final
+    expect(page.locator("#conversation-title")).to_have_text(SENTENCE)
+    listed = chat.side().get_by_role("link", name=re.compile(re.escape(SENTENCE)))
+    expect(listed.first).to_have_attribute("aria-current", "page")
+    chat.close_settings()
+    # "New chat" starts another; Back returns to this one.
     page.get_by_role("button", name="New chat").click()
     assert page.locator(".turn").count() == 0
+    assert page.url.endswith("#chat")
+    page.go_back()
+    expect(page.locator(".turn")).to_have_count(2)
 
 
 def test_screenshot_for_the_readme(
@@ -469,9 +534,20 @@ def test_the_page_asks_for_the_api_key_once_and_sends_it(
     feedback.get_by_role("button", name="Good answer").click()
     feedback.get_by_role("button", name="Send feedback").click()
     answer.get_by_text("Thanks, your feedback was sent.").wait_for()
-    page.reload()  # the key is kept: no second prompt
+    # The key's owner is named, with the control that forgets the key.
+    header = page.get_by_role("banner")
+    expect(header.get_by_text("api-key", exact=True)).to_be_visible()
+    expect(header.get_by_role("button", name="Sign out / switch key")).to_be_visible()
+    # Stored with its feedback (the server's conversations need the key too).
+    wait_until(
+        lambda: (chat.stored_turns()[0]["feedback"] or {}).get("score") == 1, "the vote stored"
+    )
+    page.reload()  # the key is kept: no second prompt, and the conversation is opened again
     page.locator("#domain option[value='hr']").wait_for(state="attached")
     assert not page.get_by_role("dialog", name="API key").is_visible()
+    reopened = page.locator(".turn")
+    expect(reopened).to_have_count(1)
+    expect(reopened.get_by_text("Your feedback: a good answer.")).to_be_visible()
 
 
 def test_with_per_user_access_the_page_does_not_tell_the_chunk_count(
@@ -505,50 +581,189 @@ def _chunk(chunk_id: str, label: str, score: float, text: str) -> dict[str, Any]
     }
 
 
-def test_a_saved_conversation_is_shown_again_and_junk_in_storage_is_dropped(
+def _stored(base: str, title: str, turns: list[dict[str, Any]], key: str | None = None) -> str:
+    """A conversation made over the API as any client makes one; its id."""
+    headers = {"X-API-Key": key} if key else {}
+    made = httpx.post(f"{base}/conversations", json={"title": title}, headers=headers, timeout=30)
+    assert made.status_code == 201, made.text
+    conversation = str(made.json()["id"])
+    for n, turn in enumerate(turns):
+        put = httpx.put(
+            f"{base}/conversations/{conversation}/turns/t{n}",
+            json=turn,
+            headers=headers,
+            timeout=30,
+        )
+        assert put.status_code == 201, put.text
+    return conversation
+
+
+def _turn(question: str, answer: str, **extra: Any) -> dict[str, Any]:
+    return {"question": question, "mode": "ask", "domain": "hr", "status": "answered",
+            "output": {"answer": answer}, **extra}  # fmt: skip
+
+
+def test_a_stored_conversation_is_shown_and_the_old_browser_copy_is_dropped(
     url: str, browser: Any
 ) -> None:
-    """What the page keeps in localStorage, as the page itself saves it: citations of two
-    labels in one bracket, and two chunks sharing a label (the cited one opens)."""
-    saved = [
-        {"id": "broken"},  # an older or hand-edited entry: dropped, not fatal
-        None,
-        {
-            "id": "t1",
-            "mode": "ask",
-            "domain": "hr",
-            "question": "How long is parental leave?",
-            "status": "answered",
-            "runId": "0b7c7c2e-8d0e-4a39-9f0a-7c1f8f1b7f11",
-            "feedback": {},
-            "out": {
-                "answer": "Sixteen weeks [leave.md#parental; leave.md#pay].",
-                "sources": [
-                    _chunk("c-low", "leave.md#parental", 0.2, "Parental leave (older text)."),
-                    _chunk("c-best", "leave.md#parental", 0.9, "Parental leave is 16 weeks."),
-                    _chunk("c-pay", "leave.md#pay", 0.5, "Leave is paid at full salary."),
-                ],
-                "citations": [{"id": "c-best", "label": "leave.md#parental"}],
-                "abstained": False,
-            },
+    """A conversation the server keeps, opened by its address: a turn as the page stores one
+    (citations of two labels in one bracket, two chunks sharing a label: the cited one
+    opens), and one a client of the threads API ran (the chain's whole output, a vote).
+    What an earlier release kept in localStorage is removed, never shown."""
+    page_turn = _turn(
+        "How long is parental leave?",
+        "",
+        run_id="0b7c7c2e-8d0e-4a39-9f0a-7c1f8f1b7f11",
+        output={
+            "answer": "Sixteen weeks [leave.md#parental; leave.md#pay].",
+            "sources": [
+                _chunk("c-low", "leave.md#parental", 0.2, "Parental leave (older text)."),
+                _chunk("c-best", "leave.md#parental", 0.9, "Parental leave is 16 weeks."),
+                _chunk("c-pay", "leave.md#pay", 0.5, "Leave is paid at full salary."),
+            ],
+            "citations": [{"id": "c-best", "label": "leave.md#parental"}],
+            "prompts": {"answer": "hr/answer@v1"},
+            "abstained": False,
         },
-    ]
+    )
+    threads_turn = _turn(
+        "And for adoption?",
+        "",
+        mode="chat",
+        run_id="5d1c0a43-0b52-4c43-a0e4-2f07c1a4f0aa",
+        feedback={"score": 0, "comment": "it is the same"},
+        output={
+            "answer": "Adoption leave is sixteen weeks too [leave.md#parental].",
+            "sources": [_chunk("c-best", "leave.md#parental", 0.9, "Parental leave is 16 weeks.")],
+            "citations": [{"id": "c-best", "label": "leave.md#parental"}],
+            "prompts": {"rewrite": "hr/rewrite@v1", "answer": "hr/answer@v1"},
+            "search_query": "adoption leave length",
+            "timings": {"rewrite": 0.4, "retrieve": 0.05, "total": 2.1},
+            "best_score": 0.9,
+            "abstained": False,
+        },
+    )
+    conversation = _stored(url, "Leave questions", [page_turn, threads_turn])
+    old = [{"id": "t1", "question": "an old question kept in the browser", "status": "answered",
+            "out": {"answer": "an old answer"}}]  # fmt: skip
     context = browser.new_context(viewport={"width": 1024, "height": 768})
     context.add_init_script(
-        f"localStorage.setItem('ragchains.conversation.v1', {json.dumps(json.dumps(saved))});"
+        f"localStorage.setItem('ragchains.conversation.v1', {json.dumps(json.dumps(old))});"
     )
     try:
-        chat = ChatPage(open_page(context, url, width=1024, height=768))
-        chat.page.locator("#domain option[value='hr']").wait_for(state="attached")
-        turns = chat.page.locator(".turn")
-        assert turns.count() == 1
+        chat = ChatPage(open_page(context, f"{url}/#c/{conversation}", width=1024, height=768))
+        page = chat.page
+        turns = page.locator(".turn")
+        expect(turns).to_have_count(2)
+        expect(page.locator("#conversation-title")).to_have_text("Leave questions")
+        assert "an old question" not in page.content()
+        assert "ragchains.conversation.v1" not in chat.storage()["local"]
         links = turns.first.locator(".answer-text a.cite")
         assert links.all_inner_texts() == ["leave.md#parental", "leave.md#pay"]
         assert "[leave.md#parental; leave.md#pay]" in turns.first.inner_text()
         links.first.click()
-        panel = chat.page.get_by_role("complementary", name="Source")
+        panel = page.get_by_role("complementary", name="Source")
         assert panel.locator("blockquote").inner_text() == "Parental leave is 16 weeks."
         assert "c-best" in panel.locator("dl").inner_text()
+        panel.get_by_role("button", name="Close source").click()
+        # The threads API's turn: its thought process and the vote it was given.
+        second = turns.nth(1)
+        thoughts = chat.thoughts(second)
+        assert "adoption leave length" in fact(thoughts, "Search query")
+        assert "hr/rewrite@v1" in fact(thoughts, "Prompts")
+        expect(second.get_by_text("Your feedback: a bad answer")).to_contain_text("it is the same")
         chat.watched.assert_clean()
     finally:
         context.close()
+
+
+@pytest.fixture(scope="module")
+def many_conversations(page_server: tuple[str, Path]) -> list[str]:
+    """Enough conversations to fill the list (the page must keep the question box in view)."""
+    return [
+        _stored(
+            page_server[0], f"Filler {n:02d}", [_turn(f"filler question {n}", f"filler answer {n}")]
+        )
+        for n in range(24)
+    ]
+
+
+def test_conversations_are_listed_opened_renamed_exported_and_deleted(
+    url: str,
+    opened: Callable[..., ChatPage],
+    size: tuple[int, int],
+    many_conversations: list[str],
+    tmp_path: Path,
+) -> None:
+    tag = viewport_id(size)
+    office = f"Where is the Leipzig office? ({tag})"
+    older = _stored(url, f"Older {tag}", [_turn(office, "On Karl-Liebknecht-Strasse.")])
+    _stored(url, f"Newer {tag}", [_turn(f"Who approves travel? ({tag})", "Your manager.")])
+    chat = opened(url, size)
+    page = chat.page
+    box = page.get_by_placeholder(PLACEHOLDER)
+    # However long the list, the question box stays in view (the list scrolls on its own).
+    assert box.bounding_box()["y"] + box.bounding_box()["height"] <= size[1]
+    side = chat.side()
+    names = side.locator(".conversation-name").all_inner_texts()
+    assert names.index(f"Newer {tag}") < names.index(f"Older {tag}")  # the newest first
+    assert len(names) >= len(many_conversations) + 2
+    # Opened from the list with the keyboard: its turn, its title; Back, Forward.
+    link = side.get_by_role("link", name=re.compile(f"^Older {re.escape(tag)}"))
+    link.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(f"#c/{older}$"))
+    expect(page.locator(".turn")).to_have_count(1)
+    expect(page.locator(".turn")).to_contain_text("Karl-Liebknecht-Strasse")
+    expect(page.locator("#conversation-title")).to_have_text(f"Older {tag}")
+    expect(box).to_be_focused()
+    assert not side.is_visible() or size[0] >= 992  # the narrow panel folds away
+    for parts in ("header.bar > *", ".conversation-bar > *", ".conversation-actions > *"):
+        assert page.evaluate(OVERLAPS, parts) == [], parts
+    assert not page.evaluate("() => document.documentElement.scrollWidth > innerWidth")
+    page.go_back()
+    expect(page.locator(".turn")).to_have_count(0)
+    page.go_forward()
+    expect(page.locator(".turn")).to_contain_text("Karl-Liebknecht-Strasse")
+
+    # Renamed in a dialog: the bar, the list and the server say the new title.
+    actions = page.get_by_role("group", name="This conversation")
+    actions.get_by_role("button", name="Rename").click()
+    rename = page.get_by_role("dialog", name="Rename this conversation")
+    rename.get_by_label("Title").fill(f"Leipzig {tag}")
+    rename.get_by_role("button", name="Save").click()
+    expect(rename).to_be_hidden()
+    expect(page.locator("#conversation-title")).to_have_text(f"Leipzig {tag}")
+    expect(actions.get_by_role("button", name="Rename")).to_be_focused()
+    expect(chat.side().get_by_role("link", name=re.compile(f"^Leipzig {tag}"))).to_have_count(1)
+    chat.close_settings()
+    listed = httpx.get(f"{url}/conversations/{older}", timeout=30).json()
+    assert listed["title"] == f"Leipzig {tag}"
+
+    # Exported as Markdown and as JSON: downloads of what the server keeps.
+    with page.expect_download() as markdown:
+        actions.get_by_role("button", name="Export as Markdown").click()
+    assert markdown.value.suggested_filename == f"Leipzig-{tag}.md"
+    text = Path(markdown.value.path()).read_text(encoding="utf-8")
+    assert f"# Leipzig {tag}" in text and "Karl-Liebknecht-Strasse" in text
+    with page.expect_download() as exported:
+        actions.get_by_role("button", name="Export as JSON").click()
+    assert exported.value.suggested_filename == f"Leipzig-{tag}.json"
+    record = json.loads(Path(exported.value.path()).read_text(encoding="utf-8"))
+    assert [t["question"] for t in record["history"]] == [office]
+
+    # Deleted once confirmed (Cancel keeps it): gone from the list and from the server.
+    actions.get_by_role("button", name="Delete").click()
+    confirm = page.get_by_role("dialog", name="Delete this conversation?")
+    expect(confirm).to_contain_text(f"Leipzig {tag}")
+    expect(confirm.get_by_role("button", name="Cancel")).to_be_focused()
+    confirm.get_by_role("button", name="Cancel").click()
+    assert httpx.get(f"{url}/conversations/{older}", timeout=30).status_code == 200
+    actions.get_by_role("button", name="Delete").click()
+    confirm.get_by_role("button", name="Delete").click()
+    expect(page.locator(".turn")).to_have_count(0)
+    expect(page.get_by_role("status").filter(has_text="was deleted")).to_have_count(1)
+    assert page.url.endswith("#chat")
+    assert httpx.get(f"{url}/conversations/{older}", timeout=30).status_code == 404
+    names = chat.side().locator(".conversation-name").all_inner_texts()
+    assert f"Leipzig {tag}" not in names and f"Newer {tag}" in names

@@ -1,34 +1,72 @@
-// The chat page. The conversation lives in this browser (localStorage); every turn is one
-// call to the same LangServe streaming routes any client uses (/chat/stream, /ask/stream),
-// so what the page shows is what the chains produce. Nothing is fetched from elsewhere.
-// Two views, by the address's hash (so Back goes back): the chat, and #documents (the
-// documents the key may read, and its changes to them: documents.js).
+// The chat page. Each person's conversations live on the server (/conversations: listed,
+// opened, renamed, deleted, exported); the browser keeps only the preferences and a pasted
+// key. Every turn is one call to the same LangServe streaming routes any client uses
+// (/chat/stream, /ask/stream), so what the page shows is what the chains produce; when a turn
+// ends the page stores it as it showed it (PUT /conversations/{id}/turns/{turn}), and again
+// when its feedback is sent.
+// Views by the address's hash (so Back goes back): a new chat (#chat), one conversation
+// (#c/<id>), and #documents (the documents the caller may read, and their changes to them:
+// documents.js).
+// Who is asking comes from /me: a key's owner, a person signed in with the identity
+// provider (a session cookie the page never sees), or anyone on a server open to all. When
+// that person goes (sign-out, another key, a 401), the page forgets everything of theirs
+// before it asks for the next one.
 
 import { Documents } from "./documents.js";
 import { el } from "./dom.js";
 import { render } from "./markdown.js";
 import { Viewer } from "./viewer.js";
 
-const CONVERSATION = "ragchains.conversation.v1";
 const PREFERENCES = "ragchains.preferences.v1";
 const API_KEY = "ragchains.api-key";
+// Where earlier releases kept the conversation in the browser: removed when found.
+const OLD_CONVERSATION = "ragchains.conversation.v1";
+const OURS = "ragchains.";
 // The newest turns sent as chat history, within the server's limits (from /readyz); the
 // server then keeps what fits the model's token budget.
 const HISTORY_MESSAGES = 20;
-// Turns kept in the browser; older ones are dropped first when storage runs out.
-const KEPT_TURNS = 100;
+const CONVERSATIONS_PAGE = 50;
+const CONVERSATIONS_MOST = 200; // the server's largest page
+const CONVERSATION_ADDRESS = /^#c\/([A-Za-z0-9][A-Za-z0-9_.-]{0,63})$/;
+const KEY_REFUSED = "The key was refused; enter it again.";
 const CITATION = /\[([^[\]\n]{1,300})\]/g;
 const CITATION_SPLIT = /\s*[;,]\s*/;
-const STATUSES = new Set(["streaming", "answered", "abstained", "error", "stopped"]);
+const ENDED = new Set(["answered", "abstained", "error", "stopped"]);
 
 const $ = (id) => document.getElementById(id);
 
+// A conversation as the page holds it: ``id`` null until its first turn is stored (a new
+// chat); ``creating`` the POST that makes it, shared by the turns asked meanwhile.
+function freshChat() {
+  return { id: null, title: "", creating: null };
+}
+
 const state = {
-  turns: restoreTurns(),
+  turns: [],
   prefs: restorePrefs(),
   running: null, // { turn, controller } while an answer streams
   server: null, // /readyz
+  me: null, // /me once it answered: who is asking
+  ready: false, // who is asking is settled: conversations and documents may be read
+  chat: freshChat(), // the conversation shown
+  conversations: [], // the list, the most recently continued first, as far as it was read
+  nextOffset: null,
+  listing: 0, // bumped per list request: an older, slower answer is dropped
+  // Bumped when the person changes: what comes back late for the last one is dropped.
+  epoch: 0,
+  saving: Promise.resolve(), // the turns' PUTs, one after another (their order is kept)
+  leaving: false, // signing out or switching: the page is about to load afresh
 };
+
+// Why the last page forgot its person and loaded this one (a refused key, an expired
+// sign-in): said when the page asks for the next one. A reload keeps window.history.state
+// (``window.`` throughout: history() is the chat history sent with a turn).
+const arrivedBecause = typeof window.history.state?.notice === "string" ? window.history.state.notice : null;
+// The page takes nothing from a query (the identity provider's return adds its state to
+// it): the address keeps only the path and the view.
+if (arrivedBecause !== null || location.search) {
+  window.history.replaceState(null, "", location.pathname + location.hash);
+}
 
 // ------------------------------------------------------------------------- storage
 function read(key, fallback) {
@@ -40,34 +78,6 @@ function read(key, fallback) {
   }
 }
 
-// Turns as saved by this page; anything else (an older format, a hand edit) is dropped.
-function restoreTurns() {
-  const saved = read(CONVERSATION, []);
-  if (!Array.isArray(saved)) return [];
-  const turns = saved.filter(
-    (turn) =>
-      turn !== null &&
-      typeof turn === "object" &&
-      typeof turn.id === "string" &&
-      typeof turn.question === "string" &&
-      STATUSES.has(turn.status) &&
-      turn.out !== null &&
-      typeof turn.out === "object" &&
-      typeof (turn.out.answer ?? "") === "string",
-  );
-  for (const turn of turns) {
-    turn.out.answer ??= "";
-    turn.feedback = turn.feedback !== null && typeof turn.feedback === "object" ? turn.feedback : {};
-    delete turn.feedback.pending;
-    // A reload cut this one off; its request is gone with the old page.
-    if (turn.status === "streaming") {
-      turn.status = "stopped";
-      turn.stopNote = "Interrupted by a page reload.";
-    }
-  }
-  return turns;
-}
-
 function restorePrefs() {
   const saved = read(PREFERENCES, {});
   return {
@@ -76,22 +86,38 @@ function restorePrefs() {
   };
 }
 
-function saveTurns() {
-  let turns = state.turns.slice(-KEPT_TURNS);
-  for (;;) {
-    try {
-      localStorage.setItem(CONVERSATION, JSON.stringify(turns));
-      return;
-    } catch {
-      if (turns.length <= 1) return; // storage is full or off: the page still works
-      turns = turns.slice(Math.ceil(turns.length / 4));
-    }
+function savePrefs() {
+  try {
+    localStorage.setItem(PREFERENCES, JSON.stringify(state.prefs));
+  } catch {
+    // storage is full or off: the page still works, the choice lasts until a reload
+  }
+  showWhere();
+}
+
+function storedKey() {
+  try {
+    return localStorage.getItem(API_KEY);
+  } catch {
+    return null;
   }
 }
 
-function savePrefs() {
-  localStorage.setItem(PREFERENCES, JSON.stringify(state.prefs));
-  showWhere();
+// Everything of this page's in the browser's storage but the preferences (a mode and a
+// domain, nobody's in particular): the key, and what earlier releases kept (a conversation).
+function forgetStorage() {
+  for (const storage of [localStorage, sessionStorage]) {
+    try {
+      const ours = [];
+      for (let i = 0; i < storage.length; i++) {
+        const key = storage.key(i);
+        if (key?.startsWith(OURS) && key !== PREFERENCES) ours.push(key);
+      }
+      for (const key of ours) storage.removeItem(key);
+    } catch {
+      // storage is off: there is nothing in it
+    }
+  }
 }
 
 // ------------------------------------------------------------------------- DOM helpers
@@ -143,7 +169,7 @@ function pause(ms, signal) {
 
 function headers() {
   const result = { "Content-Type": "application/json" };
-  const key = localStorage.getItem(API_KEY);
+  const key = storedKey();
   if (key) result["X-API-Key"] = key;
   return result;
 }
@@ -169,10 +195,15 @@ async function send(path, { method = "GET", body, signal } = {}) {
   const response = await fetch(path, { method, headers: sent, body, signal });
   if (!response.ok) {
     const error = await failure(response);
-    if (error.status === 401) askForKey("The key was refused; enter it again.");
+    if (error.status === 401) lostIdentity(error.message);
     throw error;
   }
   return response;
+}
+
+// A request's JSON body, with the caller's key.
+async function sendJson(path, method, body) {
+  return send(path, { method, body: JSON.stringify(body) });
 }
 
 // A GET on this server with the caller's key; the body as "json", "text" or "blob".
@@ -239,6 +270,8 @@ async function ask(question) {
   const input = mode === "chat" ? { question, chat_history: history() } : { question };
   const turn = {
     id: `${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}`,
+    chat: state.chat, // the conversation it is stored in, wherever the page has gone since
+    epoch: state.epoch,
     mode,
     domain,
     question,
@@ -249,9 +282,9 @@ async function ask(question) {
   state.turns.push(turn);
   const controller = new AbortController();
   state.running = { turn, controller };
+  notify("");
   showTurn(turn);
   showRunning();
-  saveTurns();
   try {
     // A busy model answers 503 with Retry-After (before the stream, or as its error event):
     // the page says so and sends the turn again after that long.
@@ -282,15 +315,109 @@ async function ask(question) {
       turn.status = "error";
       turn.error = error instanceof ServerError ? error.message : `the server cannot be reached (${error.message})`;
       turn.errorStatus = error.status ?? 0;
-      if (error.status === 401) askForKey("The key was refused; enter it again.");
+      if (error.status === 401) lostIdentity(error.message);
     }
   } finally {
-    state.running = null;
+    if (state.running?.turn === turn) state.running = null;
     showRunning();
-    saveTurns();
     showTurn(turn);
     announce(turn);
+    store(turn);
   }
+}
+
+// ------------------------------------------------------------------------- stored turns
+// The turn as the server keeps it (TurnIn): what the page showed, the chain's output as it
+// arrived, and the feedback once it was sent.
+function storedTurn(turn) {
+  const sent = turn.feedback?.sent === true;
+  return {
+    question: turn.question,
+    mode: turn.mode,
+    domain: turn.domain,
+    status: turn.status,
+    output: { ...turn.out, answer: turn.out.answer ?? "" },
+    feedback: sent ? { score: turn.feedback.score, comment: turn.feedback.comment ?? "" } : { score: null, comment: "" },
+    run_id: typeof turn.runId === "string" ? turn.runId : null,
+    error: turn.status === "error" ? String(turn.error ?? "").slice(0, 2000) : null,
+  };
+}
+
+// A turn the server kept (this page's, or one a client of the threads API ran: its output
+// is the chain's whole output), as the page shows it; null for what is no turn.
+function shownTurn(record, chat) {
+  if (record === null || typeof record !== "object") return null;
+  if (typeof record.id !== "string" || typeof record.question !== "string") return null;
+  const out = record.output !== null && typeof record.output === "object" ? { ...record.output } : {};
+  if (typeof out.answer !== "string") out.answer = "";
+  const feedback = record.feedback ?? {};
+  const voted = feedback.score === 0 || feedback.score === 1;
+  const status = ENDED.has(record.status) ? record.status : "answered";
+  return {
+    id: record.id,
+    chat,
+    epoch: state.epoch,
+    mode: record.mode === "ask" ? "ask" : "chat",
+    domain: typeof record.domain === "string" ? record.domain : "default",
+    question: record.question,
+    status,
+    out,
+    runId: typeof record.run_id === "string" ? record.run_id : null,
+    error: status === "error" ? (record.error ?? "the turn failed") : null,
+    feedback: voted ? { score: feedback.score, comment: feedback.comment ?? "", sent: true } : {},
+  };
+}
+
+// Stores a turn that ended (PUT: new, or replacing itself when its feedback was sent), in
+// its own conversation: made first (POST) for a new chat's first turn. The PUTs go one after
+// another, so the turns keep the order they were asked in. Nothing is stored for a person
+// who has gone meanwhile.
+function store(turn) {
+  if (turn.epoch !== state.epoch || !ENDED.has(turn.status)) return state.saving;
+  const body = storedTurn(turn);
+  state.saving = state.saving
+    .then(async () => {
+      if (turn.epoch !== state.epoch) return;
+      const id = await conversationOf(turn.chat);
+      if (turn.epoch !== state.epoch) return;
+      const path = `/conversations/${encodeURIComponent(id)}/turns/${encodeURIComponent(turn.id)}`;
+      await sendJson(path, "PUT", body);
+      if (turn.saveError) {
+        turn.saveError = null;
+        showTurn(turn);
+      }
+      loadConversations();
+    })
+    .catch((error) => {
+      if (turn.epoch !== state.epoch || error.status === 401) return;
+      turn.saveError = `This turn is not saved: ${error.message}`;
+      showTurn(turn);
+    });
+  return state.saving;
+}
+
+// The conversation's id on the server: made now for a new chat (the address then names it,
+// if the page still shows it).
+async function conversationOf(chat) {
+  if (chat.id !== null) return chat.id;
+  chat.creating ??= sendJson("/conversations", "POST", {}).then((response) => response.json());
+  let made;
+  try {
+    made = await chat.creating;
+  } catch (error) {
+    chat.creating = null; // the next turn tries again
+    throw error;
+  }
+  chat.id = made.id;
+  chat.title = made.title ?? "";
+  if (state.chat === chat) {
+    // The new chat has become this conversation: the same history entry, now named.
+    if (view() === "chat" && conversationInAddress() === null) {
+      window.history.replaceState(null, "", addressOf(chat));
+    }
+    showConversation();
+  }
+  return chat.id;
 }
 
 // One attempt at a turn: its stream, read into ``turn.out`` as it comes.
@@ -496,6 +623,7 @@ function turnNode(turn, thoughtsOpen) {
         )
       : null,
     turn.status === "stopped" ? el("p", { class: "stopped" }, turn.stopNote ?? "Stopped.") : null,
+    turn.saveError ? el("p", { class: "error", role: "alert" }, turn.saveError) : null,
     sourcesNode(turn),
     thoughtsNode(turn, thoughtsOpen),
     feedbackNode(turn),
@@ -678,13 +806,21 @@ function feedbackNode(turn) {
   if (!turn.runId || (turn.status !== "answered" && turn.status !== "abstained")) return null;
   const feedback = turn.feedback ?? (turn.feedback = {});
   if (feedback.sent) {
-    return el("p", { class: "feedback sent", role: "status" }, "Thanks, your feedback was sent.");
+    if (feedback.justSent) {
+      return el("p", { class: "feedback sent", role: "status" }, "Thanks, your feedback was sent.");
+    }
+    // Sent before (in another visit, or on another device): what it said.
+    return el(
+      "p",
+      { class: "feedback sent" },
+      `Your feedback: ${feedback.score === 1 ? "a good answer" : "a bad answer"}`,
+      feedback.comment ? [": ", el("q", {}, feedback.comment)] : ".",
+    );
   }
   const pick = (value) => () => {
     const typed = turnElement(turn)?.querySelector(".feedback textarea");
     if (typed) feedback.comment = typed.value;
     feedback.score = value;
-    saveTurns();
     showTurn(turn);
     turnElement(turn)?.querySelector(".feedback textarea")?.focus();
   };
@@ -754,15 +890,16 @@ async function sendFeedback(turn, comment) {
       body: JSON.stringify(body),
     });
     if (!response.ok) throw await failure(response);
-    turn.feedback = { score: turn.feedback.score, sent: true };
+    turn.feedback = { score: turn.feedback.score, comment, sent: true, justSent: true };
   } catch (error) {
     turn.feedback.error = `Feedback not sent: ${error.message}`;
-    if (error.status === 401) askForKey("The key was refused; enter it again.");
+    if (error.status === 401) lostIdentity(error.message);
   } finally {
     delete turn.feedback.pending;
   }
-  saveTurns();
   showTurn(turn);
+  // The turn is stored again with its feedback (PUT replaces it in place).
+  if (turn.feedback.sent) store(turn);
 }
 
 // ------------------------------------------------------------------------- source panel
@@ -881,13 +1018,99 @@ async function refreshDomains() {
   }
 }
 
-function askForKey(message) {
-  localStorage.removeItem(API_KEY);
-  const dialog = $("key-dialog");
+// ------------------------------------------------------------------------- who is asking
+// Who is asking (GET /me): a signed-in person or a key's owner is named in the header, with
+// a control that signs them out (or forgets the key); nobody yet: the page asks, with the
+// key form, the identity provider's sign-in, or both.
+async function identify() {
+  const epoch = state.epoch;
+  let response;
+  try {
+    response = await fetch("/me", { headers: headers() });
+  } catch {
+    response = null; // unreachable for a moment: each call says so itself
+  }
+  if (epoch !== state.epoch) return;
+  if (response?.status === 401) {
+    const error = await failure(response);
+    const keyed = Boolean(storedKey());
+    if (keyed) forgetStorage();
+    showPrompt(keyed ? KEY_REFUSED : (arrivedBecause ?? (isExpired(error.message) ? error.message : null)));
+    return;
+  }
+  // An older server has no /me: the page works as it did, without a name.
+  let me = null;
+  if (response?.ok) {
+    try {
+      me = await response.json();
+    } catch {
+      me = null;
+    }
+  }
+  settle(me);
+}
+
+function isExpired(message) {
+  return /expired/i.test(message ?? "");
+}
+
+// Who is asking is known: their name, what there is to ask about, their conversations, and
+// the one (or the documents) the address names.
+function settle(me) {
+  state.me = me;
+  state.ready = true;
+  $("sign-in-again").hidden = true;
+  showWho();
+  showCollection();
+  loadConversations();
+  route(false);
+}
+
+function showWho() {
+  const me = state.me;
+  const named = me !== null && (me.via === "oidc" || me.via === "key");
+  $("who").hidden = !named;
+  if (!named) return;
+  const name = me.display || me.name || "";
+  $("who-name").textContent = name;
+  $("who-name").title = me.via === "key" ? `Using the key of ${name}` : `Signed in as ${name}`;
+  $("sign-out").textContent = me.via === "oidc" ? "Sign out" : "Sign out / switch key";
+}
+
+// The prompt for the next person: the identity provider's sign-in when the server has one,
+// the key form when keys are taken (both: either).
+function showPrompt(message = null) {
+  const signIn = state.server?.sign_in?.url ?? null;
+  const keys = signIn === null || Boolean(state.server?.api_key_required);
+  $("key-title").textContent = signIn ? "Sign in" : "API key";
+  $("sign-in-part").hidden = signIn === null;
+  $("key-or").hidden = !keys;
+  $("key-form").hidden = !keys;
+  $("key-text").textContent = signIn
+    ? "A key is kept in this browser and sent with each question."
+    : "This server needs an API key. It is kept in this browser and sent with each question.";
   $("key-error").hidden = !message;
   $("key-error").textContent = message ?? "";
+  $("sign-in-again").textContent = signIn ? "Sign in" : "Enter key";
+  $("sign-in-again").hidden = true;
+  $("conversations-note").textContent = signIn
+    ? "Sign in to see your conversations."
+    : "Enter your key to see your conversations.";
+  const dialog = $("key-dialog");
   if (!dialog.open) dialog.showModal();
-  $("api-key").focus();
+  (signIn ? $("sign-in") : $("api-key")).focus();
+}
+
+function promptClosed() {
+  // Closed without a key (Escape): the header keeps a way back to it.
+  if (!state.ready && !state.leaving && !storedKey()) $("sign-in-again").hidden = false;
+}
+
+function signIn() {
+  const url = state.server?.sign_in?.url;
+  if (typeof url !== "string" || !url.startsWith("/")) return;
+  state.leaving = true;
+  location.assign(url); // the provider sends the browser back to / signed in
 }
 
 async function saveKey(event) {
@@ -900,11 +1123,100 @@ async function saveKey(event) {
     $("key-error").hidden = false;
     return;
   }
-  localStorage.setItem(API_KEY, key);
+  try {
+    localStorage.setItem(API_KEY, key);
+  } catch {
+    $("key-error").textContent = "This browser keeps nothing for this page (its storage is off): the key cannot be kept.";
+    $("key-error").hidden = false;
+    return;
+  }
   $("api-key").value = "";
   $("key-dialog").close();
-  showCollection();
-  if (view() === "documents") documents.refresh();
+  identify();
+}
+
+// Everything of the person who was asking, gone from the page and from the browser's
+// storage at once (before any request for the next one could answer): the turns, the
+// conversations, the source open, the documents listed, the key; the address no longer
+// names their conversation. Anything that comes back late for them is dropped (the epoch).
+function forget() {
+  state.epoch++;
+  const running = state.running;
+  state.running = null;
+  running?.controller.abort();
+  forgetStorage();
+  state.me = null;
+  state.ready = false;
+  state.turns = [];
+  state.chat = freshChat();
+  state.conversations = [];
+  state.nextOffset = null;
+  state.listing++;
+  for (const dialog of document.querySelectorAll("dialog[open]")) dialog.close(""); // nothing confirmed
+  closeSource();
+  viewer?.clear();
+  $("source-facts").replaceChildren();
+  $("source-view").replaceChildren();
+  $("turns").replaceChildren();
+  $("conversation-list").replaceChildren();
+  $("more-conversations").hidden = true;
+  $("conversations-note").textContent = "";
+  $("collection").replaceChildren();
+  $("question").value = "";
+  $("status").textContent = "";
+  notify("");
+  // The Documents view's list, jobs and name (documents.js reads them again for the next).
+  for (const part of $("documents-table").children) if (part.tagName !== "CAPTION") part.replaceChildren();
+  $("jobs").replaceChildren();
+  $("documents-who").textContent = "";
+  $("documents-empty").hidden = true;
+  $("documents-pages").hidden = true;
+  $("upload").hidden = true;
+  showWho();
+  showConversation();
+  showRunning();
+  window.history.replaceState(null, "", location.pathname);
+  route(false);
+}
+
+// A 401 in the middle: the key was removed, or the sign-in expired. Nobody shown yet: the
+// prompt; else everything of the last person is forgotten and a fresh page asks again.
+function lostIdentity(reason) {
+  if (state.leaving) return;
+  const keyed = Boolean(storedKey());
+  const message = keyed ? KEY_REFUSED : reason;
+  if (state.me === null || arrivedBecause !== null) {
+    // (A page that was itself loaded afresh for this asks here: never a loop of reloads.)
+    forget();
+    showPrompt(message);
+    return;
+  }
+  state.leaving = true;
+  forget();
+  window.history.replaceState({ notice: message }, "", location.pathname);
+  location.reload();
+}
+
+// Sign-out (a signed-in person) or switching key (a key's owner): forgotten first, then the
+// server's session ends (and the provider's, when it says where), and the page asks anew.
+async function signOut() {
+  const via = state.me?.via;
+  state.leaving = true;
+  forget();
+  if (via === "oidc") {
+    let next = null;
+    try {
+      const response = await fetch("/auth/logout", { method: "POST" });
+      if (response.ok) next = (await response.json()).end_session_url ?? null;
+    } catch {
+      next = null;
+    }
+    if (typeof next === "string" && /^https?:\/\//i.test(next)) {
+      location.assign(next); // the provider ends its session too, and comes back to /
+      return;
+    }
+  }
+  location.reload();
 }
 
 async function connect() {
@@ -922,16 +1234,274 @@ async function connect() {
   if (limit) $("question").maxLength = limit;
   // The playground and API docs need the key too, which a browser link cannot send.
   $("developer-links").hidden = Boolean(state.server.api_key_required);
-  if (keyMissing()) {
-    askForKey();
+  // Keys only and none kept: nobody to ask the server about (a sign-in may have a session).
+  if (state.server.api_key_required && !state.server.sign_in && !storedKey()) showPrompt(arrivedBecause);
+  else identify();
+}
+
+// ------------------------------------------------------------------------- conversations
+function conversationInAddress() {
+  const match = CONVERSATION_ADDRESS.exec(location.hash);
+  return match ? match[1] : null;
+}
+
+function addressOf(chat) {
+  return chat.id === null ? "#chat" : `#c/${chat.id}`;
+}
+
+// A line under the conversation's title: what happened to it (not found, not deleted…).
+function notify(text) {
+  $("chat-notice").textContent = text;
+  $("chat-notice").hidden = !text;
+}
+
+// The chat the address names, once who is asking is known: a new one (#chat, or none) or a
+// stored conversation (#c/<id>), read from the server.
+function followAddress() {
+  if (!state.ready) return;
+  const wanted = conversationInAddress();
+  if (wanted === state.chat.id) return;
+  if (wanted === null) startChat();
+  else openConversation(wanted);
+}
+
+function startChat() {
+  stop();
+  state.chat = freshChat();
+  state.turns = [];
+  $("turns").replaceChildren();
+  closeSource();
+  notify("");
+  showConversation();
+}
+
+async function openConversation(id) {
+  stop();
+  const chat = { id, title: "", creating: null };
+  state.chat = chat;
+  state.turns = [];
+  $("turns").replaceChildren();
+  closeSource();
+  notify("");
+  showConversation();
+  $("intro").hidden = true;
+  $("status").textContent = "Opening the conversation…";
+  let found;
+  try {
+    found = await request(`/conversations/${encodeURIComponent(id)}`);
+  } catch (error) {
+    if (state.chat !== chat || error.status === 401) return;
+    $("status").textContent = "";
+    if (error.status === 404) {
+      // Not this person's, or deleted: a new chat in its place.
+      window.history.replaceState(null, "", "#chat");
+      startChat();
+      notify("That conversation is not one of yours, or it was deleted.");
+    } else {
+      notify(`The conversation cannot be opened now: ${error.message}`);
+    }
+    return;
+  }
+  if (state.chat !== chat) return;
+  chat.title = typeof found.title === "string" ? found.title : "";
+  const turns = Array.isArray(found.history) ? found.history : [];
+  state.turns = turns.map((record) => shownTurn(record, chat)).filter(Boolean);
+  try {
+    for (const turn of state.turns) showTurn(turn);
+  } catch (error) {
+    // A turn this page cannot show (another client's) must not take the page down with it.
+    console.warn("a stored turn could not be shown", error);
+  }
+  showConversation();
+  $("status").textContent = `Opened “${titleOf(chat)}”, ${plural(state.turns.length, "turn")}.`;
+}
+
+function titleOf(chat) {
+  return chat.title || state.turns[0]?.question || "Untitled conversation";
+}
+
+function plural(count, one) {
+  return `${count} ${count === 1 ? one : `${one}s`}`;
+}
+
+// The open conversation's bar (its title and actions), its entry marked in the list, and
+// the Chat link that leads back to it.
+function showConversation() {
+  const chat = state.chat;
+  const stored = chat.id !== null;
+  $("conversation-bar").hidden = !stored;
+  $("conversation-title").textContent = stored ? titleOf(chat) : "";
+  $("intro").hidden = state.turns.length > 0;
+  $("to-chat").setAttribute("href", addressOf(chat));
+  for (const link of $("conversation-list").querySelectorAll("a[data-conversation]")) {
+    if (link.dataset.conversation === chat.id) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  if (view() === "chat") document.title = stored ? `${titleOf(chat)} · ragchains` : "ragchains";
+}
+
+// The person's conversations, the most recently continued first (read again after each
+// stored turn, rename and delete; "Show older" reads the next page).
+async function loadConversations({ older = false } = {}) {
+  if (!state.ready) return;
+  const epoch = state.epoch;
+  const asked = ++state.listing;
+  const offset = older ? (state.nextOffset ?? state.conversations.length) : 0;
+  const limit = older
+    ? CONVERSATIONS_PAGE
+    : Math.min(CONVERSATIONS_MOST, Math.max(CONVERSATIONS_PAGE, state.conversations.length));
+  let page;
+  try {
+    page = await request(`/conversations?limit=${limit}&offset=${offset}`);
+  } catch (error) {
+    if (epoch !== state.epoch || asked !== state.listing || error.status === 401) return;
+    $("conversations-note").textContent = `Your conversations cannot be listed now: ${error.message}`;
+    return;
+  }
+  if (epoch !== state.epoch || asked !== state.listing) return;
+  const found = Array.isArray(page?.conversations) ? page.conversations : [];
+  if (older) {
+    const known = new Set(state.conversations.map((c) => c.id));
+    state.conversations = [...state.conversations, ...found.filter((c) => !known.has(c.id))];
   } else {
-    showCollection();
-    if (view() === "documents") documents.refresh();
+    state.conversations = found;
+  }
+  state.nextOffset = typeof page?.next_offset === "number" ? page.next_offset : null;
+  showConversations();
+}
+
+const DAY = new Intl.DateTimeFormat(undefined, { dateStyle: "medium" });
+const TIME = new Intl.DateTimeFormat(undefined, { timeStyle: "short" });
+
+// Today's by the time, older ones by the day.
+function when(iso) {
+  const date = new Date(iso);
+  if (Number.isNaN(date.getTime())) return "";
+  const today = new Date().toDateString() === date.toDateString();
+  return el("time", { datetime: iso }, today ? TIME.format(date) : DAY.format(date));
+}
+
+function showConversations() {
+  const list = $("conversation-list");
+  // The focus stays on the entry it was on when the list is drawn again.
+  const focused = list.contains(document.activeElement) ? document.activeElement.dataset.conversation : null;
+  list.replaceChildren(
+    ...state.conversations.map((c) =>
+      el(
+        "li",
+        {},
+        el(
+          "a",
+          { class: "conversation-link", href: `#c/${c.id}`, "data-conversation": c.id },
+          el("span", { class: "conversation-name" }, c.title || "Untitled conversation"),
+          el("small", { class: "conversation-when" }, when(c.updated_at), ` · ${plural(c.turns ?? 0, "turn")}`),
+        ),
+      ),
+    ),
+  );
+  if (focused) list.querySelector(`a[data-conversation="${CSS.escape(focused)}"]`)?.focus();
+  $("conversations-note").textContent = state.conversations.length
+    ? ""
+    : "None yet: each chat is kept here once its first answer ends.";
+  $("more-conversations").hidden = state.nextOffset === null;
+  // The open one's title as the server has it (its first question, a rename elsewhere).
+  const open = state.conversations.find((c) => c.id === state.chat.id);
+  if (open) state.chat.title = open.title;
+  showConversation();
+}
+
+function renameConversation() {
+  if (state.chat.id === null) return;
+  $("rename-input").value = titleOf(state.chat);
+  $("rename-error").hidden = true;
+  $("rename-dialog").showModal();
+  $("rename-input").select();
+}
+
+async function saveRename(event) {
+  event.preventDefault();
+  const chat = state.chat;
+  const title = $("rename-input").value.trim();
+  if (!title || chat.id === null) return;
+  $("rename-save").disabled = true;
+  try {
+    const response = await sendJson(`/conversations/${encodeURIComponent(chat.id)}`, "PATCH", { title });
+    const renamed = await response.json();
+    chat.title = renamed.title ?? title;
+    $("rename-dialog").close();
+    const listed = state.conversations.find((c) => c.id === chat.id);
+    if (listed) listed.title = chat.title;
+    showConversations();
+    $("status").textContent = `Renamed to “${chat.title}”.`;
+  } catch (error) {
+    if (error.status === 401) return;
+    $("rename-error").textContent = `Not renamed: ${error.message}`;
+    $("rename-error").hidden = false;
+  } finally {
+    $("rename-save").disabled = false;
   }
 }
 
-function keyMissing() {
-  return Boolean(state.server?.api_key_required) && !localStorage.getItem(API_KEY);
+let deleting = null; // the conversation the delete dialog asks about
+
+function deleteConversation() {
+  const chat = state.chat;
+  if (chat.id === null) return;
+  deleting = chat;
+  $("delete-text").textContent = `“${titleOf(chat)}” and its ${plural(state.turns.length, "turn")} are deleted from the server, for good.`;
+  $("delete-dialog").returnValue = "";
+  $("delete-dialog").showModal();
+  $("delete-cancel").focus();
+}
+
+async function deleteClosed() {
+  const chat = deleting;
+  deleting = null;
+  if ($("delete-dialog").returnValue !== "delete" || chat?.id == null) return;
+  try {
+    await send(`/conversations/${encodeURIComponent(chat.id)}`, { method: "DELETE" });
+  } catch (error) {
+    if (error.status === 401) return;
+    if (error.status !== 404) {
+      // (404: deleted already, from another tab or device.)
+      notify(`Not deleted: ${error.message}`);
+      return;
+    }
+  }
+  state.conversations = state.conversations.filter((c) => c.id !== chat.id);
+  if (state.chat === chat) {
+    window.history.replaceState(null, "", "#chat");
+    startChat();
+  }
+  showConversations();
+  notify(`“${titleOf(chat)}” was deleted.`);
+  $("question").focus();
+  loadConversations();
+}
+
+// A download of the conversation, fetched with the caller's key (a link could not send it)
+// and handed to the browser as a file.
+async function exportConversation(format) {
+  const chat = state.chat;
+  if (chat.id === null) return;
+  let blob;
+  let name;
+  try {
+    const response = await send(`/conversations/${encodeURIComponent(chat.id)}/export?format=${format}`);
+    const given = /filename="([^"]+)"/.exec(response.headers.get("Content-Disposition") ?? "");
+    name = given ? given[1] : `conversation.${format === "json" ? "json" : "md"}`;
+    blob = await response.blob();
+  } catch (error) {
+    if (error.status !== 401) notify(`Not exported: ${error.message}`);
+    return;
+  }
+  const url = URL.createObjectURL(blob);
+  const link = el("a", { href: url, download: name, hidden: true });
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+  $("status").textContent = `Downloaded ${name}.`;
 }
 
 // ------------------------------------------------------------------------- views
@@ -952,14 +1522,16 @@ function route(moved) {
   $("to-chat").toggleAttribute("aria-current", false);
   $("to-documents").toggleAttribute("aria-current", false);
   $(`to-${shown}`).setAttribute("aria-current", "page");
-  document.title = shown === "documents" ? "Documents · ragchains" : "ragchains";
   if (document.body.classList.contains("settings-open")) $("menu").click();
   if (shown === "documents") {
+    document.title = "Documents · ragchains";
     // Read again each time: the role, the documents and their states may have changed.
-    if (state.server && !keyMissing()) documents.refresh();
+    if (state.ready) documents.refresh();
     if (moved) $("documents-title").focus();
-  } else if (moved) {
-    $("question").focus();
+  } else {
+    followAddress();
+    showConversation();
+    if (moved) $("question").focus();
   }
 }
 
@@ -973,6 +1545,7 @@ function kindText(kind, count, labels) {
 }
 
 async function showCollection() {
+  const epoch = state.epoch;
   let collection;
   try {
     collection = await request("/collection");
@@ -980,6 +1553,7 @@ async function showCollection() {
     $("collection").replaceChildren(); // no key yet, or an older server: the intro stays
     return;
   }
+  if (epoch !== state.epoch) return;
   const kinds = Object.entries(collection.kinds ?? {}).sort((a, b) => b[1] - a[1]);
   const documents = collection.documents ?? 0;
   const domains = (collection.domains ?? []).filter((d) => (d.suggestions ?? []).length);
@@ -1035,18 +1609,21 @@ function askSuggested(domain, question) {
   ask(question);
 }
 
+// "New chat": the conversation shown stays on the server (and in the list); Back returns to it.
 function newChat() {
-  stop();
-  state.turns = [];
-  saveTurns();
-  $("turns").replaceChildren();
-  $("intro").hidden = false;
-  closeSource();
+  if (state.chat.id !== null) window.history.pushState(null, "", "#chat");
+  startChat();
   $("question").value = "";
   $("question").focus();
 }
 
 function init() {
+  // An earlier release kept the conversation here; it lives on the server now.
+  try {
+    localStorage.removeItem(OLD_CONVERSATION);
+  } catch {
+    // storage is off
+  }
   for (const radio of document.querySelectorAll('input[name="mode"]')) {
     radio.checked = radio.value === state.prefs.mode;
     radio.addEventListener("change", () => {
@@ -1071,6 +1648,18 @@ function init() {
   $("stop").addEventListener("click", stop);
   $("close-source").addEventListener("click", closeSource);
   $("key-form").addEventListener("submit", saveKey);
+  $("key-dialog").addEventListener("close", promptClosed);
+  $("sign-in").addEventListener("click", signIn);
+  $("sign-in-again").addEventListener("click", () => showPrompt());
+  $("sign-out").addEventListener("click", signOut);
+  $("more-conversations").addEventListener("click", () => loadConversations({ older: true }));
+  $("rename").addEventListener("click", renameConversation);
+  $("rename-form").addEventListener("submit", saveRename);
+  $("rename-cancel").addEventListener("click", () => $("rename-dialog").close());
+  $("delete").addEventListener("click", deleteConversation);
+  $("delete-dialog").addEventListener("close", deleteClosed);
+  $("export-markdown").addEventListener("click", () => exportConversation("markdown"));
+  $("export-json").addEventListener("click", () => exportConversation("json"));
   $("ask-form").addEventListener("submit", (event) => {
     event.preventDefault();
     const question = $("question").value.trim();
@@ -1091,16 +1680,6 @@ function init() {
     if (document.body.classList.contains("settings-open")) $("menu").click();
   });
   showWhere();
-  try {
-    for (const turn of state.turns) showTurn(turn);
-  } catch (error) {
-    // A saved conversation this page cannot show must not take the page down with it.
-    console.warn("the saved conversation could not be shown; starting a new one", error);
-    state.turns = [];
-    saveTurns();
-    $("turns").replaceChildren();
-  }
-  $("intro").hidden = state.turns.length > 0;
   showRunning();
   route(false);
   connect();
