@@ -74,8 +74,13 @@ BUDGETS = [
 ]
 # The documents API's operations (its tag), fuzzed apart from the sample index (see above).
 DOCUMENTS_TAG = "documents"
-NOT_DOCUMENTS = ("--exclude-tag", DOCUMENTS_TAG)
+# People's own routes (their conversations, threads, sign-in) are fuzzed apart too, signed
+# in with a real identity provider's token, their ids drawn from those that exist.
+PEOPLE_TAGS = ("conversations", "threads", "sign-in")
+APART = (DOCUMENTS_TAG, *PEOPLE_TAGS)
+NOT_DOCUMENTS = tuple(arg for tag in APART for arg in ("--exclude-tag", tag))
 ONLY_DOCUMENTS = ("--include-tag", DOCUMENTS_TAG)
+ONLY_PEOPLE = tuple(arg for tag in PEOPLE_TAGS for arg in ("--include-tag", tag))
 # What the documents run adds to CONFIG (an operation's filters of different kinds match
 # any of them: include-name names one operation). A document's path and a job's id are drawn half
 # the time from those that exist (a fuzzed one is a 404 all but always); a document is
@@ -239,13 +244,19 @@ def _answered(answered: dict[tuple[str, str], int], operation: tuple[str, str]) 
     return sum(n for (m, path), n in answered.items() if m == method and pattern.match(path))
 
 
-def _operations(document: dict[str, Any], *, documents: bool) -> set[tuple[str, str]]:
-    """The document's (method, path) pairs: the documents API's, or all the others."""
+def _operations(document: dict[str, Any], *, tags: Collection[str] = ()) -> set[tuple[str, str]]:
+    """The document's (method, path) pairs: those of ``tags``, or (none given) all those
+    not fuzzed apart (APART)."""
+
+    def wanted(operation: dict[str, Any]) -> bool:
+        own = set(operation.get("tags", ()))
+        return bool(own & set(tags)) if tags else not own & set(APART)
+
     return {
         (method.upper(), path)
         for path, methods in document["paths"].items()
         for method, operation in methods.items()
-        if (DOCUMENTS_TAG in operation.get("tags", ())) == documents
+        if wanted(operation)
     }
 
 
@@ -260,6 +271,7 @@ def served(sample_index: Path, upstream: FakeOpenAI, workdir: Path, **env: str) 
         RAGCHAINS_OPENAI_MODEL="ok-fuzz",
         RAGCHAINS_LLM_MAX_RETRIES="0",
         RAGCHAINS_FEEDBACK_DB=str(workdir / "feedback.sqlite"),
+        RAGCHAINS_CONVERSATIONS_DB=str(workdir / "conversations.sqlite"),
         **env,
     )
 
@@ -273,7 +285,7 @@ def test_schemathesis_finds_no_server_error_and_no_reply_the_document_does_not_d
     workdir = tmp_path_factory.mktemp("schemathesis")
     with served(sample_index, upstream, workdir) as base:
         document = httpx.get(f"{base}/openapi.json").json()
-        operations = _operations(document, documents=False)
+        operations = _operations(document)
         report, har = _fuzz(base, workdir, seconds, operations=operations)
         healthy = httpx.get(f"{base}/healthz").status_code
     answered = _answered_per_operation(har)
@@ -430,7 +442,7 @@ def test_schemathesis_over_the_documents_api_with_an_editor_an_admin_and_no_key(
         jobs=json.dumps(jobs),
     )
     document = httpx.get(f"{server.base}/openapi.json").json()
-    operations = _operations(document, documents=True)
+    operations = _operations(document, tags=[DOCUMENTS_TAG])
     assert len(operations) == 10, operations
     answered: dict[tuple[str, str], int] = {}
     statuses: dict[tuple[str, str], set[int]] = {}
@@ -485,7 +497,7 @@ def test_the_document_declares_the_documents_api_as_it_answers(
     assert not set(re.findall(r"#/components/schemas/([\w.-]+)", text)) - set(schemas)
     paths = document["paths"]
     problem = {"$ref": "#/components/schemas/Problem"}
-    for method, path in _operations(document, documents=True):
+    for method, path in _operations(document, tags=[DOCUMENTS_TAG]):
         operation = paths[path][method.lower()]
         responses = operation["responses"]
         assert "401" in responses and operation["security"], (method, path)
@@ -532,3 +544,105 @@ def test_the_document_declares_the_documents_api_as_it_answers(
     no_key = httpx.get(f"{server.base}/jobs/{job['id']}")
     assert no_key.status_code == 401 and "401" in paths["/jobs/{job_id}"]["get"]["responses"]
     wait_for_job(server.base, server.editor, job["id"], timeout=120)
+
+
+# What the people run adds to CONFIG: ids drawn from the seeded conversations (a delete
+# from its own few), runs and the assistant.
+PEOPLE_CONFIG = """
+[dictionaries.conversations]
+values = {conversations}
+
+[dictionaries.removable]
+values = {removable}
+
+[dictionaries.runs]
+values = {runs}
+
+[dictionaries.assistants]
+values = ["chat"]
+
+[[operations]]
+include-path-regex = "^/(conversations|threads)/"
+exclude-method = "DELETE"
+parameters = {{ "path.conversation_id" = {{ dictionary = "conversations", probability = 0.6 }}, \
+"path.thread_id" = {{ dictionary = "conversations", probability = 0.6 }}, \
+"path.run_id" = {{ dictionary = "runs", probability = 0.6 }} }}
+
+[[operations]]
+include-path-regex = "^/(conversations|threads)/"
+include-method = "DELETE"
+parameters = {{ "path.conversation_id" = {{ dictionary = "removable", probability = 0.5 }}, \
+"path.thread_id" = {{ dictionary = "removable", probability = 0.5 }} }}
+
+[[operations]]
+include-path-regex = "^/assistants/"
+parameters = {{ "path.assistant_id" = {{ dictionary = "assistants", probability = 0.5 }} }}
+"""
+
+
+def test_schemathesis_over_conversations_threads_and_sign_in(
+    sample_index: Path, upstream: FakeOpenAI, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """People's own routes with a real identity provider's bearer token: every reply as
+    declared, every operation answered for real (2xx; the sign-in's redirect) at least once;
+    without the token each closed one a declared 401."""
+    from tests.oidc import oidc_provider
+
+    workdir = tmp_path_factory.mktemp("schemathesis-people")
+    with oidc_provider() as provider:
+        token = provider.token("fuzzer", groups=["hr"])
+        auth = {"Authorization": f"Bearer {token}"}
+        env = {"RAGCHAINS_OIDC_ISSUER": provider.issuer, "RAGCHAINS_OIDC_CLIENT_ID": "ragchains"}
+        with served(sample_index, upstream, workdir, **env) as base:
+            seeded = []
+            for n in range(9):
+                made = httpx.post(f"{base}/conversations", json={}, headers=auth).json()
+                turn = {"question": f"Seeded question {n}?", "output": {"answer": "Seeded."}}
+                put = httpx.put(
+                    f"{base}/conversations/{made['id']}/turns/t{n}", json=turn, headers=auth
+                )
+                assert put.status_code == 201, put.text
+                seeded.append(made["id"])
+            ran = httpx.post(
+                f"{base}/threads/{seeded[0]}/runs/wait",
+                json={
+                    "assistant_id": "chat",
+                    "input": {
+                        "messages": [
+                            {"role": "user", "content": "What does the standard plan cost?"}
+                        ]
+                    },
+                },
+                headers=auth,
+                timeout=120,
+            )
+            assert ran.status_code == 200, ran.text
+            runs = [
+                r["run_id"]
+                for r in httpx.get(f"{base}/threads/{seeded[0]}/runs", headers=auth).json()
+            ]
+            config = CONFIG + PEOPLE_CONFIG.format(
+                conversations=json.dumps(seeded[:6]),
+                removable=json.dumps(seeded[6:]),
+                runs=json.dumps(runs),
+            )
+            document = httpx.get(f"{base}/openapi.json").json()
+            operations = _operations(document, tags=PEOPLE_TAGS)
+            assert ("POST", "/threads/{thread_id}/runs/stream") in operations
+            assert ("GET", "/auth/login") in operations
+            _, har = _fuzz(
+                base,
+                workdir,
+                30,
+                f"Authorization: Bearer {token}",
+                select=ONLY_PEOPLE,
+                config=config,
+            )
+            _, refused = _fuzz(base, workdir, None, select=ONLY_PEOPLE, config=config)
+            healthy = httpx.get(f"{base}/healthz").status_code
+    answered = _answered_per_operation(har, lambda status: 200 <= status < 400)
+    assert not [op for op in operations if not _answered(answered, op)], answered
+    no_token = _answered_per_operation(refused, lambda status: status == 401)
+    closed = [op for op in operations if not op[1].startswith("/auth/")]
+    assert not [op for op in closed if not _answered(no_token, op)], no_token
+    assert healthy == 200

@@ -3,11 +3,13 @@
 provider: a thread is created, two runs streamed (a question, then a follow-up given the first
 as history), its state and history read, a run waited for, the thread deleted; another
 person's token reads, runs and deletes none of it. A thread is a conversation: the page's
-/conversations lists it, and it survives a restart."""
+/conversations lists it. And the README's example runs as shown."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,10 +19,12 @@ import pytest
 from langgraph_sdk import get_sync_client
 from langgraph_sdk.errors import NotFoundError
 
+from ragchains.serving.keys import add_key
 from tests.conftest import FIXTURES
 from tests.oidc import OidcProvider, oidc_provider
-from tests.servers import ragchains_serve
+from tests.servers import ragchains_serve, user_env
 from tests.test_cli import run
+from tests.test_domains_served import readme_block
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -184,3 +188,28 @@ def test_threads_refuse_what_they_cannot_run_with_the_reason(
         assert unknown.status_code == 404
         # Nothing was stored of the refused runs.
         assert client.threads.get_history(tid) == []
+
+
+def test_the_readmes_threads_example_runs_as_shown(index: Path, tmp_path: Path) -> None:
+    """The README's langgraph-sdk example, run as a user runs it (a script, a key in the
+    environment) against `ragchains serve`: both answers printed, then the history."""
+    keys = tmp_path / "keys.toml"
+    key = add_key(keys, "dana", ["garden"])
+    script = tmp_path / "threads_example.py"
+    script.write_text(readme_block("threads-example"))
+    with ragchains_serve("--index", str(index), RAGCHAINS_KEYS_FILE=str(keys)) as base:
+        ran = subprocess.run(
+            [sys.executable, str(script)],
+            env=user_env(RAGCHAINS_URL=base, RAGCHAINS_KEY=key),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert ran.returncode == 0, ran.stderr
+        left = httpx.get(f"{base}/conversations", headers={"X-API-Key": key}).json()
+    lines = ran.stdout.splitlines()
+    assert lines[0] == "> What is the tool shed code?" and "4172" in lines[1], ran.stdout
+    assert lines[2] == "> And how must the tools be returned?" and lines[3].strip()
+    history = lines[4:]
+    assert len(history) == 2 and all("guide.md" in line or "[]" in line for line in history)
+    assert left["conversations"] == [], "the example deletes its thread"

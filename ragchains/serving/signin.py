@@ -244,7 +244,19 @@ class SignIn:
     def router(self) -> APIRouter:
         router = APIRouter(tags=["sign-in"])
 
-        @router.get("/auth/login", summary="Sign in with the identity provider", status_code=302)
+        @router.get(
+            "/auth/login",
+            summary="Sign in with the identity provider",
+            status_code=302,
+            response_class=Response,  # a redirect: no body to declare
+            responses={
+                302: {
+                    "description": "To the identity provider's sign-in page",
+                    "headers": {"Location": {"schema": {"type": "string"}, "required": True}},
+                },
+                503: {"description": UNREACHABLE},
+            },
+        )
         async def sign_in(request: Request) -> Response:
             """Redirects to the identity provider's sign-in; it comes back to /auth/callback."""
             try:
