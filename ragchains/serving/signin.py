@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx
 from authlib.integrations.starlette_client import OAuth, OAuthError
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from httpx import HTTPError
 from joserfc import jws, jwt
 from joserfc.errors import (
     BadSignatureError,
@@ -42,6 +42,17 @@ from ragchains.serving.keys import ROLES, SIGNED_IN_PREFIX, Principal
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
+
+# Authlib's client talks to the provider with httpx2 when it is installed (openai's own
+# client needs it), else with httpx: a provider that cannot be reached raises either's.
+try:
+    import httpx2
+
+    HTTP_ERRORS: tuple[type[Exception], ...] = (httpx.HTTPError, httpx2.HTTPError)
+except ImportError:  # pragma: no cover - httpx2 comes with openai
+    HTTP_ERRORS = (httpx.HTTPError,)
+# The provider down, or answering what is not its discovery document or keys.
+UNREACHED: tuple[type[Exception], ...] = (*HTTP_ERRORS, RuntimeError, ValueError)
 
 SESSION_COOKIE = "ragchains_session"
 SESSION_KEY_FILE = "session.key"
@@ -220,7 +231,7 @@ class SignIn:
     async def _key_set(self, *, force: bool = False) -> KeySet:
         try:
             keys = await self.client.fetch_jwk_set(force=force)
-        except (HTTPError, RuntimeError, ValueError) as exc:
+        except UNREACHED as exc:
             log.warning("identity provider %s: keys not fetched: %s", self.issuer, exc)
             raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
         if force:
@@ -261,7 +272,7 @@ class SignIn:
             """Redirects to the identity provider's sign-in; it comes back to /auth/callback."""
             try:
                 return await self.client.authorize_redirect(request, self.redirect_uri(request))
-            except (HTTPError, RuntimeError, ValueError) as exc:
+            except UNREACHED as exc:
                 log.warning("identity provider %s unreachable: %s", self.issuer, exc)
                 raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
 
@@ -275,7 +286,7 @@ class SignIn:
                 raise HTTPException(
                     400, f"sign-in failed: the ID token is refused ({exc.error})"
                 ) from exc
-            except HTTPError as exc:
+            except HTTP_ERRORS as exc:
                 log.warning("identity provider %s unreachable: %s", self.issuer, exc)
                 raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
             claims = dict(token.get("userinfo") or {})
@@ -314,7 +325,7 @@ class SignIn:
             hint = person.get("id_token") if isinstance(person, dict) else None
             try:
                 metadata = await self.client.load_server_metadata()
-            except (HTTPError, RuntimeError, ValueError):
+            except UNREACHED:
                 metadata = {}
             url = None
             if metadata.get("end_session_endpoint"):
@@ -333,7 +344,7 @@ class SignIn:
         token; none when it has no such endpoint or does not answer."""
         try:
             return dict(await self.client.userinfo(token=dict(token)))
-        except (HTTPError, KeyError, OAuthError, ValueError) as exc:
+        except (*UNREACHED, KeyError, OAuthError) as exc:
             log.info("identity provider %s: no userinfo (%s)", self.issuer, exc)
             return {}
 

@@ -1,0 +1,109 @@
+"""The logic around sign-in (serving.signin): how claims become a principal, when a session
+still holds, the session cookie's key and flags, and the settings' checks. The flow itself,
+with a real provider, is in tests/test_signin_served.py and tests/test_signin_page.py."""
+
+from __future__ import annotations
+
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from ragchains.serving.keys import KeysFileError, add_key
+from ragchains.serving.signin import (
+    PERSON,
+    ClaimRules,
+    SignIn,
+    TokenRefused,
+    secure_cookie,
+    session_secret,
+)
+from ragchains.settings import Settings
+
+
+def _settings(**values: Any) -> Settings:
+    return Settings(_env_file=None, **values)  # type: ignore[call-arg]
+
+
+RULES = ClaimRules(_settings(oidc_role_groups={"hr-editors": "editor", "it": "admin"}))
+
+
+@pytest.mark.parametrize(
+    ("claim", "groups"),
+    [
+        (["hr", "sales"], {"hr", "sales"}),
+        ("hr sales", {"hr", "sales"}),  # space-separated, as some providers write it
+        ("hr", {"hr"}),
+        ([" hr ", "", 7], {"hr", "7"}),
+        (None, set()),
+        ({"hr": True}, set()),
+    ],
+)
+def test_a_groups_claim_is_read_as_providers_write_it(claim: Any, groups: set[str]) -> None:
+    assert RULES.principal({"sub": "s", "groups": claim}).groups == frozenset(groups)
+
+
+def test_the_highest_role_the_claim_or_the_groups_give_wins() -> None:
+    def role(**claims: Any) -> str:
+        return RULES.principal({"sub": "s", **claims}).role
+
+    assert role() == "reader"
+    assert role(ragchains_role="editor") == "editor"
+    assert role(ragchains_role=["reader", "admin"]) == "admin"
+    assert role(ragchains_role="owner") == "reader"  # not a role: ignored
+    assert role(groups=["hr-editors"]) == "editor"
+    assert role(groups=["hr-editors", "it"]) == "admin"
+    assert role(ragchains_role="editor", groups=["it"]) == "admin"
+
+
+def test_a_person_is_named_by_sub_and_shown_by_their_name() -> None:
+    who = RULES.principal({"sub": "248289761001", "name": "Jane Doe", "email": "j@example.com"})
+    assert (who.name, who.display, who.via) == ("oidc:248289761001", "Jane Doe", "oidc")
+    assert RULES.principal({"sub": "x", "email": "x@example.com"}).display == "x@example.com"
+    assert RULES.principal({"sub": "x"}).display == "x"
+    with pytest.raises(TokenRefused, match="no subject"):
+        RULES.principal({"name": "nobody"})
+
+
+def test_a_key_cannot_take_a_signed_in_persons_name(tmp_path: Path) -> None:
+    with pytest.raises(KeysFileError, match="signed-in person"):
+        add_key(tmp_path / "keys.toml", "oidc:jane", ["hr"])
+
+
+def test_a_session_holds_until_its_id_token_expires() -> None:
+    signin = SignIn(_settings(oidc_issuer="http://idp.example", oidc_client_id="ragchains"))
+    live = {PERSON: {"claims": {"sub": "a", "groups": ["hr"]}, "exp": time.time() + 60}}
+    gone = {PERSON: {"claims": {"sub": "a"}, "exp": time.time() - 1}}
+    held = signin.session_principal(live)
+    assert held is not None and held.name == "oidc:a" and held.groups == frozenset({"hr"})
+    assert signin.session_principal(gone) is None and signin.session_expired(gone)
+    assert signin.session_principal({}) is None and not signin.session_expired({})
+    assert signin.session_principal({PERSON: {"claims": {"sub": "a"}, "exp": "soon"}}) is None
+
+
+def test_the_cookie_is_secure_when_people_reach_the_server_over_https() -> None:
+    assert secure_cookie(_settings(public_url="https://rag.example.com"))
+    assert not secure_cookie(_settings(public_url="http://localhost:8000"))
+    assert not secure_cookie(_settings())
+
+
+def test_the_session_key_is_made_once_and_kept_for_its_owner_only(tmp_path: Path) -> None:
+    first = session_secret(_settings(), tmp_path / "idx")
+    assert len(first) >= 48 and session_secret(_settings(), tmp_path / "idx") == first
+    mode = stat.S_IMODE((tmp_path / "idx" / "session.key").stat().st_mode)
+    assert mode == 0o600
+    assert session_secret(_settings(session_secret="chosen"), tmp_path / "idx") == "chosen"
+
+
+def test_the_settings_say_what_sign_in_needs() -> None:
+    with pytest.raises(ValidationError, match="oidc_client_id"):
+        _settings(oidc_issuer="https://idp.example")
+    with pytest.raises(ValidationError, match="not reader, editor or admin"):
+        _settings(
+            oidc_issuer="https://idp.example", oidc_client_id="c", oidc_role_groups={"x": "boss"}
+        )
+    with pytest.raises(ValidationError):
+        _settings(oidc_issuer="idp.example", oidc_client_id="c")  # not a URL
