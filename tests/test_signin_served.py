@@ -175,6 +175,18 @@ def test_bearer_tokens_of_the_provider_work_on_every_route_and_bad_ones_say_why(
     assert keyed["via"] == "key" and keyed["name"] == "gardener"
 
 
+def test_a_sign_in_that_fails_goes_back_to_the_page_with_the_reason(served: Served) -> None:
+    stale = httpx.get(f"{served.base}/auth/callback", params={"code": "c", "state": "s"})
+    assert stale.status_code == 303
+    assert stale.headers["location"].startswith(f"{served.base}/?sign_in_error=")
+    assert "not+started+here" in stale.headers["location"]
+    refused = httpx.get(
+        f"{served.base}/auth/callback",
+        params={"error": "access_denied", "error_description": "The user said no"},
+    )
+    assert "The+user+said+no" in refused.headers["location"]
+
+
 def test_a_session_ends_when_its_id_token_expires(served: Served) -> None:
     served.provider.set_token_ttl(4)
     try:

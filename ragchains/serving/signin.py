@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlencode, urlsplit
 
 import httpx
 from authlib.integrations.starlette_client import OAuth, OAuthError
@@ -64,10 +64,15 @@ SIGN_IN_PATHS = frozenset({"/auth/login", "/auth/callback", "/auth/logout"})
 PROVIDER = "provider"
 UNREACHABLE = "the identity provider cannot be reached now; try again shortly"
 EXPIRED_SESSION = "your sign-in has expired: sign in again"
+STALE_SIGN_IN = "this sign-in was not started here, or took too long: sign in again"
 
 
 class TokenRefused(Exception):
     """A bearer token that is not one of the provider's, or not for us, or no longer valid."""
+
+
+class SignInFailed(Exception):
+    """The provider's answer gives nobody to sign in (the message says why, for the page)."""
 
 
 class ClaimRules:
@@ -278,37 +283,17 @@ class SignIn:
 
         @router.get("/auth/callback", name="sign_in_callback", include_in_schema=False)
         async def sign_in_callback(request: Request) -> Response:
+            """Back from the provider: the session made, then the page. A sign-in that
+            failed (refused at the provider, a state or ID token that does not check) goes
+            back to the page too, which shows the reason (``?sign_in_error=``)."""
             try:
-                token = await self.client.authorize_access_token(request, leeway=LEEWAY)
-            except OAuthError as exc:
-                raise HTTPException(400, f"sign-in failed: {exc.description or exc.error}") from exc
-            except JoseError as exc:
-                raise HTTPException(
-                    400, f"sign-in failed: the ID token is refused ({exc.error})"
-                ) from exc
-            except HTTP_ERRORS as exc:
-                log.warning("identity provider %s unreachable: %s", self.issuer, exc)
-                raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
-            claims = dict(token.get("userinfo") or {})
-            if not claims:
-                raise HTTPException(400, "sign-in failed: the provider sent no ID token")
-            if self.rules.groups_claim not in claims:
-                claims.update(await self._userinfo(token))
-            try:
-                who = self.rules.principal(claims)
-            except TokenRefused as exc:
-                raise HTTPException(400, f"sign-in failed: {exc}") from exc
-            exp = min(float(claims.get("exp") or 0), time.time() + MAX_SESSION_SECONDS)
-            kept = {k: claims[k] for k in _KEPT_CLAIMS if k in claims}
-            for name in (self.rules.groups_claim, self.rules.role_claim, self.rules.name_claim):
-                if name in claims:
-                    kept[name] = claims[name]
+                who, person = await self._signed_in(request)
+            except SignInFailed as exc:
+                log.warning("sign-in failed: %s", exc)
+                failed = urlencode({"sign_in_error": str(exc)})
+                return RedirectResponse(f"{self.home(request)}?{failed}", status_code=303)
             request.session.clear()
-            request.session[PERSON] = {
-                "claims": kept,
-                "exp": exp,
-                "id_token": token.get("id_token"),
-            }
+            request.session[PERSON] = person
             log.info("signed in: %s (%s)", who.name, who.role)
             return RedirectResponse(self.home(request), status_code=303)
 
@@ -338,6 +323,34 @@ class SignIn:
             return JSONResponse({"signed_out": True, "end_session_url": url})
 
         return router
+
+    async def _signed_in(self, request: Request) -> tuple[Principal, dict[str, Any]]:
+        """The person the provider's answer names, and their session; SignInFailed why not."""
+        try:
+            token = await self.client.authorize_access_token(request, leeway=LEEWAY)
+        except OAuthError as exc:
+            if exc.error == "mismatching_state":  # no sign-in of this browser's to finish
+                raise SignInFailed(STALE_SIGN_IN) from exc
+            raise SignInFailed(exc.description or exc.error or "refused by the provider") from exc
+        except JoseError as exc:
+            raise SignInFailed(f"the ID token is refused ({exc.error})") from exc
+        except UNREACHED as exc:
+            raise SignInFailed(UNREACHABLE) from exc
+        claims = dict(token.get("userinfo") or {})
+        if not claims:
+            raise SignInFailed("the provider sent no ID token")
+        if self.rules.groups_claim not in claims:
+            claims.update(await self._userinfo(token))
+        try:
+            who = self.rules.principal(claims)
+        except TokenRefused as exc:
+            raise SignInFailed(str(exc)) from exc
+        exp = min(float(claims.get("exp") or 0), time.time() + MAX_SESSION_SECONDS)
+        kept = {k: claims[k] for k in _KEPT_CLAIMS if k in claims}
+        for name in (self.rules.groups_claim, self.rules.role_claim, self.rules.name_claim):
+            if name in claims:
+                kept[name] = claims[name]
+        return who, {"claims": kept, "exp": exp, "id_token": token.get("id_token")}
 
     async def _userinfo(self, token: Mapping[str, Any]) -> dict[str, Any]:
         """The userinfo endpoint's claims, for a provider that keeps groups out of the ID
