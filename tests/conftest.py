@@ -43,6 +43,8 @@ SLOWEST_FIRST = (
     "test_server.py",
     "test_chat_page.py",
     "test_openapi_fuzz.py",
+    "test_signin_page.py",
+    "test_threads_served.py",
     "test_embedder_backends.py",
     "test_model_queue_served.py",
     "test_leaving_upstream.py",
@@ -55,6 +57,8 @@ SLOWEST_FIRST = (
     "test_postgres_http.py",
     "test_postgres.py",
     "test_playground.py",
+    "test_conversations_served.py",
+    "test_signin_served.py",
 )
 
 
