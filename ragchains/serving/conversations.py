@@ -82,6 +82,12 @@ async def stored(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         raise HTTPException(503, CONVERSATIONS_UNAVAILABLE) from exc
 
 
+async def deleted(store: ConversationStore, who: Principal, conversation_id: str) -> bool:
+    """Whether ``who`` deleted the conversation: their own, or anyone's for an admin."""
+    owner = None if who.may("admin") else who.name
+    return await stored(store.delete, owner, conversation_id)
+
+
 def conversations_router(store: ConversationStore) -> APIRouter:
     router = APIRouter(tags=["conversations"])
 
@@ -158,8 +164,7 @@ def conversations_router(store: ConversationStore) -> APIRouter:
     ) -> Response:
         """Deletes the conversation and every turn of it from the database (not hidden:
         gone). An admin may delete anyone's."""
-        owner = None if who.may("admin") else who.name
-        if not await stored(store.delete, owner, conversation_id):
+        if not await deleted(store, who, conversation_id):
             raise HTTPException(404, NOT_FOUND)
         return Response(status_code=204)
 

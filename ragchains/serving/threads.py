@@ -43,7 +43,7 @@ from ragchains.conversations import (
 from ragchains.models.queue import Ticket, with_ticket
 from ragchains.serving.admission import admit
 from ragchains.serving.bodies import JsonBody, read_model
-from ragchains.serving.conversations import ConversationId, TurnId, stored
+from ragchains.serving.conversations import ConversationId, TurnId, deleted, stored
 from ragchains.serving.errors import failed
 from ragchains.serving.guards import requires
 from ragchains.serving.keys import Principal
@@ -451,8 +451,7 @@ def threads_router(
     async def delete_thread(
         thread_id: ConversationId, who: Annotated[Principal, READER]
     ) -> Response:
-        owner = None if who.may("admin") else who.name
-        if not await stored(store.delete, owner, thread_id):
+        if not await deleted(store, who, thread_id):
             raise HTTPException(404, f"no thread of yours has the id {thread_id}")
         return Response(status_code=204)
 
