@@ -107,3 +107,34 @@ def test_the_settings_say_what_sign_in_needs() -> None:
         )
     with pytest.raises(ValidationError):
         _settings(oidc_issuer="idp.example", oidc_client_id="c")  # not a URL
+
+
+@pytest.mark.parametrize(
+    ("origin", "public", "refused"),
+    [
+        (None, None, False),  # not from a page (curl, an SDK): nothing to forge
+        ("http://rag.local:8000", None, False),
+        ("https://rag.local:8000", None, False),  # behind a proxy that ends TLS
+        ("http://rag.local:9999", None, True),  # another port: the same site, not the page
+        ("http://evil.example", None, True),
+        ("null", None, True),  # a sandboxed frame or a file
+        ("https://rag.example.com", "https://rag.example.com", False),
+    ],
+)
+def test_a_change_asked_from_another_origin_is_refused(
+    origin: str | None, public: str | None, refused: bool
+) -> None:
+    from fastapi import HTTPException
+    from starlette.datastructures import Headers
+
+    from ragchains.serving.guards import refuse_other_sites
+
+    sent = {"host": "rag.local:8000", **({"origin": origin} if origin else {})}
+    scope = {"method": "POST", "scheme": "http"}
+    if refused:
+        with pytest.raises(HTTPException) as no:
+            refuse_other_sites(scope, Headers(sent), public)
+        assert no.value.status_code == 403
+    else:
+        refuse_other_sites(scope, Headers(sent), public)
+    refuse_other_sites({"method": "GET"}, Headers(sent), public)  # reads are never refused

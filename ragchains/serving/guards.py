@@ -8,6 +8,7 @@ import hmac
 from collections.abc import AsyncIterator, Callable, Iterator, MutableMapping
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.middleware.cors import CORSMiddleware
@@ -158,7 +159,7 @@ class Callers:
         if found is None and not given and self.signin is not None:
             found = self.signin.session_principal(session)
             if found is not None:
-                refuse_other_sites(scope, headers)
+                refuse_other_sites(scope, headers, self.signin.public_url)
         if found is None and not (is_open(path) or path in self.opened):
             if self.signin is not None and not given and self.signin.session_expired(session):
                 raise HTTPException(401, EXPIRED_SESSION, headers={"WWW-Authenticate": "Bearer"})
@@ -175,16 +176,21 @@ MISSING_SIGN_IN = (
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
-def refuse_other_sites(scope: MutableMapping[str, Any], headers: Headers) -> None:
+def refuse_other_sites(
+    scope: MutableMapping[str, Any], headers: Headers, public: str | None = None
+) -> None:
     """403 for a change asked by a page of another origin on the strength of a session
     cookie (a cross-site request forgery): browsers send Origin with every such request.
     SameSite=Lax already keeps the cookie off other sites' requests; this also covers
-    another port of the same host, which is the same site."""
+    another port of the same host, which is the same site. The page's own origin is the
+    host the request was sent to, or the server's public address (``public``: behind a
+    proxy that ends TLS, the scheme seen here is not the page's)."""
     origin = headers.get("origin")
     if scope.get("method", "GET") in SAFE_METHODS or origin is None:
         return
-    own = f"{scope.get('scheme', 'http')}://{headers.get('host', '')}"
-    if origin.rstrip("/") != own:
+    sent_from = urlsplit(origin).netloc
+    own = {headers.get("host", ""), urlsplit(public).netloc if public else ""}
+    if not sent_from or sent_from not in own:
         raise HTTPException(403, "a page of another origin may not act for a signed-in person")
 
 
