@@ -702,12 +702,14 @@ def test_conversations_are_listed_opened_renamed_exported_and_deleted(
     chat = opened(url, size)
     page = chat.page
     box = page.get_by_placeholder(PLACEHOLDER)
-    # However long the list, the question box stays in view (the list scrolls on its own).
-    assert box.bounding_box()["y"] + box.bounding_box()["height"] <= size[1]
     side = chat.side()
+    expect(side.get_by_text(f"Older {tag}", exact=True)).to_be_visible()
     names = side.locator(".conversation-name").all_inner_texts()
     assert names.index(f"Newer {tag}") < names.index(f"Older {tag}")  # the newest first
     assert len(names) >= len(many_conversations) + 2
+    # However long the list, the question box stays in view (the list scrolls on its own).
+    shown = box.bounding_box()
+    assert shown is not None and shown["y"] + shown["height"] <= size[1], shown
     # Opened from the list with the keyboard: its turn, its title; Back, Forward.
     link = side.get_by_role("link", name=re.compile(f"^Older {re.escape(tag)}"))
     link.focus()
