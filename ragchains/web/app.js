@@ -1331,13 +1331,14 @@ function showConversation() {
   const stored = chat.id !== null;
   $("conversation-bar").hidden = !stored;
   $("conversation-title").textContent = stored ? titleOf(chat) : "";
+  $("conversation-title").title = stored ? titleOf(chat) : ""; // in full, where it is cut
   $("intro").hidden = state.turns.length > 0;
   $("to-chat").setAttribute("href", addressOf(chat));
   for (const link of $("conversation-list").querySelectorAll("a[data-conversation]")) {
     if (link.dataset.conversation === chat.id) link.setAttribute("aria-current", "page");
     else link.removeAttribute("aria-current");
   }
-  if (view() === "chat") document.title = stored ? `${titleOf(chat)} · ragchains` : "ragchains";
+  if (view() === "chat") document.title = "ragchains";
 }
 
 // The person's conversations, the most recently continued first (read again after each
@@ -1392,7 +1393,7 @@ function showConversations() {
         {},
         el(
           "a",
-          { class: "conversation-link", href: `#c/${c.id}`, "data-conversation": c.id },
+          { class: "conversation-link", href: `#c/${c.id}`, "data-conversation": c.id, title: c.title || null },
           el("span", { class: "conversation-name" }, c.title || "Untitled conversation"),
           el("small", { class: "conversation-when" }, when(c.updated_at), ` · ${plural(c.turns ?? 0, "turn")}`),
         ),
