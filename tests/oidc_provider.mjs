@@ -417,6 +417,8 @@ async function listener(req, res) {
   const url = new URL(req.url, issuer.url);
   try {
     if (url.pathname.startsWith('/test/')) return await control(req, res, url.pathname);
+    // No icon, and no 404 either: a browser asks for one with the login page.
+    if (url.pathname === '/favicon.ico') return res.writeHead(204).end();
     if (req.method === 'GET' && url.pathname === '/.well-known/openid-configuration') {
       return discovery(res);
     }

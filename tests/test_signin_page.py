@@ -9,10 +9,9 @@ storage, from the moment the control is used (the DOM is read in the same task a
 before any request could answer); an expired sign-in and a removed key do the same before the
 page asks again.
 
-The one console error allowed from the page is the browser's own log of a 401 answer: the page
-asks /me who is asking when it loads, and the server answers 401 when nobody is signed in (a
-session cookie is invisible to the page); likewise the call that meets an expired session or a
-removed key. (The provider's login form, not ours, has no icon: its 404 is allowed too.)
+The one console error allowed from the page is the browser's own log of a 401 answer to the
+call that meets an expired session or a removed key. (The page's first look, /me, answers who
+is asking, nobody included, without one.)
 """
 
 from __future__ import annotations
@@ -51,9 +50,6 @@ ENG_SEES = {"docs/eng/roadmap.md", "docs/public/welcome.md"}
 PREFERENCES = "ragchains.preferences.v1"
 REFUSED_LOG = (
     "console: Failed to load resource: the server responded with a status of 401 (Unauthorized)"
-)
-MISSING_ICON_LOG = (
-    "console: Failed to load resource: the server responded with a status of 404 (Not Found)"
 )
 # Uses the page's own sign-out control and reads the page in the same task: what a person
 # would see before any request made for the next person (or the sign-out) could answer.
@@ -117,9 +113,7 @@ class Visitor(ChatPage):
         self.site = site
         self.refused: list[str] = []
         self.failed: list[tuple[int, str]] = []
-        self.provider_icons = 0  # the provider's login page asking for its missing icon
         context.on("response", self._answered)
-        context.on("console", self._logged)
         super().__init__(open_page(context, site.base, width=width, height=height))
 
     def _answered(self, response: Any) -> None:
@@ -127,11 +121,6 @@ class Visitor(ChatPage):
             self.refused.append(response.url)
         elif response.status >= 400:
             self.failed.append((response.status, response.url))
-
-    def _logged(self, message: Any) -> None:
-        url = str(message.location.get("url", ""))
-        if message.type == "error" and url == f"{self.site.issuer}/favicon.ico":
-            self.provider_icons += 1
 
     @property
     def header(self) -> Any:
@@ -195,16 +184,13 @@ class Visitor(ChatPage):
 
     def assert_clean(self, *refusable: str) -> None:
         """No console error but the browser's log of each 401 the page was answered, and
-        those only from /me or the paths named."""
-        allowed = ("/me", *refusable)
+        those only from the paths named."""
         assert all(
-            url.removeprefix(self.site.base).split("?")[0].startswith(allowed)
+            url.removeprefix(self.site.base).split("?")[0].startswith(refusable)
             for url in self.refused
         ), self.refused
-        icon = MISSING_ICON_LOG
-        others = [e for e in self.watched.errors if e not in (REFUSED_LOG, icon)]
+        others = [e for e in self.watched.errors if e != REFUSED_LOG]
         assert not others and not self.failed, (others, self.failed)
-        assert self.watched.errors.count(icon) == self.provider_icons, self.watched.errors
         assert self.watched.errors.count(REFUSED_LOG) == len(self.refused), (
             self.watched.errors,
             self.refused,
@@ -264,7 +250,7 @@ def test_two_people_each_see_their_own_and_sign_out_leaves_nothing_behind(
         # session is over (the provider's too: the next sign-in asks who).
         left_nothing(ada.page.evaluate(SIGN_OUT_AND_LOOK), SALARY, OFFICE, "Ada")
         ada.prompt()
-        assert ada.api("/me") == 401
+        assert ada.api("/conversations") == 401
         assert ada.page.locator(".turn").count() == 0
         assert ada.page.locator("#conversation-list li").count() == 0
         kept = ada.storage()
@@ -322,7 +308,9 @@ def test_a_key_user_switching_key_leaves_nothing_behind(site: Site, browser: Any
         remove_key(site.keys_file, "lee")
         wait_until(
             lambda: (
-                httpx.get(f"{site.base}/me", headers={"X-API-Key": site.keys["lee"]}).status_code
+                httpx.get(
+                    f"{site.base}/conversations", headers={"X-API-Key": site.keys["lee"]}
+                ).status_code
                 == 401
             ),
             "the keys file re-read",
@@ -361,7 +349,9 @@ def test_an_expired_sign_in_forgets_the_conversation_before_asking_again(
         assert put.status == 201, put.text()
         cy.page.goto(f"{site.base}/#c/{conversation}")
         expect(cy.page.locator(".turn")).to_contain_text("In the drawer.")
-        wait_until(lambda: cy.api("/me") == 401, "the session expired", timeout=lasts + 30)
+        wait_until(
+            lambda: cy.api("/conversations") == 401, "the session expired", timeout=lasts + 30
+        )
 
         # The next call meets the expired session: the page forgets Cy, then asks again.
         actions = cy.page.get_by_role("group", name="This conversation")

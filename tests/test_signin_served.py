@@ -117,7 +117,7 @@ def test_a_signed_in_person_reads_their_groups_and_leaves_at_sign_out(served: Se
         assert out.status_code == 200 and out.json()["signed_out"] is True
         ends = out.json()["end_session_url"]
         assert ends.startswith(f"{served.provider.issuer}/endsession?") and "id_token_hint=" in ends
-        assert hana.get("/me").status_code == 401
+        assert hana.get("/me").json()["name"] is None  # nobody, now
         assert hana.get("/conversations").status_code == 401
     with _signed_in(served, "gus", groups=["garden"]) as gus:
         assert "hr/leave.md" not in _found(gus, "parental leave weeks full pay")
@@ -156,7 +156,11 @@ def test_bearer_tokens_of_the_provider_work_on_every_route_and_bad_ones_say_why(
         "the token is signed with a key the provider does not publish": foreign_key,
     }
     for reason, token in cases.items():
-        for method, path in (("POST", "/retrieve/invoke"), ("GET", "/v1/models"), ("GET", "/me")):
+        for method, path in (
+            ("POST", "/retrieve/invoke"),
+            ("GET", "/v1/models"),
+            ("GET", "/me"),  # open, but a bad token is refused wherever it is sent
+        ):
             reply = httpx.request(
                 method,
                 f"{served.base}{path}",
@@ -194,11 +198,13 @@ def test_a_session_ends_when_its_id_token_expires(served: Served) -> None:
             assert kai.get("/me").status_code == 200
 
             def expired() -> httpx.Response | None:
-                reply = kai.get("/me")
+                reply = kai.get("/conversations")
                 return reply if reply.status_code == 401 else None
 
             reply = wait_until(expired, "the session to end with its ID token", timeout=30)
             assert "your sign-in has expired" in reply.json()["detail"]
+            me = kai.get("/me").json()  # nobody, and why
+            assert me["name"] is None and "your sign-in has expired" in me["signed_out"]
     finally:
         served.provider.set_token_ttl(3600)
 

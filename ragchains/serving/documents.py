@@ -38,7 +38,7 @@ from ragchains.retrievers.indexformat import FileRecord
 from ragchains.retrievers.live import LiveIndex
 from ragchains.retrievers.pgstore import PostgresStore
 from ragchains.serving.collection import may_read
-from ragchains.serving.guards import caller, requires
+from ragchains.serving.guards import SIGNED_OUT, caller, requires
 from ragchains.serving.keys import Principal
 from ragchains.settings import Settings
 
@@ -157,6 +157,9 @@ class Caller(BaseModel):
     groups: list[str] | None = Field(description="what it reads (null: every document)")
     may_upload: bool
     may_see_all_jobs: bool
+    signed_out: str | None = Field(
+        None, description="for nobody: why the last sign-in ended (its session expired)"
+    )
 
 
 # ----------------------------------------------------------------------------- rules
@@ -316,6 +319,7 @@ def documents_router(
             groups=sorted(who.groups) if who and who.groups is not None else None,
             may_upload=bool(who and who.may("editor")),
             may_see_all_jobs=bool(who and who.may("admin")),
+            signed_out=getattr(request.state, SIGNED_OUT, None) if who is None else None,
         )
 
     @router.get(

@@ -50,6 +50,7 @@ OPEN_PATHS = frozenset(
     {
         "/healthz",
         "/readyz",
+        "/me",  # who is asking: nobody, when no key or sign-in came (the page then asks)
         "/",
         "/favicon.ico",
         "/docs",
@@ -66,6 +67,8 @@ OPEN_PREFIXES = ("/ui/", "/static-offline-docs/")  # the page's and the API docs
 CALLER_GROUPS = "ragchains_caller_groups"
 # And the caller (a Principal; None on an open path asked without a key).
 CALLER = "ragchains_caller"
+# And, for nobody on an open path, why a sign-in ended (its ID token expired), else None.
+SIGNED_OUT = "ragchains_signed_out"
 # RAGCHAINS_API_KEY's holder reads everything and may do everything.
 API_KEY_PRINCIPAL = Principal("api-key", None, "admin")
 # A server without keys is one person's: whoever reaches it may do everything.
@@ -245,6 +248,10 @@ def request_guard(callers: Callers, index: object) -> Callable[[Request], AsyncI
         groups = caller.groups if caller is not None else None
         setattr(request.state, CALLER, caller)
         setattr(request.state, CALLER_GROUPS, groups)
+        if caller is None and callers.signin is not None:
+            # On an open path (/me): why nobody is signed in, when a session just ended.
+            ended = callers.signin.session_expired(request.scope.get("session"))
+            setattr(request.state, SIGNED_OUT, EXPIRED_SESSION if ended else None)
         with guarded(index, groups):
             yield
 

@@ -62,7 +62,9 @@ const state = {
 // sign-in): said when the page asks for the next one. A reload keeps window.history.state
 // (``window.`` throughout: history() is the chat history sent with a turn).
 const arrivedBecause = typeof window.history.state?.notice === "string" ? window.history.state.notice : null;
-// The page takes nothing from a query (the identity provider's return adds its state to
+// A sign-in that failed comes back with its reason (?sign_in_error=), shown in the prompt.
+const signInError = new URLSearchParams(location.search).get("sign_in_error");
+// Nothing else is taken from a query (the identity provider's return adds its state to
 // it): the address keeps only the path and the view.
 if (arrivedBecause !== null || location.search) {
   window.history.replaceState(null, "", location.pathname + location.hash);
@@ -1032,10 +1034,9 @@ async function identify() {
   }
   if (epoch !== state.epoch) return;
   if (response?.status === 401) {
+    // (A server before /me was open to all: it refused nobody this way.)
     const error = await failure(response);
-    const keyed = Boolean(storedKey());
-    if (keyed) forgetStorage();
-    showPrompt(keyed ? KEY_REFUSED : (arrivedBecause ?? (isExpired(error.message) ? error.message : null)));
+    nobody(isExpired(error.message) ? error.message : null);
     return;
   }
   // An older server has no /me: the page works as it did, without a name.
@@ -1047,7 +1048,22 @@ async function identify() {
       me = null;
     }
   }
+  if (epoch !== state.epoch) return;
+  // Nobody (no key, a key refused, no sign-in or one that ended) where someone is needed.
+  const needed = Boolean(state.server?.api_key_required || state.server?.sign_in);
+  if (me !== null && me.name === null && needed) {
+    nobody(me.signed_out ?? null);
+    return;
+  }
   settle(me);
+}
+
+// Nobody is asking: the prompt, saying why when there is a reason (a key refused, a sign-in
+// that expired or failed at the provider).
+function nobody(reason) {
+  const keyed = Boolean(storedKey());
+  if (keyed) forgetStorage();
+  showPrompt(keyed ? KEY_REFUSED : (arrivedBecause ?? signInError ?? reason));
 }
 
 function isExpired(message) {
