@@ -96,6 +96,7 @@ from ragchains.serving.signin import (
 )
 from ragchains.serving.sourcefiles import source_files_router
 from ragchains.serving.threads import run_request, threads_router
+from ragchains.sessions import SessionStore
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
@@ -159,7 +160,11 @@ def create_app(
     files_reader = BudgetedCalls(
         ParseBudget(settings.ingest_file_memory_mb, settings.ingest_file_timeout)
     )
-    signin = SignIn(settings) if settings.oidc_issuer is not None else None
+    signin = (
+        SignIn(settings, SessionStore(conversations.engine, where=conversations.where))
+        if settings.oidc_issuer is not None
+        else None
+    )
     callers = Callers.of(settings, keyring, signin)
     jobs = ingest_jobs(settings, service)
     # Every route's first dependency: the key (401), then what the request reads kept to

@@ -16,6 +16,7 @@ from pydantic import ValidationError
 
 from ragchains.conversations import (
     CONVERSATIONS,
+    TURNS,
     ConversationExists,
     ConversationStore,
     TurnIn,
@@ -222,3 +223,35 @@ def test_a_title_is_the_first_line_of_the_question_cut_at_a_word() -> None:
     assert title_of("  How many\n vacation days? ") == "How many vacation days?"
     long = "word " * 40
     assert title_of(long).endswith("…") and len(title_of(long)) <= 81
+
+
+def test_writers_at_once_keep_turns_in_order_and_a_delete_leaves_none(
+    store: ConversationStore,
+) -> None:
+    """Eight writers on one conversation: every turn kept at a position of its own. Turns
+    racing a delete: none outlives the conversation (its text would stay in the file)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    busy = store.create("alice")
+    with ThreadPoolExecutor(8) as pool:
+        list(
+            pool.map(lambda n: store.put_turn("alice", busy.id, f"t{n}", _turn(f"q{n}")), range(40))
+        )
+    opened = store.get("alice", busy.id)
+    assert opened is not None
+    assert sorted(t.position for t in opened.history) == list(range(40))
+    for attempt in range(10):
+        doomed = store.create("alice")
+        with ThreadPoolExecutor(4) as pool:
+            writes = [
+                pool.submit(store.put_turn, "alice", doomed.id, f"t{n}", _turn("q"))
+                for n in range(6)
+            ]
+            pool.submit(store.delete, "alice", doomed.id).result()
+            for write in writes:
+                write.result()  # stored before the delete, or refused (None) after it
+        with store.engine.connect() as conn:
+            left = conn.execute(
+                sa.select(sa.func.count()).where(TURNS.c.conversation_id == doomed.id)
+            ).scalar_one()
+        assert left == 0, f"attempt {attempt}: {left} turns outlived their conversation"

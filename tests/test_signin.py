@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from ragchains.serving.keys import KeysFileError, add_key
 from ragchains.serving.signin import (
-    PERSON,
+    SESSION_TOKEN,
     ClaimRules,
     SignIn,
     TokenRefused,
@@ -73,15 +73,39 @@ def test_a_key_cannot_take_a_signed_in_persons_name(tmp_path: Path) -> None:
         add_key(tmp_path / "keys.toml", "oidc:jane", ["hr"])
 
 
-def test_a_session_holds_until_its_id_token_expires() -> None:
-    signin = SignIn(_settings(oidc_issuer="http://idp.example", oidc_client_id="ragchains"))
-    live = {PERSON: {"claims": {"sub": "a", "groups": ["hr"]}, "exp": time.time() + 60}}
-    gone = {PERSON: {"claims": {"sub": "a"}, "exp": time.time() - 1}}
-    held = signin.session_principal(live)
-    assert held is not None and held.name == "oidc:a" and held.groups == frozenset({"hr"})
-    assert signin.session_principal(gone) is None and signin.session_expired(gone)
-    assert signin.session_principal({}) is None and not signin.session_expired({})
-    assert signin.session_principal({PERSON: {"claims": {"sub": "a"}, "exp": "soon"}}) is None
+def test_a_session_is_kept_on_the_server_until_it_expires_or_ends(tmp_path: Path) -> None:
+    import asyncio
+
+    from ragchains.database import sqlite_engine
+    from ragchains.sessions import SessionStore
+
+    engine = sqlite_engine(tmp_path / "conversations.sqlite")
+    sessions = SessionStore(engine, where="test")
+    signin = SignIn(
+        _settings(oidc_issuer="http://idp.example", oidc_client_id="ragchains"), sessions
+    )
+    groups = [f"group-{n:04d}-{'x' * 30}" for n in range(300)]  # far more than a cookie holds
+    live = sessions.open({"claims": {"sub": "a", "groups": groups}}, time.time() + 60)
+    gone = sessions.open({"claims": {"sub": "b"}}, time.time() - 1)
+
+    def run(call: Any) -> Any:
+        return asyncio.run(call)
+
+    held = run(signin.session_principal({SESSION_TOKEN: live}))
+    assert held is not None and held.name == "oidc:a" and len(held.groups or ()) == 300
+    assert run(signin.session_principal({SESSION_TOKEN: gone})) is None
+    assert run(signin.session_expired({SESSION_TOKEN: gone}))
+    for nobody in ({}, {SESSION_TOKEN: "made-up"}, {SESSION_TOKEN: 7}):
+        assert run(signin.session_principal(nobody)) is None
+        assert not run(signin.session_expired(nobody))
+    # Signed out: the same cookie opens nothing, here at once.
+    sessions.end(live)
+    assert run(signin.session_principal({SESSION_TOKEN: live})) is None
+    # The database holds the token's digest, not the token.
+    with engine.connect() as conn:
+        stored = [r[0] for r in conn.exec_driver_sql("SELECT token_sha256 FROM sign_in_sessions")]
+    assert live not in stored and gone not in stored
+    engine.dispose()
 
 
 def test_the_cookie_is_secure_when_people_reach_the_server_over_https() -> None:
@@ -95,7 +119,17 @@ def test_the_session_key_is_made_once_and_kept_for_its_owner_only(tmp_path: Path
     assert len(first) >= 48 and session_secret(_settings(), tmp_path / "idx") == first
     mode = stat.S_IMODE((tmp_path / "idx" / "session.key").stat().st_mode)
     assert mode == 0o600
-    assert session_secret(_settings(session_secret="chosen"), tmp_path / "idx") == "chosen"
+    chosen = "c" * 32
+    assert session_secret(_settings(session_secret=chosen), tmp_path / "idx") == chosen
+    with pytest.raises(ValueError, match="32 or more"):
+        session_secret(_settings(session_secret=""), tmp_path / "idx")  # anyone could sign
+    # A file a crash left short is not trusted: a new key replaces it.
+    (tmp_path / "idx" / "session.key").write_text("")
+    again = session_secret(_settings(), tmp_path / "idx")
+    assert len(again) >= 48 and again != first
+    (tmp_path / "idx" / "session.key").chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        session_secret(_settings(), tmp_path / "idx")
 
 
 def test_the_settings_say_what_sign_in_needs() -> None:
@@ -138,3 +172,23 @@ def test_a_change_asked_from_another_origin_is_refused(
     else:
         refuse_other_sites(scope, Headers(sent), public)
     refuse_other_sites({"method": "GET"}, Headers(sent), public)  # reads are never refused
+
+
+@pytest.mark.parametrize(
+    ("fetch_site", "refused"),
+    [("same-origin", False), ("none", False), ("same-site", True), ("cross-site", True)],
+)
+def test_what_the_browser_says_of_the_origin_is_heeded_without_an_origin(
+    fetch_site: str, refused: bool
+) -> None:
+    from fastapi import HTTPException
+    from starlette.datastructures import Headers
+
+    from ragchains.serving.guards import refuse_other_sites
+
+    sent = Headers({"host": "rag.local:8000", "sec-fetch-site": fetch_site})
+    if refused:
+        with pytest.raises(HTTPException):
+            refuse_other_sites({"method": "DELETE"}, sent)
+    else:
+        refuse_other_sites({"method": "DELETE"}, sent)

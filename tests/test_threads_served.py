@@ -22,7 +22,7 @@ from langgraph_sdk.errors import NotFoundError
 from ragchains.serving.keys import add_key
 from tests.conftest import FIXTURES
 from tests.oidc import OidcProvider, oidc_provider
-from tests.servers import ragchains_serve, user_env
+from tests.servers import FakeOpenAI, ragchains_serve, user_env, wait_until
 from tests.test_cli import run
 from tests.test_domains_served import readme_block
 
@@ -213,3 +213,66 @@ def test_the_readmes_threads_example_runs_as_shown(index: Path, tmp_path: Path) 
     history = lines[4:]
     assert len(history) == 2 and all("guide.md" in line or "[]" in line for line in history)
     assert left["conversations"] == [], "the example deletes its thread"
+
+
+def test_a_failed_run_says_why_and_a_run_left_midway_is_kept_as_stopped(
+    index: Path, upstream: FakeOpenAI, tmp_path: Path
+) -> None:
+    """With a chat model that fails, a streamed run ends with its error event (the reason,
+    the status) and a waited one with the failure's status, each kept as a failed turn; with
+    one that trickles, a client that leaves midway frees the thread at once and the turn so
+    far is kept as stopped."""
+    keys = tmp_path / "keys.toml"
+    key = add_key(keys, "erin", ["garden"])
+    with ragchains_serve(
+        "--index",
+        str(index),
+        RAGCHAINS_KEYS_FILE=str(keys),
+        RAGCHAINS_LLM_PROVIDER="openai",
+        RAGCHAINS_OPENAI_BASE_URL=upstream.base_url,
+        RAGCHAINS_OPENAI_API_KEY="upstream-key",
+        RAGCHAINS_OPENAI_MODEL="broken",
+        RAGCHAINS_LLM_MAX_RETRIES="0",
+    ) as base:
+        client = get_sync_client(url=base, api_key=key)
+        tid = client.threads.create()["thread_id"]
+        parts = list(client.runs.stream(tid, "chat", input=_ask(QUESTION)))
+        assert parts[-1].event == "error", parts
+        assert parts[-1].data["status_code"] == 502 and parts[-1].data["message"], parts[-1]
+        with pytest.raises(httpx.HTTPStatusError) as failed:
+            client.runs.wait(tid, "chat", input=_ask(QUESTION))
+        assert failed.value.response.status_code == 502
+        turns = httpx.get(f"{base}/conversations/{tid}", headers={"X-API-Key": key}).json()
+        assert [t["status"] for t in turns["history"]] == ["error", "error"]
+        assert all(t["error"] for t in turns["history"])
+
+        upstream.behave_as = "trickle"
+        try:
+            with httpx.stream(
+                "POST",
+                f"{base}/threads/{tid}/runs/stream",
+                json={
+                    "assistant_id": "chat",
+                    "input": _ask(QUESTION),
+                    "stream_mode": "messages-tuple",
+                },
+                headers={"X-API-Key": key},
+                timeout=60,
+            ) as reply:
+                tokens = 0
+                for line in reply.iter_lines():
+                    tokens += line.startswith("event: messages")
+                    if tokens >= 3:
+                        break  # the client leaves
+            assert client.threads.get(tid)["status"] in ("idle", "busy")
+
+            def stopped() -> list[dict[str, Any]] | None:
+                got = httpx.get(f"{base}/conversations/{tid}", headers={"X-API-Key": key}).json()
+                last = got["history"][-1] if len(got["history"]) == 3 else None
+                return last if last is not None and last["status"] == "stopped" else None
+
+            kept = wait_until(stopped, "the run left midway kept as stopped", timeout=30)
+            assert kept["output"]["answer"], kept  # the tokens that came before the client left
+            assert client.threads.get(tid)["status"] == "idle"
+        finally:
+            upstream.behave_as = None

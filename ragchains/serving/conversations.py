@@ -27,8 +27,8 @@ from ragchains.conversations import (
     ConversationExists,
     ConversationFull,
     ConversationStore,
-    ConversationStoreError,
     ConversationWithTurns,
+    DatabaseError,
     Turn,
     TurnIn,
 )
@@ -77,7 +77,7 @@ async def stored(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     which names the server's file or database, goes to the log only)."""
     try:
         return await run_in_threadpool(call, *args, **kwargs)
-    except ConversationStoreError as exc:
+    except DatabaseError as exc:
         log.error("%s", exc)
         raise HTTPException(503, CONVERSATIONS_UNAVAILABLE) from exc
 

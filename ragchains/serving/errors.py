@@ -148,6 +148,11 @@ class ErrorMiddleware:
             elif event_stream and message.get("body", b"").startswith(b"event: error"):
                 held = message
                 return
+            elif held is not None:
+                # The stream went on after its error event without raising (a stream of our
+                # own that reports its failure so): the event is sent as it was, first.
+                await send(held)
+                held = None
             await send(message)
 
         try:

@@ -160,11 +160,12 @@ class Callers:
                 raise HTTPException(401, str(exc), headers=INVALID_TOKEN) from exc
         session = scope.get("session") if self.signin is not None else None
         if found is None and not given and self.signin is not None:
-            found = self.signin.session_principal(session)
+            found = await self.signin.session_principal(session)
             if found is not None:
                 refuse_other_sites(scope, headers, self.signin.public_url)
         if found is None and not (is_open(path) or path in self.opened):
-            if self.signin is not None and not given and self.signin.session_expired(session):
+            ended = self.signin is not None and not given
+            if ended and await self.signin.session_expired(session):  # type: ignore[union-attr]
                 raise HTTPException(401, EXPIRED_SESSION, headers={"WWW-Authenticate": "Bearer"})
             reason = MISSING_KEY if self.signin is None else MISSING_SIGN_IN
             raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
@@ -188,8 +189,14 @@ def refuse_other_sites(
     another port of the same host, which is the same site. The page's own origin is the
     host the request was sent to, or the server's public address (``public``: behind a
     proxy that ends TLS, the scheme seen here is not the page's)."""
+    if scope.get("method", "GET") in SAFE_METHODS:
+        return
+    # What the browser says of the request's origin (every current one sends it): another
+    # site's or another origin of this site's page is refused, whatever Origin says.
+    if headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        raise HTTPException(403, "a page of another origin may not act for a signed-in person")
     origin = headers.get("origin")
-    if scope.get("method", "GET") in SAFE_METHODS or origin is None:
+    if origin is None:
         return
     sent_from = urlsplit(origin).netloc
     own = {headers.get("host", ""), urlsplit(public).netloc if public else ""}
@@ -250,7 +257,7 @@ def request_guard(callers: Callers, index: object) -> Callable[[Request], AsyncI
         setattr(request.state, CALLER_GROUPS, groups)
         if caller is None and callers.signin is not None:
             # On an open path (/me): why nobody is signed in, when a session just ended.
-            ended = callers.signin.session_expired(request.scope.get("session"))
+            ended = await callers.signin.session_expired(request.scope.get("session"))
             setattr(request.state, SIGNED_OUT, EXPIRED_SESSION if ended else None)
         with guarded(index, groups):
             yield

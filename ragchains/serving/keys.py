@@ -53,6 +53,11 @@ class KeysFileError(ValueError):
 ROLES = ("reader", "editor", "admin")
 # The names of people signed in with OpenID Connect (serving.signin) begin with it.
 SIGNED_IN_PREFIX = "oidc:"
+# The server's own principals (serving.guards), whose names no key's owner may take.
+SERVER_PRINCIPALS = {
+    "api-key": "RAGCHAINS_API_KEY's holder",
+    "local": "everyone on a server without keys",
+}
 DEFAULT_ROLE = "reader"
 
 
@@ -69,6 +74,17 @@ class Principal:
     def may(self, role: str) -> bool:
         """Whether this principal has ``role`` or one above it (``ROLES``)."""
         return ROLES.index(self.role) >= ROLES.index(role)
+
+
+def reserved_name(principal: str) -> str | None:
+    """Why a key's owner cannot be named ``principal``, else None: the names of the server's
+    own principals and of signed-in people are theirs alone (conversations are kept by the
+    name: a key must never open another's)."""
+    if principal.startswith(SIGNED_IN_PREFIX):
+        return f"{principal!r}: {SIGNED_IN_PREFIX}… names a signed-in person, not a key's owner"
+    if principal in SERVER_PRINCIPALS:
+        return f"{principal!r} is the server's own name for {SERVER_PRINCIPALS[principal]}"
+    return None
 
 
 def checked_role(role: str) -> str:
@@ -152,8 +168,9 @@ def add_key(path: Path, principal: str, groups: list[str], role: str = DEFAULT_R
     else."""
     if not principal.strip() or not principal.isprintable():
         raise KeysFileError(f"{principal!r} is not a usable name for a key's owner")
-    if principal.startswith(SIGNED_IN_PREFIX):
-        raise KeysFileError(f"{SIGNED_IN_PREFIX}… names a signed-in person, not a key's owner")
+    problem = reserved_name(principal)
+    if problem is not None:
+        raise KeysFileError(problem)
     checked_role(role)
     try:
         names = checked_groups(groups, "--groups")
@@ -278,6 +295,9 @@ def _entries(path: Path, data: dict[str, object]) -> list[dict[str, object]]:
                 f"keys file {path}: key {n + 1} needs principal (text), groups (a list) and "
                 "sha256 (64 lowercase hex digits), and may have a role; nothing else"
             )
+        problem = reserved_name(str(entry["principal"]))
+        if problem is not None:
+            raise KeysFileError(f"keys file {path}: key {n + 1}: {problem}")
         if entry.get("role", DEFAULT_ROLE) not in ROLES:
             raise KeysFileError(
                 f"keys file {path}: key {n + 1} has role {entry['role']!r}: choose one of "

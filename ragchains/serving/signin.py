@@ -13,14 +13,17 @@ https); it ends at the ID token's expiry or at sign-out.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
+import re
 import secrets
+import stat
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlencode, urlsplit
 
 import httpx
@@ -37,11 +40,15 @@ from joserfc.errors import (
     MissingClaimError,
 )
 from joserfc.jwk import KeySet
+from starlette.concurrency import run_in_threadpool
 
+from ragchains.database import DatabaseError
 from ragchains.serving.keys import ROLES, SIGNED_IN_PREFIX, Principal
+from ragchains.sessions import SessionStore
 from ragchains.settings import Settings
 
 log = logging.getLogger("ragchains.server")
+T = TypeVar("T")
 
 # Authlib's client talks to the provider with httpx2 when it is installed (openai's own
 # client needs it), else with httpx: a provider that cannot be reached raises either's.
@@ -56,8 +63,10 @@ UNREACHED: tuple[type[Exception], ...] = (*HTTP_ERRORS, RuntimeError, ValueError
 
 SESSION_COOKIE = "ragchains_session"
 SESSION_KEY_FILE = "session.key"
-PERSON = "person"  # the session's key for the signed-in person
+MIN_SECRET = 32  # characters of a session key, at least
+SESSION_TOKEN = "sid"  # the cookie's key for the server's session (ragchains.sessions)
 LEEWAY = 30  # seconds of clock difference allowed between us and the provider
+REFETCH_AFTER = 30.0  # seconds, at least, between two fetches of the keys for an unknown one
 # How long a session cookie may live at most (the ID token's expiry ends it sooner).
 MAX_SESSION_SECONDS = 14 * 24 * 3600
 SIGN_IN_PATHS = frozenset({"/auth/login", "/auth/callback", "/auth/logout"})
@@ -133,20 +142,22 @@ class ClaimRules:
 class SignIn:
     """The provider, its sign-in routes and its tokens (see the module docstring)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, sessions: SessionStore) -> None:
         assert settings.oidc_issuer is not None and settings.oidc_client_id is not None
-        self.issuer = settings.oidc_issuer.rstrip("/")
+        # As configured, to the letter: tokens name their issuer so (Auth0's ends in "/").
+        self.issuer = settings.oidc_issuer
         self.client_id = settings.oidc_client_id
         self.audience = settings.oidc_audience or settings.oidc_client_id
         self.public_url = settings.public_url.rstrip("/") if settings.public_url else None
         self.rules = ClaimRules(settings)
+        self.sessions = sessions
         secret = settings.oidc_client_secret
         self.oauth = OAuth()
         self.oauth.register(
             PROVIDER,
             client_id=self.client_id,
             client_secret=secret.get_secret_value() if secret is not None else None,
-            server_metadata_url=f"{self.issuer}/.well-known/openid-configuration",
+            server_metadata_url=f"{self.issuer.rstrip('/')}/.well-known/openid-configuration",
             client_kwargs={
                 "scope": settings.oidc_scopes,
                 "code_challenge_method": "S256",
@@ -155,29 +166,38 @@ class SignIn:
                 "timeout": 10.0,
             },
         )
-        self._keys_fetched_at = 0.0
+        # One fetch of the provider's keys at a time, and one forced fetch per
+        # REFETCH_AFTER at most: tokens naming unknown keys cannot make it fetch in a loop.
+        self._keys_lock = asyncio.Lock()
+        self._keys_fetched_at = -REFETCH_AFTER
 
     @property
     def client(self) -> Any:
         return self.oauth.create_client(PROVIDER)
 
     # ------------------------------------------------------------------ the session
-    def session_principal(self, session: Mapping[str, Any] | None) -> Principal | None:
-        """The person the session's cookie holds, while their ID token is unexpired."""
-        person = (session or {}).get(PERSON)
-        if not isinstance(person, dict):
+    async def _session(
+        self, session: Mapping[str, Any] | None
+    ) -> tuple[dict[str, Any], float] | None:
+        token = (session or {}).get(SESSION_TOKEN)
+        if not isinstance(token, str) or not token:
             return None
-        if not isinstance(person.get("exp"), int | float) or person["exp"] <= time.time():
+        return await stored_session(self.sessions.find, token)
+
+    async def session_principal(self, session: Mapping[str, Any] | None) -> Principal | None:
+        """The person whose session the cookie names, until their ID token expires."""
+        found = await self._session(session)
+        if found is None or found[1] <= time.time():
             return None
         try:
-            return self.rules.principal(person.get("claims") or {})
+            return self.rules.principal(found[0].get("claims") or {})
         except TokenRefused:
             return None
 
-    @staticmethod
-    def session_expired(session: Mapping[str, Any] | None) -> bool:
-        person = (session or {}).get(PERSON)
-        return isinstance(person, dict) and float(person.get("exp") or 0) <= time.time()
+    async def session_expired(self, session: Mapping[str, Any] | None) -> bool:
+        """Whether the cookie names a session that has ended with its ID token."""
+        found = await self._session(session)
+        return found is not None and found[1] <= time.time()
 
     # ------------------------------------------------------------------ bearer tokens
     async def bearer_principal(self, token: str) -> Principal:
@@ -189,8 +209,12 @@ class SignIn:
         claims = _json_object(unverified.payload)
         if claims.get("iss") != self.issuer:
             raise TokenRefused("the token's issuer is not the identity provider this server uses")
+        if "nonce" in claims:  # what the provider gave this server at a sign-in: not for calls
+            raise TokenRefused("an ID token is not an access token: send the access token")
         try:
-            verified = jwt.decode(token, await self._key_set(), algorithms=await self._algorithms())
+            keys = await self._key_set()
+            assert keys is not None  # unforced: always fetched
+            verified = jwt.decode(token, keys, algorithms=await self._algorithms())
         except InvalidKeyIdError:
             # The provider may have rotated its keys since they were fetched.
             verified = await self._decode_after_refresh(token)
@@ -220,28 +244,36 @@ class SignIn:
         return self.rules.principal(verified.claims)
 
     async def _decode_after_refresh(self, token: str) -> Any:
-        if time.monotonic() - self._keys_fetched_at < 30:
-            raise TokenRefused("the token is signed with a key the provider does not publish")
+        unknown = "the token is signed with a key the provider does not publish"
+        keys = await self._key_set(force=True)
+        if keys is None:  # fetched again a moment ago: the key is not there
+            raise TokenRefused(unknown)
         try:
-            return jwt.decode(
-                token, await self._key_set(force=True), algorithms=await self._algorithms()
-            )
+            return jwt.decode(token, keys, algorithms=await self._algorithms())
         except InvalidKeyIdError as exc:
-            raise TokenRefused(
-                "the token is signed with a key the provider does not publish"
-            ) from exc
+            raise TokenRefused(unknown) from exc
         except BadSignatureError as exc:
             raise TokenRefused("the token's signature does not verify") from exc
+        except JoseError as exc:
+            raise TokenRefused(f"the token cannot be read: {exc.description or exc.error}") from exc
 
-    async def _key_set(self, *, force: bool = False) -> KeySet:
-        try:
-            keys = await self.client.fetch_jwk_set(force=force)
-        except UNREACHED as exc:
-            log.warning("identity provider %s: keys not fetched: %s", self.issuer, exc)
-            raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
-        if force:
-            self._keys_fetched_at = time.monotonic()
-        return KeySet.import_key_set(keys)
+    async def _key_set(self, *, force: bool = False) -> KeySet | None:
+        """The provider's published keys; ``force``: fetched again (a key may have been
+        rotated in), unless that was done within REFETCH_AFTER (then None)."""
+        async with self._keys_lock:
+            if force:
+                if time.monotonic() - self._keys_fetched_at < REFETCH_AFTER:
+                    return None
+                self._keys_fetched_at = time.monotonic()
+            try:
+                keys = await self.client.fetch_jwk_set(force=force)
+                return KeySet.import_key_set(keys)
+            except UNREACHED as exc:
+                log.warning("identity provider %s: keys not fetched: %s", self.issuer, exc)
+                raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
+            except JoseError as exc:
+                log.warning("identity provider %s: keys not usable: %s", self.issuer, exc)
+                raise HTTPException(503, UNREACHABLE, headers={"Retry-After": "5"}) from exc
 
     async def _algorithms(self) -> list[str]:
         metadata = await self.client.load_server_metadata()
@@ -292,8 +324,9 @@ class SignIn:
                 log.warning("sign-in failed: %s", exc)
                 failed = urlencode({"sign_in_error": str(exc)})
                 return RedirectResponse(f"{self.home(request)}?{failed}", status_code=303)
-            request.session.clear()
-            request.session[PERSON] = person
+            token = await stored_session(self.sessions.open, person, person["exp"])
+            request.session.clear()  # a new session's token: none from before is kept
+            request.session[SESSION_TOKEN] = token
             log.info("signed in: %s (%s)", who.name, who.role)
             return RedirectResponse(self.home(request), status_code=303)
 
@@ -305,9 +338,12 @@ class SignIn:
         async def sign_out(request: Request) -> JSONResponse:
             """Ends this server's session at once; ``end_session_url`` (when the provider
             has one) ends the provider's too, then comes back to the page."""
-            person = request.session.get(PERSON)
+            found = await self._session(request.session)
+            token = request.session.get(SESSION_TOKEN)
             request.session.clear()
-            hint = person.get("id_token") if isinstance(person, dict) else None
+            if isinstance(token, str):
+                await stored_session(self.sessions.end, token)
+            hint = found[0].get("id_token") if found is not None else None
             try:
                 metadata = await self.client.load_server_metadata()
             except UNREACHED:
@@ -331,7 +367,11 @@ class SignIn:
         except OAuthError as exc:
             if exc.error == "mismatching_state":  # no sign-in of this browser's to finish
                 raise SignInFailed(STALE_SIGN_IN) from exc
-            raise SignInFailed(exc.description or exc.error or "refused by the provider") from exc
+            # The page shows its error code only: a description could be anyone's words in
+            # a link built to be clicked.
+            code = exc.error if re.fullmatch(r"[a-z_]{1,40}", exc.error or "") else "refused"
+            log.info("sign-in refused by the provider: %r", exc.description)
+            raise SignInFailed(f"the identity provider refused the sign-in ({code})") from exc
         except JoseError as exc:
             raise SignInFailed(f"the ID token is refused ({exc.error})") from exc
         except UNREACHED as exc:
@@ -340,7 +380,9 @@ class SignIn:
         if not claims:
             raise SignInFailed("the provider sent no ID token")
         if self.rules.groups_claim not in claims:
-            claims.update(await self._userinfo(token))
+            more = await self._userinfo(token)
+            if more.get("sub") == claims.get("sub"):  # OIDC: the same person, or none of it
+                claims = {**more, **claims}
         try:
             who = self.rules.principal(claims)
         except TokenRefused as exc:
@@ -360,6 +402,15 @@ class SignIn:
         except (*UNREACHED, KeyError, OAuthError) as exc:
             log.info("identity provider %s: no userinfo (%s)", self.issuer, exc)
             return {}
+
+
+async def stored_session(call: Callable[..., T], *args: Any) -> T:
+    """A session store's ``call`` off the event loop; a database that fails is a 503."""
+    try:
+        return await run_in_threadpool(call, *args)
+    except DatabaseError as exc:
+        log.error("%s", exc)
+        raise HTTPException(503, "sign-in sessions cannot be read or kept now") from exc
 
 
 # Claims the session keeps, beside those the rules read (a cookie is at most 4 KB).
@@ -386,22 +437,62 @@ def secure_cookie(settings: Settings) -> bool:
 def session_secret(settings: Settings, folder: Path) -> str:
     """The key that signs session cookies: RAGCHAINS_SESSION_SECRET, else one made once and
     kept in ``folder``/session.key (readable by its owner only), so a restart keeps people
-    signed in."""
+    signed in. Anyone holding a short or empty key could sign a cookie of their own: a key
+    under MIN_SECRET characters is refused (a damaged file is replaced)."""
     if settings.session_secret is not None:
-        return settings.session_secret.get_secret_value()
+        secret = settings.session_secret.get_secret_value()
+        if len(secret) < MIN_SECRET:
+            raise ValueError(
+                f"RAGCHAINS_SESSION_SECRET has {len(secret)} characters: use {MIN_SECRET} or "
+                "more (e.g. python -c 'import secrets; print(secrets.token_urlsafe(48))')"
+            )
+        return secret
     path = folder / SESSION_KEY_FILE
-    try:
-        return path.read_text().strip()
-    except FileNotFoundError:
-        pass
+    kept = _kept_secret(path)
+    if kept is not None:
+        return kept
     folder.mkdir(parents=True, exist_ok=True)
     secret = secrets.token_urlsafe(48)
+    # Written whole under a name of its own, then linked into place: another server sees no
+    # file or all of it, and of two made at once the second reads the first's.
+    scratch = folder / f".{SESSION_KEY_FILE}.{secrets.token_hex(8)}"
+    fd = os.open(scratch, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:  # another server made it first
-        return path.read_text().strip()
-    with os.fdopen(fd, "w") as out:
-        out.write(secret + "\n")
+        with os.fdopen(fd, "w") as out:
+            out.write(secret + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(scratch, path)
+        except FileExistsError:
+            kept = _kept_secret(path)
+            if kept is not None:  # another server's, made meanwhile
+                return kept
+            os.replace(scratch, path)  # a damaged one: people sign in again
+    finally:
+        scratch.unlink(missing_ok=True)
+    return secret
+
+
+def _kept_secret(path: Path) -> str | None:
+    """The key kept at ``path``; None when there is none, or one too short to trust (a
+    crash mid-write left it so: it is replaced)."""
+    try:
+        with open(path) as kept:
+            mode = os.fstat(kept.fileno()).st_mode
+            secret = kept.read().strip()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"session key {path}: {exc.strerror}") from exc
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise ValueError(
+            f"session key {path} can be read by other users, who could sign in as anyone: "
+            f"chmod 600 {path}"
+        )
+    if len(secret) < MIN_SECRET:
+        log.warning("session key %s is damaged (too short): a new one is made", path)
+        return None
     return secret
 
 

@@ -17,6 +17,7 @@ answers with the failure's status (the SDK raises either way); a streamed run's 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -105,7 +106,9 @@ class HistoryRequest(BaseModel):
     before: str | dict[str, Any] | None = None
 
 
-StreamMode = Literal["values", "updates", "messages-tuple", "messages"]
+# The modes a chat has: its state, its updates, and its answer's tokens as message chunks
+# (LangGraph's "messages-tuple"; the older "messages" form is not served).
+StreamMode = Literal["values", "updates", "messages-tuple"]
 
 
 def _has_a_question(schema: dict[str, Any]) -> None:
@@ -254,34 +257,46 @@ def _checkpoint(thread_id: str, checkpoint_id: str | None) -> dict[str, Any] | N
     return {"thread_id": thread_id, "checkpoint_ns": "", "checkpoint_id": checkpoint_id}
 
 
-def states_of(conversation: ConversationWithTurns) -> list[dict[str, Any]]:
-    """The thread's states after each turn, oldest first: one checkpoint per turn."""
-    states: list[dict[str, Any]] = []
+def state_after(conversation: ConversationWithTurns, n: int) -> dict[str, Any]:
+    """The thread's state after its turn ``n`` (counted from 0): its checkpoint."""
     turns = conversation.history
-    for n, turn in enumerate(turns):
-        parent = turns[n - 1].id if n else None
-        states.append(
-            {
-                "values": values_of(turns[: n + 1]),
-                "next": [],
-                "tasks": [],
-                "metadata": {
-                    "source": "loop",
-                    "step": n,
-                    "parents": {},
-                    "run_id": turn.run_id,
-                    "thread_id": conversation.id,
-                    "graph_id": ASSISTANT,
-                },
-                "created_at": turn.created_at,
-                "checkpoint": _checkpoint(conversation.id, turn.id),
-                "parent_checkpoint": _checkpoint(conversation.id, parent),
-                "checkpoint_id": turn.id,
-                "parent_checkpoint_id": parent,
-                "interrupts": [],
-            }
-        )
-    return states
+    turn = turns[n]
+    parent = turns[n - 1].id if n else None
+    return {
+        "values": values_of(turns[: n + 1]),
+        "next": [],
+        "tasks": [],
+        "metadata": {
+            "source": "loop",
+            "step": n,
+            "parents": {},
+            "run_id": turn.run_id,
+            "thread_id": conversation.id,
+            "graph_id": ASSISTANT,
+        },
+        "created_at": turn.created_at,
+        "checkpoint": _checkpoint(conversation.id, turn.id),
+        "parent_checkpoint": _checkpoint(conversation.id, parent),
+        "checkpoint_id": turn.id,
+        "parent_checkpoint_id": parent,
+        "interrupts": [],
+    }
+
+
+def history_page(
+    conversation: ConversationWithTurns, before: str | None, limit: int
+) -> list[dict[str, Any]]:
+    """Up to ``limit`` of the thread's states, the newest first, from the one before the
+    checkpoint ``before`` (none: from the newest); only those are built (each holds the
+    messages up to it)."""
+    ids = [turn.id for turn in conversation.history]
+    if before is None:
+        start = len(ids) - 1
+    elif before in ids:
+        start = ids.index(before) - 1
+    else:
+        return []
+    return [state_after(conversation, n) for n in range(start, max(start - limit, -1), -1)]
 
 
 def empty_state() -> dict[str, Any]:
@@ -348,7 +363,7 @@ def threads_router(
     ``run_model``: a run's body (``run_request``); ``ticket``: the dependency that gives a
     run its ticket for the model's queue."""
     router = APIRouter(tags=["threads"])
-    running: set[str] = set()  # threads with a run in progress in this server
+    running = Running()
 
     async def owned(who: Principal, thread_id: str) -> ConversationWithTurns:
         found = await stored(store.get, who.name, thread_id)
@@ -466,8 +481,7 @@ def threads_router(
         subgraphs: Annotated[bool, Query()] = False,
     ) -> dict[str, Any]:
         found = await owned(who, thread_id)
-        states = states_of(found)
-        return states[-1] if states else empty_state()
+        return state_after(found, len(found.history) - 1) if found.history else empty_state()
 
     @router.post(
         "/threads/{thread_id}/history",
@@ -480,12 +494,8 @@ def threads_router(
         body: HistoryRequest | None = None,
     ) -> list[dict[str, Any]]:
         body = body or HistoryRequest()
-        states = list(reversed(states_of(await owned(who, thread_id))))
-        before = body.before.get("checkpoint_id") if isinstance(body.before, dict) else body.before
-        if before is not None:
-            ids = [s["checkpoint_id"] for s in states]
-            states = states[ids.index(before) + 1 :] if before in ids else []
-        return states[: body.limit]
+        found = await owned(who, thread_id)
+        return history_page(found, checkpoint_named(body.before), int(body.limit))
 
     @router.get(
         "/threads/{thread_id}/runs",
@@ -530,9 +540,8 @@ def threads_router(
         except ValidationError as exc:
             raise HTTPException(422, problem_text(exc.errors()[0])) from exc
         configurable = chat.resolve(body.config.configurable)
-        if thread_id in running:
-            raise HTTPException(409, BUSY_THREAD)
         admit(held, llm)  # 503 now, not in a started stream
+        running.take(thread_id)  # 409 when a run is in progress
         config: Any = {"configurable": with_ticket(configurable, held), "run_name": ASSISTANT}
         return found, turn, config
 
@@ -540,7 +549,9 @@ def threads_router(
         """The run kept as the thread's next turn. Its failure is logged, not raised: the
         answer has been given (a full thread, a database down for a moment)."""
         try:
-            await stored(store.put_turn, who.name, thread_id, run_id, turn)
+            if await stored(store.put_turn, who.name, thread_id, run_id, turn) is None:
+                log.info("run %s not stored: thread %s was deleted meanwhile", run_id, thread_id)
+                return
             await stored(
                 store.update,
                 who.name,
@@ -574,18 +585,13 @@ def threads_router(
             out: dict[str, Any] = {"answer": ""}
             before = values_of(found.history)["messages"]
             asked = _message("human", question, f"{run_id}-question")
-            yield sse("metadata", {"run_id": run_id, "attempt": 1})
-            # Marked busy once the stream runs (a stream never started leaves no mark).
-            if thread_id in running:
-                yield sse("error", {"error": "Conflict", "message": BUSY_THREAD})
-                return
-            running.add(thread_id)
             try:
+                yield sse("metadata", {"run_id": run_id, "attempt": 1})
                 if "values" in modes:
                     yield sse("values", {"messages": [*before, asked]})
                 async for chunk in chat.runnable.astream(turn, config):
                     merge(out, chunk)
-                    if "answer" in chunk and modes & {"messages-tuple", "messages"}:
+                    if "answer" in chunk and "messages-tuple" in modes:
                         delta = _message("AIMessageChunk", chunk["answer"], run_id)
                         meta = {
                             "run_id": run_id,
@@ -609,8 +615,14 @@ def threads_router(
                     },
                 )
                 return
+            except (asyncio.CancelledError, GeneratorExit):
+                # The client left: the turn so far is kept as stopped, as the page keeps
+                # one, by a task of its own (nothing more can be awaited here).
+                stopped = finished(question, out, body, run_id, history_turns=earlier, stopped=True)
+                running.later(record(who, thread_id, run_id, stopped, body))
+                raise
             finally:
-                running.discard(thread_id)
+                running.free(thread_id)
             kept = finished(question, out, body, run_id, history_turns=earlier)
             await record(who, thread_id, run_id, kept, body)
             answer = turn_messages(kept, run_id)[1]
@@ -643,7 +655,6 @@ def threads_router(
         body: Any = read_model(run_model, sent)
         found, turn, config = await start(thread_id, body, who, held)
         run_id = str(uuid.uuid4())
-        running.add(thread_id)
         question = turn.question
         earlier = len(turn.chat_history) // 2
         try:
@@ -656,7 +667,7 @@ def threads_router(
             await record(who, thread_id, run_id, failure_turn, body)
             raise
         finally:
-            running.discard(thread_id)
+            running.free(thread_id)
         kept = finished(question, dict(result), body, run_id, history_turns=earlier)
         await record(who, thread_id, run_id, kept, body)
         messages = [*values_of(found.history)["messages"], *turn_messages(kept, run_id)]
@@ -666,6 +677,44 @@ def threads_router(
         )
 
     return router
+
+
+def checkpoint_named(before: str | dict[str, Any] | None) -> str | None:
+    """The checkpoint id ``before`` names: as it is, a checkpoint's dict, or a config's
+    (``{"configurable": {"checkpoint_id": …}}``), as the SDKs send it."""
+    if isinstance(before, dict):
+        named = before.get("checkpoint_id", (before.get("configurable") or {}).get("checkpoint_id"))
+        return named if isinstance(named, str) else None
+    return before
+
+
+class Running:
+    """The threads with a run in progress on this server, each held by the request that
+    started its run: when that request ends, however it ends (its stream never started,
+    its client gone), the thread is free again."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, asyncio.Task[Any] | None] = {}
+        self._later: set[asyncio.Task[Any]] = set()
+
+    def __contains__(self, thread_id: object) -> bool:
+        task = self._held.get(str(thread_id))
+        return task is not None and not task.done()
+
+    def take(self, thread_id: str) -> None:
+        """Holds ``thread_id`` for the current request; 409 when a run holds it."""
+        if thread_id in self:
+            raise HTTPException(409, BUSY_THREAD)
+        self._held[thread_id] = asyncio.current_task()
+
+    def free(self, thread_id: str) -> None:
+        self._held.pop(thread_id, None)
+
+    def later(self, work: Any) -> None:
+        """``work`` (a coroutine) run by a task of its own, kept until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._later.add(task)
+        task.add_done_callback(self._later.discard)
 
 
 def check_assistant(assistant_id: str) -> None:
@@ -719,13 +768,22 @@ def finished(
     *,
     history_turns: int,
     error: str | None = None,
+    stopped: bool = False,
 ) -> TurnIn:
     """The run as a stored turn (what the page stores for one of its own), with how many
     earlier turns it was given as its chat history."""
     domain = body.config.configurable.get("domain")
     output = to_jsonable_python(out, fallback=str)  # models and documents as their fields
     output["history_turns"] = history_turns
-    status = "error" if error else "abstained" if out.get("abstained") else "answered"
+    status = (
+        "error"
+        if error
+        else "stopped"
+        if stopped
+        else "abstained"
+        if out.get("abstained")
+        else "answered"
+    )
     return TurnIn.model_validate(
         {
             "question": question,
