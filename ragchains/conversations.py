@@ -389,7 +389,8 @@ class ConversationStore(Database):
 
     # ------------------------------------------------------------------ retention
     def purge(self, now: datetime | None = None) -> int:
-        """Deletes every conversation whose last turn is older than ``keep_days``; how many."""
+        """Deletes every conversation last changed (a turn, a rename) more than ``keep_days``
+        ago; how many."""
         if self.keep_days is None:
             return 0
         cutoff = now_text((now or datetime.now(UTC)) - timedelta(days=self.keep_days))

@@ -267,8 +267,8 @@ class Settings(BaseSettings):
     conversation_days: int | None = Field(
         None,
         ge=1,
-        description="delete a conversation this many days after its last turn (unset: keep "
-        "them until their owner deletes them)",
+        description="delete a conversation this many days after its last change (a turn, a "
+        "rename; unset: keep them until their owner deletes them)",
     )
 
     # Sign-in with OpenID Connect (the chat page; bearer tokens on every route). Without an

@@ -32,6 +32,7 @@ from ragchains.conversations import (
     Turn,
     TurnIn,
 )
+from ragchains.serving.errors import problem_responses
 from ragchains.serving.guards import requires
 from ragchains.serving.keys import Principal
 from ragchains.textrules import text_type
@@ -42,7 +43,6 @@ log = logging.getLogger("ragchains.server")
 READER = Depends(requires("reader"))
 CONVERSATIONS_UNAVAILABLE = "conversations cannot be read or stored now; the server log says why"
 NOT_FOUND = "no conversation of yours has this id"
-_PROBLEM = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 ConversationId = Annotated[
     str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 ]
@@ -63,13 +63,15 @@ class ConversationList(BaseModel):
     next_offset: int | None = Field(description="the offset of the next page; null: the last")
 
 
+_REASONS = {
+    404: "No conversation of the caller's has this id",
+    409: "A conversation has this id already, or it is full",
+    503: "The conversations' database cannot be read or written now",
+}
+
+
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    reasons = {
-        404: "No conversation of the caller's has this id",
-        409: "A conversation has this id already, or it is full",
-        503: "The conversations' database cannot be read or written now",
-    }
-    return {s: {"description": reasons[s], "content": _PROBLEM} for s in statuses}
+    return problem_responses(_REASONS, *statuses)
 
 
 async def stored(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:

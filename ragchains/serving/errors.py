@@ -188,3 +188,12 @@ class ErrorMiddleware:
             return
         if held is not None:
             await send(held)
+
+
+PROBLEM_CONTENT = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
+
+
+def problem_responses(reasons: dict[int, str], *statuses: int) -> dict[int | str, dict[str, Any]]:
+    """A route's refusals for its OpenAPI ``responses``: each of ``statuses`` answered with
+    a Problem, described by ``reasons``."""
+    return {s: {"description": reasons[s], "content": PROBLEM_CONTENT} for s in statuses}

@@ -1,6 +1,7 @@
-"""What each request is allowed and keeps to: its API key checked (and the groups it reads),
-and the index generation it reads from start to end; and the middleware around every
-route (CORS, the errors' replies)."""
+"""What each request is allowed and keeps to: who it comes from (a key, the identity
+provider's bearer token, a signed-in person's session) and the groups they read, and the
+index generation it reads from start to end; and the middleware around every route (CORS,
+the errors' replies)."""
 
 from __future__ import annotations
 
@@ -152,7 +153,7 @@ class Callers:
             and given
             and bearer
             and self.signin is not None
-            and given.count(b".") == 2
+            and given.count(b".") == 2  # a JWT's three parts; a key has no dot
         ):
             try:
                 found = await self.signin.bearer_principal(given.decode("latin-1"))

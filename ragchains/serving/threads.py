@@ -24,7 +24,7 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, HTTPException, Path, Query, Response
+from fastapi import APIRouter, HTTPException, Path, Query, Response
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import to_jsonable_python
@@ -44,9 +44,8 @@ from ragchains.conversations import (
 from ragchains.models.queue import Ticket, with_ticket
 from ragchains.serving.admission import admit
 from ragchains.serving.bodies import JsonBody, read_model
-from ragchains.serving.conversations import ConversationId, TurnId, deleted, stored
-from ragchains.serving.errors import failed
-from ragchains.serving.guards import requires
+from ragchains.serving.conversations import READER, ConversationId, TurnId, deleted, stored
+from ragchains.serving.errors import failed, problem_responses
 from ragchains.serving.keys import Principal
 from ragchains.serving.requests import Limits, Route
 from ragchains.textrules import json_int, text_type
@@ -55,23 +54,23 @@ ASSISTANT = "chat"
 # The id the LangGraph server gives the assistant of a graph named "chat" (uuid5 of the
 # name in its namespace): clients that looked it up there find it here too.
 ASSISTANT_UUID = str(uuid.uuid5(uuid.UUID("6ba7b821-9dad-11d1-80b4-00c04fd430c8"), ASSISTANT))
-READER = Depends(requires("reader"))
 log = logging.getLogger("ragchains.server")
 BUSY_THREAD = "a run is in progress on this thread: wait for it to end"
-_PROBLEM = {"application/json": {"schema": {"$ref": "#/components/schemas/Problem"}}}
 _Metadata = Annotated[dict[str, Any], Field(max_length=64)]
 _Limit = json_int(ge=1, le=1000)
 _Offset = json_int(ge=0, le=1_000_000)
 
 
+_REASONS = {
+    404: "No thread of the caller's has this id (or no such assistant or run)",
+    409: "A thread has this id already, or a run is in progress on it",
+    422: "The body names no question, or a choice the chat chain does not have",
+    503: "The model is busy (Retry-After), or the conversations cannot be stored",
+}
+
+
 def _problems(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    reasons = {
-        404: "No thread of the caller's has this id (or no such assistant or run)",
-        409: "A thread has this id already, or a run is in progress on it",
-        422: "The body names no question, or a choice the chat chain does not have",
-        503: "The model is busy (Retry-After), or the conversations cannot be stored",
-    }
-    return {s: {"description": reasons[s], "content": _PROBLEM} for s in statuses}
+    return problem_responses(_REASONS, *statuses)
 
 
 # ----------------------------------------------------------------------------- bodies
