@@ -58,7 +58,7 @@ CONVERSATIONS = sa.Table(
     "conversations",
     METADATA,
     sa.Column("id", sa.String(64), primary_key=True),
-    sa.Column("owner", sa.String(300), nullable=False),
+    sa.Column("owner", sa.Text, nullable=False),  # a key owner's name has no length limit
     sa.Column("title", sa.String(TITLE_CHARS), nullable=False),
     # ISO 8601 in UTC with microseconds: one width, so text order is time order in both
     # databases, and a person reading the file sees dates.
