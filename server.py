@@ -69,7 +69,7 @@ from ragchains.serving.bodies import MALFORMED, BodyLimits, JsonBody, JsonOnly
 from ragchains.serving.collection import collection_router, unfound_domains
 from ragchains.serving.conversations import conversations_router
 from ragchains.serving.departures import CancelOnDisconnect, quiet_departed_work
-from ragchains.serving.documents import documents_router
+from ragchains.serving.documents import caller_router, documents_router
 from ragchains.serving.errors import add_error_handlers
 from ragchains.serving.feedback import feedback_router
 from ragchains.serving.guards import Callers, Guarded, add_guards, request_guard
@@ -192,6 +192,7 @@ def create_app(
     app.include_router(source_files_router(service, files_reader))
     app.include_router(collection_router(service))
     app.include_router(documents_router(service, settings, jobs, files_reader))
+    app.include_router(caller_router())
     app.include_router(conversations_router(conversations))
     run_body = run_request(limits)
     app.include_router(

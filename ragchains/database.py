@@ -11,6 +11,7 @@ still true when it writes.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,6 +19,8 @@ from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
+
+log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT = 10.0  # seconds a SQLite write waits for another writer
 WRITES = "ragchains_writes"  # a connection's execution option: its transaction writes
@@ -84,6 +87,13 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql("BEGIN IMMEDIATE" if conn.get_execution_options().get(WRITES) else "BEGIN")
 
 
+def read_only(exc: BaseException) -> bool:
+    """Whether ``exc`` is a write refused by a read-only database (a PostgreSQL replica's
+    SQLSTATE 25006)."""
+    cause = getattr(exc.__cause__, "orig", None)
+    return getattr(cause, "sqlstate", None) == "25006"
+
+
 class Database:
     """A store of records in ``engine``'s database: its failures as DatabaseError naming
     ``where`` (the file, or the store's redacted URL), and its transactions."""
@@ -113,13 +123,22 @@ class Database:
 
     def create_tables(self, metadata: sa.MetaData) -> None:
         """``metadata``'s tables, those missing; two servers starting at once may both try,
-        and one finds them made: then it looks again."""
+        and one finds them made: then it looks again. On a read-only replica nothing can be
+        made: what the primary made is read, and each write is refused (the log says so)."""
         for attempt in (1, 2):
             try:
                 with self.transaction(writes=True) as conn:
                     metadata.create_all(conn)
                 return
-            except DatabaseError:
+            except DatabaseError as exc:
+                if read_only(exc):
+                    log.warning(
+                        "%s at %s: a read-only replica: they are read but not kept (set "
+                        "RAGCHAINS_CONVERSATIONS_DB to keep them in a file of this server's)",
+                        self.what,
+                        self.where,
+                    )
+                    return
                 if attempt == 2:
                     raise
 

@@ -172,6 +172,9 @@ def test_a_server_reads_a_replica_while_ingestion_writes_to_the_primary(
             ready = httpx.get(f"{base}/readyz", timeout=30).json()["index"]
             assert ready["replica"] is True and ready["generation"] == 1
             assert retrieved(base, "When do the drip lines run?")
+            # Conversations cannot be kept on a replica: refused, and the server still up.
+            kept = httpx.post(f"{base}/conversations", json={}, timeout=30)
+            assert kept.status_code == 503 and "cannot be read or stored" in kept.text
             (docs_dir / "irrigation.md").write_text(
                 "# Drip irrigation\n\nZorblatt drip lines water each tomato plant at its roots.\n"
             )

@@ -283,6 +283,31 @@ def _readable_skip(entry: Mapping[str, Any], who: Principal | None) -> bool:
     return may_read(groups, who.groups if who is not None else None)
 
 
+def caller_router() -> APIRouter:
+    """GET /me: who is asking. Open to all, as nobody is an answer too (the page then asks
+    for a key or a sign-in); the documents API's routes each need a caller."""
+    router = APIRouter(tags=["sign-in"])
+
+    @router.get("/me", response_model=Caller, summary="Who is asking (key or sign-in), their role")
+    async def me(request: Request) -> Caller:
+        """The key's owner or the signed-in person, their role and groups, and what the
+        role allows (the page shows the Documents controls by it); nobody (nulls, and why
+        when a sign-in just expired) when neither came."""
+        who = caller(request)
+        return Caller(
+            name=who.name if who else None,
+            display=(who.display or who.name) if who else None,
+            via=who.via if who else None,  # type: ignore[arg-type]
+            role=who.role if who else None,  # type: ignore[arg-type]
+            groups=sorted(who.groups) if who and who.groups is not None else None,
+            may_upload=bool(who and who.may("editor")),
+            may_see_all_jobs=bool(who and who.may("admin")),
+            signed_out=getattr(request.state, SIGNED_OUT, None) if who is None else None,
+        )
+
+    return router
+
+
 def documents_router(
     service: Service, settings: Settings, jobs: IngestJobs, files_reader: BudgetedCalls
 ) -> APIRouter:
@@ -305,22 +330,6 @@ def documents_router(
             if path not in records and isinstance(entry, dict) and _readable_skip(entry, who)
         ]
         return sorted(entries, key=lambda e: e.path)
-
-    @router.get("/me", response_model=Caller, summary="Who is asking (key or sign-in), their role")
-    async def me(request: Request) -> Caller:
-        """The key's owner, role and groups, and what the role allows (the page shows the
-        Documents controls by it)."""
-        who = caller(request)
-        return Caller(
-            name=who.name if who else None,
-            display=(who.display or who.name) if who else None,
-            via=who.via if who else None,  # type: ignore[arg-type]
-            role=who.role if who else None,  # type: ignore[arg-type]
-            groups=sorted(who.groups) if who and who.groups is not None else None,
-            may_upload=bool(who and who.may("editor")),
-            may_see_all_jobs=bool(who and who.may("admin")),
-            signed_out=getattr(request.state, SIGNED_OUT, None) if who is None else None,
-        )
 
     @router.get(
         "/documents",
