@@ -32,6 +32,7 @@ from tests.oidc import OidcProvider, oidc_provider
 from tests.servers import ragchains_serve, wait_until
 from tests.test_chat_page import ChatPage
 from tests.test_cli import run
+from tests.test_playground import field
 
 pytestmark = [pytest.mark.slow, pytest.mark.browser, pytest.mark.e2e]
 
@@ -369,4 +370,26 @@ def test_an_expired_sign_in_forgets_the_conversation_before_asking_again(
         cy.assert_clean(f"/conversations/{conversation}")
     finally:
         idp.set_token_ttl(3600)
+        context.close()
+
+
+def test_a_signed_in_person_opens_the_playground_with_their_session(
+    site: Site, idp: OidcProvider, browser: Any
+) -> None:
+    """The LangServe playground in the browser that signed in: its calls carry the session
+    cookie, so it renders the chat chain's choices with no console error (a key user's
+    playground cannot send a key: not this)."""
+    idp.sign_in_as("pat", name="Pat Doe", groups=["hr"])
+    context = browser.new_context()
+    try:
+        pat = Visitor(context, site)
+        pat.sign_in("Pat Doe")
+        played = open_page(context, f"{site.base}/chat/playground/")
+        domain = field(played.page, "domain")
+        domain.wait_for(timeout=30_000)
+        assert domain.input_value() == "default"
+        assert played.page.get_by_role("button", name="Start").count() == 1
+        played.assert_clean()
+        pat.assert_clean()
+    finally:
         context.close()
