@@ -264,7 +264,6 @@ def test_a_failed_run_says_why_and_a_run_left_midway_is_kept_as_stopped(
                     tokens += line.startswith("event: messages")
                     if tokens >= 3:
                         break  # the client leaves
-            assert client.threads.get(tid)["status"] in ("idle", "busy")
 
             def stopped() -> list[dict[str, Any]] | None:
                 got = httpx.get(f"{base}/conversations/{tid}", headers={"X-API-Key": key}).json()
