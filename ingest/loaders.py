@@ -8,13 +8,12 @@ on ("encrypted PDF (password required)", "binary file", ...). Nothing here write
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from pathlib import Path
 
-from langchain_text_splitters import MarkdownHeaderTextSplitter
-
 from ragchains.ingest.images import load_image
+from ragchains.ingest.markdown import load_markdown
+from ragchains.ingest.markdown import markdown_parts as _markdown_parts
 from ragchains.ingest.officezip import refuse_legacy
 from ragchains.ingest.parts import (
     LoadedFile,
@@ -22,7 +21,6 @@ from ragchains.ingest.parts import (
     Part,
     SkipFile,
     read_text,
-    slugify,
 )
 from ragchains.ingest.pdfs import load_pdf
 from ragchains.ingest.sheets import load_xlsx
@@ -31,51 +29,11 @@ from ragchains.ingest.tables import load_csv, load_json
 from ragchains.ingest.wordfiles import load_docx
 from ragchains.retrievers.formats import FORMATS
 
-_HEADERS = [("#", "h1"), ("##", "h2"), ("###", "h3"), ("####", "h4")]
-_FRONT_MATTER = re.compile(r"\A---\s*\n(.*?)\n---\s*\n", re.DOTALL)
-_TITLE_LINE = re.compile(r"^title:\s*[\"']?(.+?)[\"']?\s*$", re.MULTILINE)
-
 
 # ----------------------------------------------------------------------------- formats
 def load_text(path: Path, options: LoadOptions) -> LoadedFile:
     text = read_text(path)
     return LoadedFile(format="text", title=path.stem, parts=[Part(text=text)])
-
-
-def _markdown_parts(markdown: str) -> tuple[str | None, list[Part]]:
-    splitter = MarkdownHeaderTextSplitter(headers_to_split_on=_HEADERS, strip_headers=False)
-    parts = []
-    title = None
-    for doc in splitter.split_text(markdown):
-        if not doc.page_content.strip():
-            continue
-        headings = [doc.metadata[key] for _, key in _HEADERS if key in doc.metadata]
-        if title is None and "h1" in doc.metadata:
-            title = doc.metadata["h1"]
-        parts.append(
-            Part(
-                text=doc.page_content,
-                section=" > ".join(headings) or None,
-                anchor=slugify(headings[-1]) if headings else "",
-            )
-        )
-    return title, parts
-
-
-def load_markdown(path: Path, options: LoadOptions) -> LoadedFile:
-    text = read_text(path)
-    front_title = None
-    match = _FRONT_MATTER.match(text)
-    if match:
-        title_match = _TITLE_LINE.search(match.group(1))
-        front_title = title_match.group(1) if title_match else None
-        text = text[match.end() :]
-    heading_title, parts = _markdown_parts(text)
-    if not parts:
-        raise SkipFile("empty file (no text outside front matter)")
-    return LoadedFile(
-        format="markdown", title=front_title or heading_title or path.stem, parts=parts
-    )
 
 
 def load_html(path: Path, options: LoadOptions) -> LoadedFile:
