@@ -248,7 +248,27 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
         "answer_style": turn.get("answer_style"),
         # An answer that neither cites a source nor abstains must say so (``uncited``).
         "unmarked_uncited": not cited and not abstained and not turn.get("uncited"),
+        # Right answers, not only matching citations: one of the expected phrases said.
+        "answer_holds": (
+            not abstained and any(p.casefold() in answer.casefold() for p in item.expect)
+            if item.answerable and item.expect
+            else None
+        ),
+        "file_cited": (
+            cites_a_file(cited, turn.get("sources") or [], item.files)
+            if item.answerable and item.files
+            else None
+        ),
     }
+
+
+def cites_a_file(cited: Sequence[str], sources: Sequence[Any], files: Sequence[str]) -> bool:
+    """Whether a cited source is from one of ``files`` (paths under the collection's root).
+
+    Judged by the source's path, not its label: a label names the file alone ("index.md"),
+    and a documentation set has many files of one name."""
+    paths = {str(s.get("source") or "") for s in sources if str(s.get("label")) in set(cited)}
+    return any(p == f or p.endswith("/" + f) for p in paths for f in files)
 
 
 def searched_terms(question: str, history: History, turn: Mapping[str, Any]) -> dict[str, Any]:
@@ -341,6 +361,8 @@ def summarize_answers(rows: Sequence[Mapping[str, Any]], *, judged: bool) -> dic
         "answer_length": _mean([r["answer_length"] for r in ok]),
         "has_citation": _mean([r["has_citation"] for r in answerable]),
         "citation_match": _mean([r["citation_match"] for r in answerable]),
+        "answer_holds": _mean([r.get("answer_holds") for r in answerable]),
+        "file_cited": _mean([r.get("file_cited") for r in answerable]),
         "answer_f1": _mean([r["answer_f1"] for r in answerable]),
         "faithfulness": _share(ok, "faithful_sentences", "answer_sentences"),
         "false_abstain_rate": _mean([r["abstained"] for r in answerable]),

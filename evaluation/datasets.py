@@ -148,6 +148,10 @@ class QAItem:
     ``conversation``: the questions of one conversation share it and are asked in file
     order, each after the ones before it and the target's own answers to them (a chat
     target); ``domain`` is the prompt domain the question is asked in, if not the run's.
+    ``standalone``: a follow-up written self-contained, as a person would rewrite it (the
+    gold its searched queries are compared with); ``expect``: short phrases any one of
+    which, in an answer, shows it holds the fact; ``files``: the files (paths under the
+    collection's root) that explain the answer, for sets judged by file, not by section.
     """
 
     id: str
@@ -158,6 +162,9 @@ class QAItem:
     kind: str = "answerable"
     conversation: str = ""
     domain: str | None = None
+    standalone: str = ""
+    expect: list[str] = field(default_factory=list)
+    files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         row: dict[str, Any] = {
@@ -172,12 +179,16 @@ class QAItem:
             row["conversation"] = self.conversation
         if self.domain:
             row["domain"] = self.domain
+        # Only when given: runs over sets without them keep their rows' shape.
+        for name in ("standalone", "expect", "files"):
+            if getattr(self, name):
+                row[name] = getattr(self, name)
         return row
 
 
 def load_qa(path: Path) -> list[QAItem]:
     """JSONL of {question, answer, citations} (and optionally id, answerable, kind,
-    conversation, domain)."""
+    conversation, domain, standalone, expect, files)."""
     items: list[QAItem] = []
     ids: set[str] = set()
     for number, row in _jsonl(Path(path)):
@@ -190,9 +201,13 @@ def load_qa(path: Path) -> list[QAItem]:
         answerable = row.get("answerable", True)
         if not isinstance(answerable, bool):
             raise DatasetError(f"{path}:{number}: 'answerable' must be true or false")
-        for name in ("conversation", "domain"):
+        for name in ("conversation", "domain", "standalone"):
             if not isinstance(row.get(name) or "", str):
                 raise DatasetError(f"{path}:{number}: {name!r} must be text")
+        for name in ("expect", "files"):
+            value = row.get(name) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+                raise DatasetError(f"{path}:{number}: {name!r} must be a list of text")
         item_id = str(row.get("id", f"q{number}"))
         if item_id in ids:
             raise DatasetError(f"{path}:{number}: id {item_id!r} repeats")
@@ -207,6 +222,9 @@ def load_qa(path: Path) -> list[QAItem]:
                 kind=str(row.get("kind") or ("answerable" if answerable else "unanswerable")),
                 conversation=row.get("conversation") or "",
                 domain=row.get("domain") or None,
+                standalone=str(row.get("standalone") or "").strip(),
+                expect=row.get("expect") or [],
+                files=row.get("files") or [],
             )
         )
     if not items:

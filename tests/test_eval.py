@@ -100,6 +100,69 @@ def test_answer_metrics_hand_computed() -> None:
     assert row_u["faithfulness"] is None and row_u["answer_sentences"] == 0
 
 
+def test_an_answer_holds_the_fact_when_it_says_an_expected_phrase() -> None:
+    """Right answers, not only matching citations: ``expect`` phrases, and a cited source
+    judged by its file's path (two files of one name are told apart by their folders)."""
+    item = QAItem(
+        "redirect",
+        "What status code does a redirect use by default?",
+        expect=["307", "Temporary Redirect"],
+        files=["advanced/responses.md"],
+    )
+    sources = [
+        {"label": "index.md#x", "source": "docs/md/index.md", "text": "..."},
+        {"label": "responses.md#redirect", "source": "docs/md/advanced/responses.md"},
+    ]
+    said = {
+        "answer": "It returns 307 [responses.md#redirect].",
+        "citations": [{"label": "responses.md#redirect"}],
+        "sources": sources,
+        "abstained": False,
+    }
+    assert measure(item, said, 1.0)["answer_holds"] is True
+    assert measure(item, said, 1.0)["file_cited"] is True
+    wrong = {
+        **said,
+        "answer": "One of these status codes [index.md#x].",
+        "citations": [{"label": "index.md#x"}],
+    }
+    assert measure(item, wrong, 1.0)["answer_holds"] is False
+    assert measure(item, wrong, 1.0)["file_cited"] is False
+    # An abstention holds no fact, even when the refusal repeats a phrase.
+    refused = {**said, "answer": "Not in the documents (307?)", "abstained": True}
+    assert measure(item, refused, 1.0)["answer_holds"] is False
+    # Sets without expected phrases or files measure neither.
+    plain = measure(QAItem("p", "q?", "a", ["l"]), said, 1.0)
+    assert plain["answer_holds"] is None and plain["file_cited"] is None
+    summary = summarize_answers(
+        [{**item.as_dict(), **measure(item, t, 1.0)} for t in (said, wrong)], judged=False
+    )
+    assert summary["answer_holds"] == 0.5 and summary["file_cited"] == 0.5
+
+
+def test_qa_rows_read_their_standalone_rewrite_phrases_and_files(tmp_path: Path) -> None:
+    path = tmp_path / "set.jsonl"
+    rows = [
+        {"id": "a-1", "conversation": "a", "question": "How do I test an app?", "files": ["t.md"]},
+        {
+            "id": "a-2",
+            "conversation": "a",
+            "question": "and with a prompt?",
+            "standalone": "How do I test an app that prompts?",
+            "expect": ["input="],
+            "files": ["t.md"],
+        },
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    first, second = load_qa(path)
+    assert first.standalone == "" and "standalone" not in first.as_dict()
+    assert second.standalone == "How do I test an app that prompts?"
+    assert second.as_dict()["expect"] == ["input="] and second.files == ["t.md"]
+    path.write_text(json.dumps({"question": "q?", "expect": "input="}) + "\n")
+    with pytest.raises(DatasetError, match="'expect' must be a list of text"):
+        load_qa(path)
+
+
 def test_faithfulness_reads_the_sources_the_turn_showed() -> None:
     item = QAItem("pto", "How many PTO days?", "25 days per year", ["handbook.md#pto"])
     turn = {
