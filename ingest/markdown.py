@@ -53,17 +53,21 @@ _INCLUDE = re.compile(r"^[ \t]*(?:\{\*.*\*\}|\{!.*!\}|-{1,2}8<-{1,2}[ \t]+\S.*)[
 _SNIPPET_BLOCK = re.compile(r"^[ \t]*-{1,2}8<-{1,2}[ \t]*$")
 _MKDOCSTRINGS = re.compile(r"^(?P<indent>[ \t]*):::[ \t]+[\w.:-]+[ \t]*$")
 _ATTR_TOKEN = r"(?:[#.][\w:.-]+|[\w:-]+=(?:\"[^\"]*\"|'[^']*'|[^\s}\"']+))"
-_ATTR_LIST = re.compile(
-    r"[ \t]*\{:?[ \t]*" + _ATTR_TOKEN + r"(?:[ \t]+" + _ATTR_TOKEN + r")*[ \t]*\}"
-)
-_ATTR_LINE = re.compile(
-    r"^[ \t]*\{:?[ \t]*" + _ATTR_TOKEN + r"(?:[ \t]+" + _ATTR_TOKEN + r")*[ \t]*\}[ \t]*$"
-)
+_ATTR_TOKENS = r"[ \t]*" + _ATTR_TOKEN + r"(?:[ \t]+" + _ATTR_TOKEN + r")*[ \t]*"
+# The look-behind starts a match only at a run's first blank: else each blank of a long run
+# starts a scan of the rest of it (minutes for a line of thousands of blanks).
+_ATTR_LIST = re.compile(r"(?<![ \t])[ \t]*\{:?" + _ATTR_TOKENS + r"\}")
+_ATTR_LINE = re.compile(r"^" + _ATTR_LIST.pattern + r"[ \t]*$")
+_ATTR_ONLY = re.compile(_ATTR_TOKENS)
 _ROLE = re.compile(r"\{[\w:.+-]+\}`(?P<body>[^`]+)`")
 _ROLE_TITLE = re.compile(r"^(?P<text>.*?)\s*<(?P<target>[^<>]+)>$", re.DOTALL)
 _CODE_SPAN = re.compile(r"(`+)(?:.+?)\1")
 # A closing ``:::`` or ``///`` whose opening was not one of ours.
 _STRAY_FENCE = re.compile(r"^[ \t]*(?::{3,}|/{3,})[ \t]*$")
+_CODE_TOKEN = re.compile(r"RAGCHAINSCODE\d+X")
+# Deeper blocks are read as text: each level re-reads what it holds, and a hostile file of
+# thousands of nested admonitions would take minutes and gigabytes, then overflow the stack.
+_MAX_NESTING = 16
 _SAFE_ID = re.compile(r"^[\w][\w.:-]*$")
 
 # Directives whose body is code: kept as a plain fence in the language given.
@@ -85,7 +89,7 @@ class _Cleaned:
     stack: list[tuple[int, str]] = field(default_factory=list)
 
     def keep_code(self, text: str) -> None:
-        token = f"RAGCHAINSCODE{len(self.code)}X"
+        token = f"RAGCHAINSCODE{len(self.code)}X"  # _CODE_TOKEN
         self.code[token] = text
         self.lines.append(token)
 
@@ -145,9 +149,7 @@ def _heading_parts(text: str) -> tuple[str, str | None]:
     text = re.sub(r"[ \t]+#+$", "", text)  # closing hashes of "## Title ##"
     given = None
     match = re.search(r"[ \t]*\{:?[ \t]*([^{}]*)\}[ \t]*$", text)
-    if match and re.fullmatch(
-        r"[ \t]*" + _ATTR_TOKEN + r"(?:[ \t]+" + _ATTR_TOKEN + r")*[ \t]*", match.group(1)
-    ):
+    if match and _ATTR_ONLY.fullmatch(match.group(1)):
         ids = re.findall(r"(?:^|[ \t])#([\w:.-]+)", match.group(1))
         given = ids[-1] if ids else None
         text = text[: match.start()]
@@ -209,7 +211,10 @@ def _fence_end(lines: list[str], start: int, fence: str) -> int:
     return len(lines)
 
 
-def _clean(lines: list[str], out: _Cleaned) -> None:
+def _clean(lines: list[str], out: _Cleaned, depth: int = 0) -> None:
+    if depth > _MAX_NESTING:
+        out.lines.extend(_inline(line) for line in lines)
+        return
     target: str | None = None
     in_comment = False
     i = 0
@@ -235,7 +240,7 @@ def _clean(lines: list[str], out: _Cleaned) -> None:
                 code = [line, *body] + ([closing_line] if closing_line is not None else [])
                 out.keep_code("\n".join(code))
             else:
-                _directive(directive.group("name"), directive.group("arg"), body, out)
+                _directive(directive.group("name"), directive.group("arg"), body, out, depth)
             continue
 
         colon = _COLON_FENCE.match(line)
@@ -244,9 +249,9 @@ def _clean(lines: list[str], out: _Cleaned) -> None:
             body = lines[i:end]
             i = end + 1
             if colon.group("name"):
-                _directive(colon.group("name"), colon.group("arg"), body, out)
+                _directive(colon.group("name"), colon.group("arg"), body, out, depth)
             else:
-                _clean(body, out)
+                _clean(body, out, depth + 1)
             continue
 
         block = _BLOCK.match(line)
@@ -262,7 +267,7 @@ def _clean(lines: list[str], out: _Cleaned) -> None:
             if block.group("title"):
                 out.lines.append(_inline(block.group("title").strip()))
                 out.lines.append("")
-            _clean(body[options:], out)
+            _clean(body[options:], out, depth + 1)
             continue
 
         admonition = _ADMONITION.match(line) or _TAB.match(line)
@@ -273,7 +278,7 @@ def _clean(lines: list[str], out: _Cleaned) -> None:
             if title and title.strip():
                 out.lines.append(_inline(title.strip()))
                 out.lines.append("")
-            _clean(_dedent(lines[i:end], width), out)
+            _clean(_dedent(lines[i:end], width), out, depth + 1)
             out.lines.append("")
             i = end
             continue
@@ -324,7 +329,7 @@ def _clean(lines: list[str], out: _Cleaned) -> None:
         out.lines.append(_inline(line))
 
 
-def _directive(name: str, arg: str, body: list[str], out: _Cleaned) -> None:
+def _directive(name: str, arg: str, body: list[str], out: _Cleaned, depth: int) -> None:
     if name in _DROPPED_DIRECTIVES:
         return
     body = _directive_body(body)
@@ -337,7 +342,7 @@ def _directive(name: str, arg: str, body: list[str], out: _Cleaned) -> None:
     if arg.strip() and name not in _UNTITLED_DIRECTIVES:
         out.lines.append(_inline(arg.strip()))
         out.lines.append("")
-    _clean(body, out)
+    _clean(body, out, depth + 1)
     out.lines.append("")
 
 
@@ -357,11 +362,10 @@ def markdown_parts(markdown: str) -> tuple[str | None, list[Part]]:
     position = 0
     previous: tuple[str, ...] | None = None
     anchor = ""
-    tokens = re.compile("|".join(map(re.escape, cleaned.code))) if cleaned.code else None
     for doc in splitter.split_text("\n".join(cleaned.lines)):
         text = doc.page_content
-        if tokens is not None:
-            text = tokens.sub(lambda m: cleaned.code[m.group(0)], text)
+        if cleaned.code:
+            text = _CODE_TOKEN.sub(lambda m: cleaned.code.get(m.group(0), m.group(0)), text)
         if not text.strip():
             continue
         headings = [doc.metadata[key] for _, key in _HEADERS if key in doc.metadata]

@@ -109,6 +109,21 @@ def test_code_fences_are_verbatim_and_do_not_split() -> None:
     assert part.section == "T"
 
 
+def test_hostile_nesting_and_blank_runs_read_as_text_without_overflowing() -> None:
+    """Thousands of nested admonitions and blocks (each level re-reads what it holds) and
+    indentation thousands of blanks wide: read, the deepest levels as text, never a
+    RecursionError (it took minutes and gigabytes before the depth was bounded)."""
+    admonitions = (
+        "\n".join("    " * i + "!!! note" for i in range(1500)) + "\n" + " " * 6000 + "body"
+    )
+    blocks = "\n".join("/" * (3 + i) + " tip" for i in range(1500)) + "\nthe core\n"
+    for text, kept in ((admonitions, "body"), (blocks, "the core")):
+        _, parts = markdown_parts(text)
+        assert kept in "\n".join(p.text for p in parts)
+    _, parts = markdown_parts("```\n" * 5001)  # 2,500 empty code blocks and an open one
+    assert len(parts) == 1 and parts[0].text.count("```") == 5001
+
+
 def test_plain_markdown_reads_as_before() -> None:
     found = parts("# A\n\nOne.\n\n## B\n\nTwo.\n")
     assert [(p.section, p.anchor) for p in found] == [("A", "a"), ("A > B", "b")]
