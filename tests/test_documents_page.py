@@ -131,14 +131,21 @@ class DocumentsPage:
 
     def cells(self, path: str) -> dict[str, str]:
         """The row of ``path``, by its columns' headers."""
-        row = self.row(path)
-        row.wait_for(timeout=JOB_WAIT)
-        values: dict[str, str] = row.evaluate(
-            """(row) => {
-              const heads = [...row.closest("table").tHead.rows[0].cells].map((c) => c.innerText);
+        self.row(path).wait_for(timeout=JOB_WAIT)
+        # Read in one script, polled until the row is there: the list is drawn again after
+        # each job, and a row found first and read after could be one already replaced.
+        values: dict[str, str] = self.page.wait_for_function(
+            """(path) => {
+              const table = document.getElementById("documents-table");
+              const row = [...(table?.tBodies[0]?.rows ?? [])].find(
+                (r) => r.querySelector("th")?.innerText.trim() === path);
+              if (!row || !table.tHead) return null;
+              const heads = [...table.tHead.rows[0].cells].map((c) => c.innerText);
               return Object.fromEntries([...row.cells].map((c, i) => [heads[i], c.innerText]));
-            }"""
-        )
+            }""",
+            arg=path,
+            timeout=JOB_WAIT,
+        ).json_value()
         return values
 
     def job(self, text: str) -> Any:
@@ -324,6 +331,8 @@ def test_the_keyboard_alone_uploads_searches_and_removes(
     expect(docs.view).to_be_visible()
     assert docs.focused("e.id") == "documents-title"
 
+    # The upload form shows once the key's role is read: tabbing before would walk past it.
+    expect(docs.upload.get_by_text("Choose files")).to_be_visible()
     docs.tab_to("e.id === 'upload-files'")
     assert page.evaluate(FOCUS_SHOWN)  # on the "Choose files" label
     kingfisher = note(tmp_path / "kingfisher-keys.md", "Kingfishers", "Kingfishers dive for fish.")
