@@ -387,7 +387,12 @@ def load_markdown(path: Path, options: LoadOptions) -> LoadedFile:
     front_title, text = split_front_matter(read_text(path))
     heading_title, parts = markdown_parts(text)
     if not parts:
-        raise SkipFile("empty file (no text outside front matter)")
+        # mkdocs' `--8<-- "CONTRIBUTING.md"` or MyST's ```{include}```: the page is the
+        # file it includes, which ingest reads where it lies, not through the include.
+        raise SkipFile(
+            "no text outside front matter, comments and include lines "
+            "(an included file is not read through the include: ingest it itself)"
+        )
     return LoadedFile(
         format="markdown", title=front_title or heading_title or path.stem, parts=parts
     )

@@ -103,6 +103,19 @@ def test_front_matter_gives_the_title(tmp_path: Path) -> None:
         assert "title" not in loaded.parts[0].text
 
 
+def test_a_page_that_only_includes_another_is_skipped_saying_so(tmp_path: Path) -> None:
+    from ragchains.ingest.parts import SkipFile
+
+    for name, body in [
+        ("snippet.md", '--8<-- "CONTRIBUTING.md"\n'),
+        ("myst.md", "```{include} ../../CHANGELOG.md\n:relative-docs: docs/\n```\n"),
+    ]:
+        path = tmp_path / name
+        path.write_text(body)
+        with pytest.raises(SkipFile, match=r"include lines .* ingest it itself"):
+            load_markdown(path, LoadOptions())
+
+
 def test_code_fences_are_verbatim_and_do_not_split() -> None:
     (part,) = parts("# T\n\n````md\n```\n## Not a heading {#x}\n!!! note\n```\n````\n")
     assert "````md\n```\n## Not a heading {#x}\n!!! note\n```\n````" in part.text
