@@ -13,7 +13,7 @@ from ragchains.evaluation.metrics import ndcg_at_k
 from ragchains.evaluation.runs import load_run
 from ragchains.retrievers.fusion import FUSION_FIELDS, FusionConfig
 from ragchains.retrievers.fusionfile import read_fusion
-from tests.conftest import FIXTURES
+from tests.conftest import FIXTURES, REPO
 from tests.test_cli import run
 
 pytestmark = pytest.mark.e2e
@@ -217,6 +217,27 @@ def test_answers_in_process_with_and_without_a_judge(work: Path, sample_index: P
     assert bad.stderr.strip() == (
         f"error: {config}: target: give exactly one of target.index and target.url"
     )
+
+
+def test_found_searches_follow_ups_three_ways(work: Path, sample_index: Path) -> None:
+    """`eval found` on the samples' first conversations: a first question, two unanswerable
+    ones and two follow-ups, each follow-up searched raw, standalone and as the chat does."""
+    out = work / "found"
+    dataset = REPO / "evaluation" / "qa" / "samples-chat.jsonl"
+    args = ["--index", sample_index, "--dataset", dataset, "--limit", "5", "--out", out, "-q"]
+    result = run("eval", "found", *args)
+    assert result.returncode == 0, result.stderr
+    found = load_run(out)
+    assert found.config["kind"] == "found"
+    metrics = found.metrics
+    assert (metrics["questions"], metrics["unanswerable"], metrics["followups"]) == (3, 2, 2)
+    assert metrics["cut_unanswerable"] == 1.0  # the capital of Mongolia finds nothing here
+    items = {i["id"]: i for i in found.items()}
+    children = items["plan-children-2"]
+    assert children["found_standalone"] and children["found_raw"]
+    # The chat searched the follow-up as asked beside whatever the rewrite made of it.
+    assert "And how much is it to add children?" in children["searched"]
+    assert children["found_chat"]
 
 
 def test_generate_writes_ground_truth_that_answers_reads(work: Path, sample_index: Path) -> None:

@@ -11,7 +11,12 @@ from __future__ import annotations
 import click
 
 from ragchains.cli.eval_beir import abstention_command, retrieval_command, tune_command
-from ragchains.cli.eval_chat import answers_command, generate_command, rewrites_command
+from ragchains.cli.eval_chat import (
+    answers_command,
+    found_command,
+    generate_command,
+    rewrites_command,
+)
 from ragchains.cli.eval_compare import compare_command
 from ragchains.cli.eval_runs import diff_command, summary_command
 
@@ -36,5 +41,6 @@ for _command in (
     answers_command,
     compare_command,
     generate_command,
+    found_command,
 ):
     eval_group.add_command(_command)

@@ -199,3 +199,75 @@ def generate_command(
         f"wrote {made} QA pairs and {len(items) - made} unanswerable questions to {out_file} "
         f"({len(dropped)} dropped; prompts {', '.join(writer.refs().values())})"
     )
+
+
+@click.command("found")
+@DOMAINS_OPTION
+@INDEX_OPTION
+@click.option(
+    "--dataset",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="JSONL of questions (the `eval answers` format) with gold files or citations; "
+    "follow-ups carry a conversation and a standalone rewrite.",
+)
+@DOMAIN_OPTION
+@PROMPT_VERSION_OPTION
+@OUT
+@LIMIT
+@QUIET
+def found_command(
+    index: Path,
+    dataset: Path,
+    domain: str | None,
+    prompt_versions: tuple[str, ...],
+    out: Path | None,
+    limit: int | None,
+    quiet: bool,
+) -> None:
+    """Share of questions whose kept sources hold a gold file, per kind of question.
+
+    Each question is searched as asked through the retrieve stage (what /retrieve and the
+    chains keep after the compressor's cut). A follow-up is searched three ways: its raw
+    words, its standalone rewrite, and as the chat chain searches it (the rewrite stage
+    over the earlier questions and their reference answers, then the retrieve stage).
+    Uses the configured chat model for the rewrites (by default the embedded SmolLM2).
+    """
+    from ragchains.evaluation.datasets import load_qa
+    from ragchains.evaluation.found import evaluate_found
+    from ragchains.evaluation.runs import RunWriter, llm_config, run_dir
+
+    settings = load_settings()
+    configurable = build_configurable(domain, prompt_versions, None, "chat")
+    with user_errors():
+        items = load_qa(dataset)[:limit]
+        folder = run_dir(out, "found", dataset.stem)
+        service = load_service(settings, index, configurable, "chat")
+        config = {
+            "kind": "found",
+            "label": f"{dataset.stem}/{service.llm.name}",
+            "dataset": str(dataset),
+            "index": str(index),
+            "questions": len(items),
+            "llm": llm_config(settings, service.llm),
+            "prompts": chosen_prompts(service.prompts, configurable, "chat"),
+            "k": settings.k,
+        }
+        with model_failures_as_errors(), RunWriter(folder, config) as writer:
+            metrics = evaluate_found(
+                items,
+                rewrite=service.chains.rewrite,
+                retrieve=service.chains.retrieve,
+                configurable=configurable,
+                on_item=writer.add,
+                progress=not quiet,
+            )
+            path = writer.finish(
+                {
+                    "count": writer.count,
+                    "metrics": metrics,
+                    "item_metrics": ["found", "found_raw", "found_standalone", "found_chat"],
+                    "item_outputs": ["searched", "kept", "kept_chat"],
+                }
+            )
+    print_summary([path])
