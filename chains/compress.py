@@ -121,21 +121,61 @@ def cut(scored: Sequence[Document], *, top_n: int | None, threshold: float | Non
     return Compressed(kept[:top_n], max(known) if known else None, threshold)
 
 
+def best_of(
+    lists: Sequence[Sequence[Document]], *, reorders: bool, key: Callable[[Document], str]
+) -> list[Document]:
+    """One scored list from the lists of several queries: each chunk with the best score any
+    query gave it, in the first list's order (a compressor that keeps the given order), or
+    best first (one that ``reorders``; ties keep the order of first appearance)."""
+    best: dict[str, Document] = {}
+    for docs in lists:
+        for doc in docs:
+            held = best.get(key(doc))
+            if held is None or _better(doc, held):
+                best[key(doc)] = doc  # a dict keeps a key's first place
+    merged = list(best.values())
+    if reorders:
+        merged.sort(key=lambda d: -(compressor_score(d) or -math.inf))
+    return merged
+
+
+def _better(doc: Document, held: Document) -> bool:
+    score, was = compressor_score(doc), compressor_score(held)
+    return score is not None and (was is None or score > was)
+
+
 def compression(
     compressor: BaseDocumentCompressor,
     documents: Sequence[Document],
     query: str,
     *,
     threshold: float | None = None,
+    also: Sequence[str] = (),
+    key: Callable[[Document], str] = lambda d: str(d.id or d.page_content),
 ) -> Call:
     """The compress stage's call: ``documents`` scored for ``query`` by ``compressor`` (every
     one, where it keeps a ``top_n``), then cut at ``threshold`` (None: the compressor's
-    own, if it says one)."""
+    own, if it says one).
+
+    ``also``: the other queries the documents were searched for (the user's own words
+    beside a rewrite, more phrasings). Each chunk is then judged by the query it answers
+    best, so that no query's find is cut for not answering another: a follow-up's rewrite
+    cannot lose what the user's words found."""
     scorer, top_n = scoring_all(compressor, len(documents))
     if threshold is None and top_n is not None and (own := own_threshold(compressor)):
         threshold = float(own())
-    request = CompressInput(documents=list(documents), query=query)
-    return Call(as_runnable(scorer), request, partial(cut, top_n=top_n, threshold=threshold))
+    finish = partial(cut, top_n=top_n, threshold=threshold)
+    queries = list(dict.fromkeys([query, *also]))
+    if len(queries) == 1:
+        request = CompressInput(documents=list(documents), query=query)
+        return Call(as_runnable(scorer), request, finish)
+    requests = [CompressInput(documents=list(documents), query=q) for q in queries]
+    reorders = bool(getattr(compressor, "reorders", True))
+
+    def merged(lists: list[list[Document]]) -> Compressed:
+        return finish(best_of(lists, reorders=reorders, key=key))
+
+    return Call(as_runnable(scorer).map(), requests, merged)
 
 
 def kept_all(documents: Sequence[Document]) -> Compressed:

@@ -18,19 +18,10 @@ from dataclasses import dataclass
 from langchain_core.messages import BaseMessage
 
 from ragchains.chains.toolcalls import text_calls
-from ragchains.retrievers.bm25 import tokenize
+from ragchains.retrievers.bm25 import ASKING, tokenize
 
 # A query that keeps less of the question's content words than this is not searched.
 REWRITE_KEEPS = 0.5
-# Words a query may leave out: how a question is asked, not what it asks (BM25's stop words
-# are only the shortest function words).
-ASKING = frozenset(
-    tokenize(
-        "what which who whom whose when where why how do does did done can could would should "
-        "may might must shall will am i me my we our you your please tell know want need find "
-        "show give list any some all more less than most least much many get got about there"
-    )
-)
 # A query longer than this (or twice the question) reads like an answer, not a search.
 MAX_QUERY_WORDS = 16
 

@@ -335,11 +335,14 @@ def compress_stage(compressor: BaseDocumentCompressor | None) -> Runnable[Any, C
         return quick(_kept_all, name="compress", needs=needs)
 
     def compress(state: Found) -> Call:
+        search = state["search"]
         return compression(
             compressor,
             state["retrieved"].documents,
-            state["search"].search_query,
+            search.search_query,
             threshold=threshold_for(state["options"], compressor),
+            also=search.alternatives,
+            key=doc_key,
         )
 
     return calling(compress, name="compress", needs=needs)

@@ -14,7 +14,7 @@ the N result lists by reciprocal rank fusion.
 """
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -86,12 +86,19 @@ class RewriteOutput(BaseModel):
     )
 
 
+def _followed_by(meaning: str) -> Callable[[re.Match[str]], str]:
+    return lambda found: f"{found[0]} ({meaning})"
+
+
 def expand_glossary(query: str, glossary: Mapping[str, str]) -> str:
-    """Append the meaning after each abbreviation found: "PTO" -> "PTO (paid time off)"."""
+    """Append the meaning after each abbreviation found: "PTO" -> "PTO (paid time off)". An
+    entry written in lower case is a word, not an abbreviation: it is found in any case
+    ("Vacation days" -> "Vacation (paid time off) days" for ``vacation: paid time off``)."""
     for short, meaning in glossary.items():
-        pattern = re.compile(rf"(?<![\w(]){re.escape(short)}(?![\w)])")
+        case = re.IGNORECASE if short.islower() else 0
+        pattern = re.compile(rf"(?<![\w(]){re.escape(short)}(?![\w)])", case)
         if meaning.lower() not in query.lower():
-            query = pattern.sub(f"{short} ({meaning})", query, count=1)
+            query = pattern.sub(_followed_by(meaning), query, count=1)
     return query
 
 
@@ -195,6 +202,9 @@ def keep_the_users_words(
     own = users_words(question, history)
     rewrite, out.search_query = out.search_query, own
     phrasings, notes = guard.screen(out.alternatives, "the phrasing")
+    # The question exactly as asked is searched (and judged) beside any filled-in form: a
+    # subject filled in wrongly cannot lose what the user's words find.
+    phrasings.insert(0, " ".join(question.split()))
     out.notes.extend(notes)
     if out.fallback:
         out.alternatives = _distinct(own, phrasings)
@@ -214,7 +224,7 @@ def keep_the_users_words(
                 "searching your words"
             )
     else:
-        phrasings.insert(0, rewrite)
+        phrasings.insert(1, rewrite)
     out.alternatives = _distinct(own, phrasings)
 
 

@@ -61,6 +61,22 @@ def tokenize(text: str) -> list[str]:
     return out
 
 
+# Words a query may leave out: how a question is asked, not what it asks (BM25's stop words
+# are only the shortest function words).
+ASKING = frozenset(
+    tokenize(
+        "what which who whom whose when where why how do does did done can could would should "
+        "may might must shall will am i me my we our you your please tell know want need find "
+        "show give list any some all more less than most least much many get got about there"
+    )
+)
+
+
+def content_terms(text: str) -> set[str]:
+    """The terms of ``text`` that say what it asks about (``tokenize``, less ``ASKING``)."""
+    return set(tokenize(text)) - ASKING
+
+
 def build_bm25(texts: Sequence[str]) -> StoredBM25:
     """The BM25 model of ``texts`` (row i = texts[i]), as bm25s's ``index`` builds it.
 

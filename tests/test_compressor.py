@@ -23,14 +23,17 @@ from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from pydantic import Field
 
+from ragchains.chains.compress import best_of
 from ragchains.chains.retrieve import create_retrieve_chain
 from ragchains.factory import build_compressor, build_retriever, open_index
 from ragchains.retrievers.compressors import (
+    SHORT_QUERY_LIFT,
     SIMILARITY_THRESHOLD,
     EmbeddingSimilarityScorer,
     RerankCompressor,
     SentenceTransformerCrossEncoder,
     compressing_retriever,
+    lifted,
     passage_windows,
 )
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
@@ -383,3 +386,55 @@ def test_the_stage_cuts_a_top_n_compressor_at_the_turns_threshold(run: str) -> N
     assert compressor.calls[-1] == (len(DOCS), -math.inf)  # every candidate scored
     assert kept(query, threshold=0.5) == [("c0", 1.0)]
     assert compressor.threshold is None and compressor.top_n == 2  # a copy was asked
+
+
+@pytest.mark.parametrize("run", ["invoke", "ainvoke"])
+def test_each_chunk_is_judged_by_the_phrasing_it_answers_best(run: str) -> None:
+    """Issue 45: a follow-up is searched as asked and as rewritten. A chunk one phrasing
+    finds is not cut for not answering the other: each keeps its best score of all."""
+    chain = create_retrieve_chain(retriever=fixed(DOCS), compressor=ContractOnly(top_n=5))
+    search = {"query": "the standard plan costs", "alternatives": ["parental leave weeks"]}
+    found = chain.invoke(search) if run == "invoke" else asyncio.run(chain.ainvoke(search))
+    scores = {d.id: d.metadata["relevance_score"] for d in found}
+    assert scores == {"c0": 1.0, "c1": 1.0, "c3": 0.5}  # "the", "plan"
+    alone = chain.invoke({"query": "the standard plan costs"})
+    assert "c1" not in {d.id for d in alone}
+
+
+def test_best_of_keeps_each_chunks_best_score_in_the_order_it_should() -> None:
+    def scored(doc: Document, score: float | None) -> Document:
+        metadata = {**doc.metadata, **({} if score is None else {"relevance_score": score})}
+        return doc.model_copy(update={"metadata": metadata})
+
+    first = [scored(DOCS[0], 0.2), scored(DOCS[1], None), scored(DOCS[2], 0.9)]
+    second = [scored(DOCS[1], 0.5), scored(DOCS[0], 0.8), scored(DOCS[3], 0.1)]
+    key = lambda d: str(d.id)  # noqa: E731
+    kept = best_of([first, second], reorders=False, key=key)
+    assert [(d.id, d.metadata["relevance_score"]) for d in kept] == [
+        ("c0", 0.8),
+        ("c1", 0.5),
+        ("c2", 0.9),
+        ("c3", 0.1),
+    ]
+    ranked = best_of([first, second], reorders=True, key=key)
+    assert [d.id for d in ranked] == ["c2", "c0", "c1", "c3"]
+
+
+@pytest.mark.parametrize(
+    ("query", "text", "lift"),
+    [
+        ("standard plan cost", "| Standard | $45 | ... the plan costs", SHORT_QUERY_LIFT),
+        ("What does the standard plan cost?", "The standard plan costs $45.", SHORT_QUERY_LIFT),
+        ("sensor battery life", "The sensor's battery lasts two years.", 0.0),  # no "life"
+        (
+            "What does the standard health plan cost per month?",
+            "standard health plan cost per month",
+            0.0,
+        ),  # a question of more terms is scored as it is
+        ("what?", "what", 0.0),  # no term at all
+    ],
+)
+def test_a_short_query_is_lifted_where_a_chunk_holds_all_its_terms(
+    query: str, text: str, lift: float
+) -> None:
+    assert lifted(0.4, query, text) == pytest.approx(0.4 + lift)

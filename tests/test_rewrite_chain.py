@@ -274,23 +274,23 @@ def test_multi_query_adds_fused_phrasings(prompts: PromptRegistry) -> None:
         ("Inductive properties of biomaterials?", [], "biomaterials inductive", "", []),
         # Adds a word the conversation never held: a guess; the question is searched.
         ("soil sensors?", [], "soil moisture sensors", "", []),
-        # A follow-up: "ones" is the previous question's subject; the rewrite, which brings
-        # in the conversation's words, is searched beside it.
+        # A follow-up: "ones" is the previous question's subject; the question as asked and
+        # the rewrite, which brings in the conversation's words, are searched beside it.
         (
             "Do unused ones carry over?",
             ["How many vacation days do employees get?"],
             "unused vacation days carry over",
             "Do unused vacation days employees carry over?",
-            ["unused vacation days carry over"],
+            ["Do unused ones carry over?", "unused vacation days carry over"],
         ),
         # A follow-up without its subject gets the subject after it; a rewrite that leaves
-        # out the question's words is not searched.
+        # out the question's words is not searched; the question as asked always is.
         (
             "and the sick days?",
             ["How many vacation days do employees get?"],
             "vacation",
             "and the sick days vacation employees?",
-            [],
+            ["and the sick days?"],
         ),
         # Brings in an earlier unrelated question: not searched.
         (
@@ -417,6 +417,11 @@ def test_glossary_expansion_per_domain(prompts: PromptRegistry) -> None:
     assert run(prompts, reply, question).search_query == question  # default: expansion off
     assert expand_glossary("PTO (paid time off)", {"PTO": "paid time off"}) == "PTO (paid time off)"
     assert expand_glossary("OPTOUT", {"PTO": "paid time off"}) == "OPTOUT"
+    assert expand_glossary("pto days", {"PTO": "paid time off"}) == "pto days"  # an abbreviation
+    # A word in lower case is found in any case, its case kept.
+    word = {"vacation": "paid time off"}
+    assert expand_glossary("Vacation days", word) == "Vacation (paid time off) days"
+    assert expand_glossary("vacations", word) == "vacations"
 
 
 def test_domain_and_version_pick_the_prompt(prompts: PromptRegistry) -> None:
