@@ -175,7 +175,9 @@ def compression(
     def merged(lists: list[list[Document]]) -> Compressed:
         return finish(best_of(lists, reorders=reorders, key=key))
 
-    return Call(as_runnable(scorer).map(), requests, merged)
+    # One query after another: a chunk's passages, embedded for the first, are remembered
+    # for the next (side by side, each would embed them again).
+    return Call(as_runnable(scorer).map().with_config(max_concurrency=1), requests, merged)
 
 
 def kept_all(documents: Sequence[Document]) -> Compressed:
