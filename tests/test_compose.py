@@ -142,11 +142,13 @@ def test_multi_query_fuses_the_phrasings_with_any_retriever(
     out = chain.invoke(
         {"question": "and plans?", "chat_history": history}, {"configurable": {"domain": "catalog"}}
     )
-    # The user's words, the subject of the follow-up filled in, are searched; the rewrite,
-    # which brings in "health" from the conversation, and the phrasing are fused with them.
+    # The user's words, the subject of the follow-up filled in, are searched; the follow-up
+    # as asked, the rewrite, which brings in "health" from the conversation, and the
+    # phrasing are fused with them.
     own = "and plans health benefits?"
-    assert searched == [own, "health plans", "insurance plans"]
-    assert out["alternatives"] == ["health plans", "insurance plans"] and out["sources"]
+    also = ["and plans?", "health plans", "insurance plans"]
+    assert searched == [own, *also]
+    assert out["alternatives"] == also and out["sources"]
 
 
 def test_requery_with_any_retriever(stock_retriever: BM25Retriever) -> None:
