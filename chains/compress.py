@@ -151,16 +151,16 @@ def compression(
     *,
     threshold: float | None = None,
     also: Sequence[str] = (),
-    key: Callable[[Document], str] = lambda d: str(d.id or d.page_content),
+    key: Callable[[Document], str],
 ) -> Call:
     """The compress stage's call: ``documents`` scored for ``query`` by ``compressor`` (every
     one, where it keeps a ``top_n``), then cut at ``threshold`` (None: the compressor's
     own, if it says one).
 
     ``also``: the other queries the documents were searched for (the user's own words
-    beside a rewrite, more phrasings). Each chunk is then judged by the query it answers
-    best, so that no query's find is cut for not answering another: a follow-up's rewrite
-    cannot lose what the user's words found."""
+    beside a rewrite, more phrasings). Each chunk (the same in every list by ``key``) is
+    then judged by the query it answers best, so that no query's find is cut for not
+    answering another: a follow-up's rewrite cannot lose what the user's words found."""
     scorer, top_n = scoring_all(compressor, len(documents))
     if threshold is None and top_n is not None and (own := own_threshold(compressor)):
         threshold = float(own())

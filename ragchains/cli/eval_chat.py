@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import click
@@ -33,20 +34,35 @@ from ragchains.cli.eval_common import (
 )
 
 
+def dataset_run(dataset_help: str) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """The options of a run over a JSONL dataset with the chat model: --dataset (with its
+    help), --domain, --prompt-version, --out, --limit and -q."""
+
+    def options(command: Callable[..., None]) -> Callable[..., None]:
+        for option in reversed(
+            [
+                click.option(
+                    "--dataset", required=True, type=click.Path(path_type=Path), help=dataset_help
+                ),
+                DOMAIN_OPTION,
+                PROMPT_VERSION_OPTION,
+                OUT,
+                LIMIT,
+                QUIET,
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return options
+
+
 @click.command("rewrites")
 @DOMAINS_OPTION
-@click.option(
-    "--dataset",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="JSONL of turns: {id, history: [{utterance, response?}], raw, rewrite} "
-    "(e.g. TREC CAsT's rewrites.jsonl).",
+@dataset_run(
+    "JSONL of turns: {id, history: [{utterance, response?}], raw, rewrite} "
+    "(e.g. TREC CAsT's rewrites.jsonl)."
 )
-@DOMAIN_OPTION
-@PROMPT_VERSION_OPTION
-@OUT
-@LIMIT
-@QUIET
 def rewrites_command(
     dataset: Path,
     domain: str | None,
@@ -204,18 +220,10 @@ def generate_command(
 @click.command("found")
 @DOMAINS_OPTION
 @INDEX_OPTION
-@click.option(
-    "--dataset",
-    required=True,
-    type=click.Path(path_type=Path),
-    help="JSONL of questions (the `eval answers` format) with gold files or citations; "
-    "follow-ups carry a conversation and a standalone rewrite.",
+@dataset_run(
+    "JSONL of questions (the `eval answers` format) with gold files or citations; "
+    "follow-ups carry a conversation and a standalone rewrite."
 )
-@DOMAIN_OPTION
-@PROMPT_VERSION_OPTION
-@OUT
-@LIMIT
-@QUIET
 def found_command(
     index: Path,
     dataset: Path,
