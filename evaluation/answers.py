@@ -268,7 +268,12 @@ def cites_a_file(cited: Sequence[str], sources: Sequence[Any], files: Sequence[s
     Judged by the source's path, not its label: a label names the file alone ("index.md"),
     and a documentation set has many files of one name."""
     paths = {str(s.get("source") or "") for s in sources if str(s.get("label")) in set(cited)}
-    return any(p == f or p.endswith("/" + f) for p in paths for f in files)
+    return any(in_files(p, files) for p in paths)
+
+
+def in_files(path: str, files: Sequence[str]) -> bool:
+    """Whether ``path`` is one of ``files``, given from the collection's root."""
+    return any(path == f or path.endswith("/" + f) for f in files)
 
 
 def searched_terms(question: str, history: History, turn: Mapping[str, Any]) -> dict[str, Any]:

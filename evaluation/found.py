@@ -25,6 +25,7 @@ from langchain_core.runnables import Runnable, RunnableConfig
 from tqdm import tqdm
 
 from ragchains.chains.retrieve import citation_label
+from ragchains.evaluation.answers import in_files
 from ragchains.evaluation.datasets import QAItem
 
 WAYS = ("raw", "standalone", "chat")
@@ -39,8 +40,7 @@ def holds_gold(docs: Sequence[Document], item: QAItem) -> bool:
     """Whether a kept chunk is from a gold file (by path: many files share a name) or
     carries a gold citation label."""
     for doc in docs:
-        path = str(doc.metadata.get("source") or "")
-        if any(path == f or path.endswith("/" + f) for f in item.files):
+        if in_files(str(doc.metadata.get("source") or ""), item.files):
             return True
         if citation_label(doc) in item.citations:
             return True
