@@ -88,32 +88,36 @@ class IngestProgress:
         """The run failed where it stood (its counts stay, its estimate goes)."""
         self._changed(_ended=True)
 
-    def fraction(self) -> float:
-        """The share of the run done, 0 to 1."""
-        if self.stage == "done":
+    def fraction(self, stage: str | None = None) -> float:
+        """The share of the run done, 0 to 1 (as if at ``stage``, if given)."""
+        stage = stage or self.stage
+        if stage == "done":
             return 1.0
         # A file being read counts for the share of its pages read.
         partly = sum(done / total for total, done in self._reading.values() if total > 0)
         read = min(1.0, (self.files_done + partly) / self.files_total) if self.files_total else 1.0
         embed = self.chunks_embedded / self.chunks_to_embed if self.chunks_to_embed else 1.0
-        if self.stage in ("queued",):
+        if stage in ("queued",):
             return 0.0
-        if self.stage == "reading":
+        if stage == "reading":
             return _READ * read
-        if self.stage == "embedding":
+        if stage == "embedding":
             return _READ + _EMBED * embed
         return _READ + _EMBED  # writing
 
-    def snapshot(self) -> dict[str, Any]:
+    def snapshot(self, *, finished: bool = True) -> dict[str, Any]:
         """The progress as the API shows it: counts, ``percent`` and ``eta_seconds`` (None
-        until something is done to estimate from)."""
+        until something is done to estimate from). ``finished=False``: whoever runs the
+        ingest still has work after it (a server takes the new index in), so a run that is
+        over shows as its last stage, never as 100 %."""
         with self._lock:
-            done = self.fraction()
+            stage = "writing" if self.stage == "done" and not finished else self.stage
+            done = self.fraction(stage)
             elapsed = time.monotonic() - self._started if self._started is not None else 0.0
             going = 0 < done < 1 and elapsed > 0 and not self._ended
             eta = elapsed * (1 - done) / done if going else None
             return {
-                "stage": self.stage,
+                "stage": stage,
                 "files_total": self.files_total,
                 "files_done": self.files_done,
                 "pages": self.pages,

@@ -84,7 +84,8 @@ class Job:
             "created_at": self.created_at,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
-            "progress": self.progress.snapshot(),
+            # The run is over before the job: the server still takes the new index in.
+            "progress": self.progress.snapshot(finished=self.state in FINISHED),
             "result": self.result,
             "error": self.error,
             "notes": list(self.notes),
