@@ -179,7 +179,8 @@ def _schemathesis(
     *,
     again: bool = False,
 ) -> tuple[str, dict[str, Any]]:
-    har = workdir / ("again.har" if again else "run.har")
+    # Each run a HAR of its own: a test's second run must not overwrite its first's.
+    har = workdir / f"{'again' if again else 'run'}-{len(list(workdir.glob('*.har')))}.har"
     config = workdir / "schemathesis.toml"
     config.write_text(config_text)
     run = subprocess.run(

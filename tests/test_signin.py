@@ -11,7 +11,9 @@ from typing import Any
 
 import pytest
 from pydantic import ValidationError
+from starlette.datastructures import Headers
 
+from ragchains.serving.guards import presented
 from ragchains.serving.keys import KeysFileError, add_key
 from ragchains.serving.signin import (
     SESSION_TOKEN,
@@ -66,6 +68,14 @@ def test_a_person_is_named_by_sub_and_shown_by_their_name() -> None:
     assert RULES.principal({"sub": "x"}).display == "x"
     with pytest.raises(TokenRefused, match="no subject"):
         RULES.principal({"name": "nobody"})
+
+
+def test_an_empty_key_header_presents_nothing_and_the_bearer_token_is_read() -> None:
+    # A client that sends an unset variable as its key and a token beside it is the token's.
+    token = {"authorization": "Bearer a.b.c"}
+    assert presented(Headers({"x-api-key": "", **token})) == (b"a.b.c", True)
+    assert presented(Headers({"x-api-key": " k1 ", **token})) == (b"k1", False)
+    assert presented(Headers({"x-api-key": ""})) == (b"", False)
 
 
 def test_a_key_cannot_take_a_signed_in_persons_name(tmp_path: Path) -> None:

@@ -106,8 +106,9 @@ class Keys:
 def presented(headers: Headers) -> tuple[bytes, bool]:
     """What the request presents: ``X-API-Key: <key>``, else ``Authorization: Bearer <key or
     token>`` (what OpenAI SDKs send); and whether it came as a bearer."""
-    if "x-api-key" in headers:
-        return headers["x-api-key"].encode("latin-1"), False
+    key = headers.get("x-api-key", "").strip()
+    if key:  # an empty one (an unset variable's, a client's default) presents nothing
+        return key.encode("latin-1"), False
     scheme, _, token = headers.get("authorization", "").partition(" ")
     return (token.strip().encode("latin-1"), True) if scheme.lower() == "bearer" else (b"", False)
 
