@@ -114,6 +114,7 @@ bench: setup
 	$(BIN)/python -m bench.postgres_store
 	$(BIN)/python -m bench.hostile_filters
 	$(BIN)/python -m bench.soak
+	$(BIN)/python -m bench.turn_latency
 	$(BIN)/python -m bench.access_scoring
 	$(BIN)/python -m bench.ocr_quality
 	$(BIN)/python -m bench.office_formats

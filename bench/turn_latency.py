@@ -1,0 +1,199 @@
+"""How long a chat follow-up waits for its answer, against a first question in ask mode.
+
+`ragchains serve` over the samples with the embedded model (the default, no upstream), each
+follow-up of ``evaluation/qa/samples-chat.jsonl`` that has a gold standalone rewrite asked
+twice per repeat: on ``/chat/stream`` with its conversation's earlier turns as history (their
+gold answers as the assistant's), and on ``/ask/stream`` as its standalone rewrite, a first
+question. Timed from the request to the first answer token and to the stream's end; medians
+and 95th percentiles over every turn of every repeat.
+
+Before and after in the same run: ``--before REV`` (default: the commit before issue 45's
+retrieval changes) is built from git into the benchmark cache, ingests its own index of the
+samples and is served the same way, one server at a time, on the same machine.
+
+    python -m bench.turn_latency                 # writes its section of bench/RESULTS.md
+    python -m bench.turn_latency --before none   # this checkout alone, printed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.common import REPO, cache_dir, machine_line, percentile_ms, write_section
+from bench.server_overhead import Server
+
+BEFORE = "54cd480"  # the last commit before issue 45's follow-up and keyword search
+TURNS = 4
+REPEATS = 3
+TIMEOUT = 300.0
+
+
+@dataclass(frozen=True)
+class Turn:
+    question: str  # the follow-up as asked
+    standalone: str  # its gold rewrite: the same question asked first, in ask mode
+    history: list[dict[str, str]]
+
+
+def follow_ups(count: int = TURNS) -> list[Turn]:
+    """The first ``count`` follow-ups of the samples' chat set, each with its history."""
+    rows = [
+        json.loads(line)
+        for line in (REPO / "evaluation" / "qa" / "samples-chat.jsonl").read_text().splitlines()
+        if line.strip()
+    ]
+    turns: list[Turn] = []
+    earlier: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        history = earlier.setdefault(row["conversation"], [])
+        if row.get("standalone") and history:
+            turns.append(Turn(row["question"], row["standalone"], list(history)))
+        answer = row.get("answer") or "I don't know: the documents do not say."
+        history += [
+            {"type": "human", "content": row["question"]},
+            {"type": "ai", "content": answer},
+        ]
+    return turns[:count]
+
+
+@dataclass(frozen=True)
+class Checkout:
+    """A version of ragchains to serve: this one, or one built from git."""
+
+    name: str
+    command: list[str]  # runs the ragchains CLI
+    env: dict[str, str]
+
+
+def this_checkout() -> Checkout:
+    return Checkout("after", [str(Path(sys.executable).parent / "ragchains")], {})
+
+
+def built(rev: str) -> Checkout:
+    """``rev`` exported from git and installed (its own code only) into the cache."""
+    folder = cache_dir("turn-latency") / rev
+    lib = folder / "lib"
+    if not (lib / "ragchains").is_dir():
+        source = folder / "src"
+        source.mkdir(parents=True, exist_ok=True)
+        archive = subprocess.run(
+            ["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(source)], input=archive, check=True)
+        pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps"]
+        subprocess.run(
+            [*pip, "--no-build-isolation", "--target", str(lib), str(source)], check=True
+        )
+    # Its packages ahead of this checkout's editable install.
+    run = "from ragchains.cli import run; run()"
+    return Checkout(f"before ({rev})", [sys.executable, "-c", run], {"PYTHONPATH": str(lib)})
+
+
+def ingest(checkout: Checkout, index: Path) -> None:
+    if not index.exists():
+        subprocess.run(
+            [*checkout.command, "ingest", str(REPO / "samples"), "--index", str(index), "-q"],
+            check=True,
+            env={**os.environ, **checkout.env},
+        )
+
+
+def timed(url: str, path: str, body: dict[str, Any]) -> tuple[float, float]:
+    """Seconds to the first answer token and to the end of one streamed turn."""
+    started = time.perf_counter()
+    first: float | None = None
+    with httpx.stream("POST", f"{url}{path}", json={"input": body}, timeout=TIMEOUT) as reply:
+        if reply.status_code != 200:
+            raise SystemExit(f"{path}: {reply.status_code} {reply.read()[:300]!r}")
+        for line in reply.iter_lines():
+            if first is None and line.startswith("data:") and _answer_text(line[5:]):
+                first = time.perf_counter() - started
+    total = time.perf_counter() - started
+    return (total if first is None else first), total
+
+
+def _answer_text(data: str) -> bool:
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return False
+    return isinstance(chunk, dict) and bool(chunk.get("answer"))
+
+
+def measure(checkout: Checkout, turns: list[Turn], repeats: int) -> dict[str, dict[str, list]]:
+    index = cache_dir("turn-latency") / f"index-{checkout.name.split()[0]}"
+    ingest(checkout, index)
+    serve = [*checkout.command, "serve", "--index", str(index), "--port", "{port}"]
+    seconds: dict[str, dict[str, list]] = {m: {"first": [], "total": []} for m in ("chat", "ask")}
+    with Server(index, command=serve, env=checkout.env) as server:
+        timed(server.url, "/ask/stream", {"question": turns[0].standalone})  # warm-up
+        for _ in range(repeats):
+            for turn in turns:
+                chat = {"question": turn.question, "chat_history": turn.history}
+                for mode, path, body in (
+                    ("chat", "/chat/stream", chat),
+                    ("ask", "/ask/stream", {"question": turn.standalone}),
+                ):
+                    first, total = timed(server.url, path, body)
+                    seconds[mode]["first"].append(first)
+                    seconds[mode]["total"].append(total)
+    return seconds
+
+
+def table(results: dict[str, dict[str, dict[str, list]]]) -> list[str]:
+    lines = [
+        "| version | mode | first token p50 | first token p95 | total p50 | total p95 |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, modes in results.items():
+        for mode, kinds in modes.items():
+            cells = [
+                f"{percentile_ms(kinds[kind], q) / 1000:.2f} s"
+                for kind in ("first", "total")
+                for q in (50, 95)
+            ]
+            lines.append(f"| {name} | {mode} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--before", default=BEFORE, help="git revision to compare ('none': skip)")
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    args = parser.parse_args()
+    turns = follow_ups()
+    checkouts = [this_checkout()]
+    if args.before != "none":
+        checkouts.insert(0, built(args.before))
+    results = {c.name: measure(c, turns, args.repeats) for c in checkouts}
+    lines = table(results)
+    print("\n".join(lines))
+    if args.before == "none":
+        return
+    body = [
+        "## Chat and ask turn latency",
+        "",
+        f"`python -m bench.turn_latency`: {len(turns)} follow-ups of the samples' chat set, "
+        f"{args.repeats} repeats, `ragchains serve` with the embedded model; chat with the "
+        "conversation's history, ask with the gold standalone question. Median and 95th "
+        "percentile over every turn.",
+        "",
+        *lines,
+        "",
+        machine_line(),
+    ]
+    write_section("turn_latency", "\n".join(body))
+
+
+if __name__ == "__main__":
+    main()
