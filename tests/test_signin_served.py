@@ -174,9 +174,15 @@ def test_bearer_tokens_of_the_provider_work_on_every_route_and_bad_ones_say_why(
             over_http(served.base, token, lambda client: client.list_tools())
         assert "401" in repr(refused.value) or "Unauthorized" in repr(refused.value)
 
-    # A key still works beside sign-in, as its owner.
+    # A key still works beside sign-in, as its owner; an unknown one is refused saying so,
+    # even beside a good token (a wrong credential is never passed over).
     keyed = httpx.get(f"{served.base}/me", headers={"X-API-Key": served.key}).json()
     assert keyed["via"] == "key" and keyed["name"] == "gardener"
+    wrong = httpx.get(f"{served.base}/v1/models", headers={**auth, "X-API-Key": "no-such-key"})
+    assert wrong.status_code == 401 and "the key sent is not known" in wrong.text, wrong.text
+    # An empty key header is no key: the token beside it is read.
+    empty = httpx.get(f"{served.base}/v1/models", headers={**auth, "X-API-Key": ""})
+    assert empty.status_code == 200, empty.text
 
 
 def test_a_sign_in_that_fails_goes_back_to_the_page_with_the_reason(served: Served) -> None:

@@ -170,6 +170,8 @@ class Callers:
             if ended and await self.signin.session_expired(session):  # type: ignore[union-attr]
                 raise HTTPException(401, EXPIRED_SESSION, headers={"WWW-Authenticate": "Bearer"})
             reason = MISSING_KEY if self.signin is None else MISSING_SIGN_IN
+            if given and self.signin is not None:  # sent, but neither a key nor a token
+                reason = f"the key sent is not known: {MISSING_SIGN_IN}"
             raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
         return found
 
