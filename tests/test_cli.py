@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -306,6 +307,25 @@ def test_ask_with_an_unreachable_model_server_is_one_line(index: Path) -> None:
         "error: the chat model's server cannot be reached"
     )
     assert "Traceback" not in result.stderr
+
+
+def test_serve_stops_on_ctrl_c_saying_so_with_exit_status_0(index: Path) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("RAGCHAINS_")}
+    serve = [str(RAGCHAINS), "serve", "--index", str(index), "--port", str(port)]
+    with subprocess.Popen(
+        serve, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=clean
+    ) as process:
+        assert process.stdout is not None
+        for line in process.stdout:  # up once it says how to stop it
+            if "Press Ctrl-C to stop." in line:
+                break
+        process.send_signal(signal.SIGINT)
+        rest = process.stdout.read()
+        assert process.wait(timeout=60) == 0, rest
+    assert "ragchains stopped." in rest and "Aborted" not in rest, rest
 
 
 def test_serve_refuses_a_busy_port_and_a_missing_index(index: Path, tmp_path: Path) -> None:

@@ -114,4 +114,9 @@ def serve_command(
             click.echo("Press Ctrl-C to stop.")
 
     threading.Thread(target=announce, daemon=True).start()
-    server.run(sockets=[listener])
+    try:
+        server.run(sockets=[listener])
+    except KeyboardInterrupt:
+        # uvicorn re-raises the Ctrl-C it shut down gracefully on: a stop asked for, not an
+        # abort (click would print "Aborted!" and exit 1).
+        click.echo("ragchains stopped.", err=True)
