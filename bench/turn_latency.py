@@ -71,12 +71,13 @@ class Checkout:
     """A version of ragchains to serve: this one, or one built from git."""
 
     name: str
+    key: str  # its folder in the cache: its index is its own
     command: list[str]  # runs the ragchains CLI
     env: dict[str, str]
 
 
 def this_checkout() -> Checkout:
-    return Checkout("after", [str(Path(sys.executable).parent / "ragchains")], {})
+    return Checkout("after", "this", [str(Path(sys.executable).parent / "ragchains")], {})
 
 
 def built(rev: str) -> Checkout:
@@ -96,16 +97,17 @@ def built(rev: str) -> Checkout:
         )
     # Its packages ahead of this checkout's editable install.
     run = "from ragchains.cli import run; run()"
-    return Checkout(f"before ({rev})", [sys.executable, "-c", run], {"PYTHONPATH": str(lib)})
+    env = {"PYTHONPATH": str(lib)}
+    return Checkout(f"before ({rev})", rev, [sys.executable, "-c", run], env)
 
 
 def ingest(checkout: Checkout, index: Path) -> None:
-    if not index.exists():
-        subprocess.run(
-            [*checkout.command, "ingest", str(REPO / "samples"), "--index", str(index), "-q"],
-            check=True,
-            env={**os.environ, **checkout.env},
-        )
+    """The samples into ``index`` (a re-run with nothing changed takes a fraction of a second)."""
+    subprocess.run(
+        [*checkout.command, "ingest", str(REPO / "samples"), "--index", str(index), "-q"],
+        check=True,
+        env={**os.environ, **checkout.env},
+    )
 
 
 def timed(url: str, path: str, body: dict[str, Any]) -> tuple[float, float]:
@@ -118,8 +120,9 @@ def timed(url: str, path: str, body: dict[str, Any]) -> tuple[float, float]:
         for line in reply.iter_lines():
             if first is None and line.startswith("data:") and _answer_text(line[5:]):
                 first = time.perf_counter() - started
-    total = time.perf_counter() - started
-    return (total if first is None else first), total
+    if first is None:
+        raise SystemExit(f"{path}: the turn streamed no answer text")
+    return first, time.perf_counter() - started
 
 
 def _answer_text(data: str) -> bool:
@@ -131,19 +134,23 @@ def _answer_text(data: str) -> bool:
 
 
 def measure(checkout: Checkout, turns: list[Turn], repeats: int) -> dict[str, dict[str, list]]:
-    index = cache_dir("turn-latency") / f"index-{checkout.name.split()[0]}"
+    index = cache_dir("turn-latency") / checkout.key / "index"
     ingest(checkout, index)
     serve = [*checkout.command, "serve", "--index", str(index), "--port", "{port}"]
     seconds: dict[str, dict[str, list]] = {m: {"first": [], "total": []} for m in ("chat", "ask")}
     with Server(index, command=serve, env=checkout.env) as server:
-        timed(server.url, "/ask/stream", {"question": turns[0].standalone})  # warm-up
+        asked = [
+            (
+                ("chat", "/chat/stream", {"question": t.question, "chat_history": t.history}),
+                ("ask", "/ask/stream", {"question": t.standalone}),
+            )
+            for t in turns
+        ]
+        for _, path, body in asked[0]:  # warm-up, untimed: each mode's first call
+            timed(server.url, path, body)
         for _ in range(repeats):
-            for turn in turns:
-                chat = {"question": turn.question, "chat_history": turn.history}
-                for mode, path, body in (
-                    ("chat", "/chat/stream", chat),
-                    ("ask", "/ask/stream", {"question": turn.standalone}),
-                ):
+            for pair in asked:
+                for mode, path, body in pair:
                     first, total = timed(server.url, path, body)
                     seconds[mode]["first"].append(first)
                     seconds[mode]["total"].append(total)

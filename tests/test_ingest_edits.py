@@ -154,6 +154,7 @@ def test_a_scan_reports_its_pages_as_they_are_read(
     assert seen[-1]["pages"] == 3 and seen[-1]["stage"] == "done"
     record = _files(collection)["scans/three.pdf"]
     assert record.details["pages"] == 3 and record.details["ocr_pages"] == 3
+    assert 0.5 < record.details["ocr_confidence"] <= 1
 
     # A server's job is not done when its run is: it still takes the new index in.
     job = Job(id="j", kind="upload", by="eddie", paths=["scans/three.pdf"], state="running")
@@ -162,4 +163,3 @@ def test_a_scan_reports_its_pages_as_they_are_read(
     assert shown["stage"] == "writing" and shown["percent"] < 100, shown
     job.state = "done"
     assert job.as_dict()["progress"]["percent"] == 100
-    assert 0.5 < record.details["ocr_confidence"] <= 1

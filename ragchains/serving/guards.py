@@ -171,7 +171,7 @@ class Callers:
                 raise HTTPException(401, EXPIRED_SESSION, headers={"WWW-Authenticate": "Bearer"})
             reason = MISSING_KEY if self.signin is None else MISSING_SIGN_IN
             if given and self.signin is not None:  # sent, but neither a key nor a token
-                reason = f"the key sent is not known: {MISSING_SIGN_IN}"
+                reason = UNKNOWN_KEY
             raise HTTPException(401, reason, headers={"WWW-Authenticate": "Bearer"})
         return found
 
@@ -181,6 +181,7 @@ MISSING_SIGN_IN = (
     "sign in first (GET /auth/login), or send a key as 'X-API-Key: <key>' or a token as "
     "'Authorization: Bearer <token>'"
 )
+UNKNOWN_KEY = f"the key sent is not known: {MISSING_SIGN_IN}"
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 
