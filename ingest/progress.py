@@ -31,6 +31,9 @@ class IngestProgress:
     on_change: Callable[[], None] | None = field(default=None, repr=False, compare=False)
     # Files being read: source -> (pages it has, pages read), as its worker tells them.
     _reading: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+    # Files whose result is in: a worker's page message can arrive after it (the queue and
+    # the result travel apart) and must not count the page a second time.
+    _read: set[str] = field(default_factory=set, repr=False)
     _started: float | None = field(default=None, repr=False, compare=False)
     _ended = False  # failed where it stood: nothing is left to estimate
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
@@ -52,6 +55,7 @@ class IngestProgress:
         counted again) and ``chunks`` chunks."""
         with self._lock:
             told = self._reading.pop(source, (0, 0))[1]
+            self._read.add(source)
         self._changed(
             files_done=self.files_done + 1,
             pages=self.pages + max(0, pages - told),
@@ -63,6 +67,8 @@ class IngestProgress:
         read = 0
         with self._lock:
             for kind, source, count in messages:
+                if source in self._read:
+                    continue
                 total, done = self._reading.get(source, (0, 0))
                 if kind == "pages":
                     self._reading[source] = (count, done)

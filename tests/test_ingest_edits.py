@@ -15,6 +15,7 @@ import pytest
 from ragchains.factory import run_ingest
 from ragchains.ingest.edits import CollectionEdit
 from ragchains.ingest.errors import NothingIngestedError
+from ragchains.ingest.progress import IngestProgress
 from ragchains.ingest.report import SKIPPED, IngestReport, read_ingest_log
 from ragchains.ingestjobs import Job
 from ragchains.retrievers.searchindex import load_index
@@ -163,3 +164,16 @@ def test_a_scan_reports_its_pages_as_they_are_read(
     assert shown["stage"] == "writing" and shown["percent"] < 100, shown
     job.state = "done"
     assert job.as_dict()["progress"]["percent"] == 100
+
+
+def test_a_page_told_after_its_file_is_read_is_not_counted_twice() -> None:
+    # A worker's page messages and its file's result travel apart: the last page's message
+    # can come in after the result (CI once counted 4 pages of a 3-page scan).
+    progress = IngestProgress()
+    progress.reading(1)
+    progress.pages_told(
+        [("pages", "scan.pdf", 3), ("page", "scan.pdf", 1), ("page", "scan.pdf", 1)]
+    )
+    progress.file_read("scan.pdf", pages=3, chunks=2)
+    progress.pages_told([("page", "scan.pdf", 1)])
+    assert progress.pages == 3 and progress.files_done == 1
