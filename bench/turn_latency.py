@@ -1,11 +1,14 @@
 """How long a chat follow-up waits for its answer, against a first question in ask mode.
 
-`ragchains serve` over the samples with the embedded model (the default, no upstream), each
-follow-up of ``evaluation/qa/samples-chat.jsonl`` that has a gold standalone rewrite asked
-twice per repeat: on ``/chat/stream`` with its conversation's earlier turns as history (their
-gold answers as the assistant's), and on ``/ask/stream`` as its standalone rewrite, a first
-question. Timed from the request to the first answer token and to the stream's end; medians
-and 95th percentiles over every turn of every repeat.
+`ragchains serve` over the samples with the embedded model (the default, no upstream), the
+first four follow-ups of ``evaluation/qa/samples-chat.jsonl`` that have a gold standalone
+rewrite, each asked twice per repeat: on ``/chat/stream`` with its conversation's earlier
+turns as history (their gold answers as the assistant's), and on ``/ask/stream`` as its
+standalone rewrite, a first question. Each repeat starts a server of its own, warmed up with
+a follow-up of another conversation (untimed): the model's prompt cache then holds the fixed
+prompts, as a server that has answered anyone does, and none of a timed turn's own words.
+Timed from the request to the first answer token and to the stream's end; medians and 95th
+percentiles over every turn of every repeat.
 
 Before and after in the same run: ``--before REV`` (default: the commit before issue 45's
 retrieval changes) is built from git into the benchmark cache, ingests its own index of the
@@ -40,13 +43,14 @@ TIMEOUT = 300.0
 
 @dataclass(frozen=True)
 class Turn:
+    conversation: str
     question: str  # the follow-up as asked
     standalone: str  # its gold rewrite: the same question asked first, in ask mode
     history: list[dict[str, str]]
 
 
-def follow_ups(count: int = TURNS) -> list[Turn]:
-    """The first ``count`` follow-ups of the samples' chat set, each with its history."""
+def follow_ups() -> list[Turn]:
+    """The follow-ups of the samples' chat set, each with its history."""
     rows = [
         json.loads(line)
         for line in (REPO / "evaluation" / "qa" / "samples-chat.jsonl").read_text().splitlines()
@@ -57,13 +61,24 @@ def follow_ups(count: int = TURNS) -> list[Turn]:
     for row in rows:
         history = earlier.setdefault(row["conversation"], [])
         if row.get("standalone") and history:
-            turns.append(Turn(row["question"], row["standalone"], list(history)))
+            turns.append(
+                Turn(row["conversation"], row["question"], row["standalone"], list(history))
+            )
         answer = row.get("answer") or "I don't know: the documents do not say."
         history += [
             {"type": "human", "content": row["question"]},
             {"type": "ai", "content": answer},
         ]
-    return turns[:count]
+    return turns
+
+
+def timed_and_warm_up(turns: list[Turn], count: int = TURNS) -> tuple[list[Turn], Turn]:
+    """The first ``count`` follow-ups, and one of a conversation none of them is in: the
+    warm-up turn must share no conversation with a timed one, or a prompt cache would hold
+    the timed turn's history before its turn."""
+    timed = turns[:count]
+    warm = next(t for t in turns if t.conversation not in {t.conversation for t in timed})
+    return timed, warm
 
 
 @dataclass(frozen=True)
@@ -133,24 +148,28 @@ def _answer_text(data: str) -> bool:
     return isinstance(chunk, dict) and bool(chunk.get("answer"))
 
 
-def measure(checkout: Checkout, turns: list[Turn], repeats: int) -> dict[str, dict[str, list]]:
+def _asked(turn: Turn) -> list[tuple[str, str, dict[str, Any]]]:
+    return [
+        ("chat", "/chat/stream", {"question": turn.question, "chat_history": turn.history}),
+        ("ask", "/ask/stream", {"question": turn.standalone}),
+    ]
+
+
+def measure(
+    checkout: Checkout, turns: list[Turn], warm: Turn, repeats: int
+) -> dict[str, dict[str, list]]:
+    """Each repeat on a server of its own: a turn asked again would find its own prompt in
+    the model's prompt cache, which no reader's new question does."""
     index = cache_dir("turn-latency") / checkout.key / "index"
     ingest(checkout, index)
     serve = [*checkout.command, "serve", "--index", str(index), "--port", "{port}"]
     seconds: dict[str, dict[str, list]] = {m: {"first": [], "total": []} for m in ("chat", "ask")}
-    with Server(index, command=serve, env=checkout.env) as server:
-        asked = [
-            (
-                ("chat", "/chat/stream", {"question": t.question, "chat_history": t.history}),
-                ("ask", "/ask/stream", {"question": t.standalone}),
-            )
-            for t in turns
-        ]
-        for _, path, body in asked[0]:  # warm-up, untimed: each mode's first call
-            timed(server.url, path, body)
-        for _ in range(repeats):
-            for pair in asked:
-                for mode, path, body in pair:
+    for _ in range(repeats):
+        with Server(index, command=serve, env=checkout.env) as server:
+            for _, path, body in _asked(warm):  # warm-up, untimed: each mode's first call
+                timed(server.url, path, body)
+            for turn in turns:
+                for mode, path, body in _asked(turn):
                     first, total = timed(server.url, path, body)
                     seconds[mode]["first"].append(first)
                     seconds[mode]["total"].append(total)
@@ -178,11 +197,11 @@ def main() -> None:
     parser.add_argument("--before", default=BEFORE, help="git revision to compare ('none': skip)")
     parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
-    turns = follow_ups()
+    turns, warm = timed_and_warm_up(follow_ups())
     checkouts = [this_checkout()]
     if args.before != "none":
         checkouts.insert(0, built(args.before))
-    results = {c.name: measure(c, turns, args.repeats) for c in checkouts}
+    results = {c.name: measure(c, turns, warm, args.repeats) for c in checkouts}
     lines = table(results)
     print("\n".join(lines))
     if args.before == "none":
@@ -192,7 +211,8 @@ def main() -> None:
         "",
         f"`python -m bench.turn_latency`: {len(turns)} follow-ups of the samples' chat set, "
         f"{args.repeats} repeats, `ragchains serve` with the embedded model; chat with the "
-        "conversation's history, ask with the gold standalone question. Median and 95th "
+        "conversation's history, ask with the gold standalone question; each repeat on a "
+        "fresh server warmed up with a turn of another conversation. Median and 95th "
         "percentile over every turn.",
         "",
         *lines,

@@ -203,6 +203,7 @@ def build_llm(settings: Settings) -> LLM:
             context_tokens=settings.llm_context_tokens,
             threads=settings.llm_threads,
             seed=settings.llm_seed,
+            prompt_cache_mb=settings.llm_prompt_cache_mb,
         )
     from ragchains.models.providers import openai_llm
 

@@ -103,6 +103,12 @@ class Settings(BaseSettings):
     llm_context_tokens: int = Field(4096, ge=512, le=131072)
     llm_threads: int | None = Field(None, ge=1, description="llama.cpp threads; default: all")
     llm_seed: int = 0
+    llm_prompt_cache_mb: int = Field(
+        256,
+        ge=0,
+        description="RAM for llama.cpp's prompt cache (the model's state after each call, "
+        "so a prompt sharing a beginning with an earlier one reads only the rest); 0: none",
+    )
     openai_model: str | None = Field(
         None,
         description="default: the model the server at openai_base_url serves (its /v1/models), "

@@ -64,6 +64,35 @@ def test_embedded_model_serves_concurrent_async_streams(smollm: LLM) -> None:
     assert len(replies) == 3 and all(r.isalpha() and r.islower() for r in replies)
 
 
+def test_embedded_prompt_cache_reads_only_what_a_prompt_adds(smollm: LLM) -> None:
+    """A turn's calls alternate (rewrite, answer): a prompt that begins as one two calls
+    back did starts from the cached state and reads only its new end, and replies as a
+    model without the cache does."""
+    import llama_cpp
+
+    client = smollm.model.model.client  # type: ignore[union-attr]  # behind its queue
+    system = SystemMessage("You answer questions about the Brightwater handbook. " * 12)
+    second = [system, HumanMessage("Who approves travel over 500 euros?")]
+    model = smollm.bound(temperature=0.0, max_tokens=8)
+    model.invoke([system, HumanMessage("How many days of paid time off?")])
+    model.invoke([HumanMessage("Say hello.")])  # the context now holds another prompt
+
+    def prompt_tokens_read() -> int:
+        return int(llama_cpp.llama_perf_context(client.ctx).n_p_eval)
+
+    before = prompt_tokens_read()
+    reply = model.invoke(second)
+    read = prompt_tokens_read() - before
+    whole = smollm.count_tokens(str(system.content))
+    assert 0 < read < whole / 2, (read, whole)
+    # What the cache keeps is what it counts: not the 100 MB of a batch's logits per state.
+    kept = list(client.cache.cache_state.values())
+    assert kept and all(state.scores.nbytes < 1 << 20 for state in kept)
+    assert client.cache.cache_size <= client.cache.capacity_bytes
+    uncached = embedded_llm(prompt_cache_mb=0).bound(temperature=0.0, max_tokens=8)
+    assert uncached.invoke(second).content == reply.content
+
+
 def test_missing_model_file_is_a_clear_error(tmp_path: Any) -> None:
     with pytest.raises(LLMConfigError, match="does not exist"):
         embedded_llm(tmp_path / "nope.gguf")

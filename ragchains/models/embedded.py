@@ -169,6 +169,42 @@ class ContextOwner:
         self._flag[0] = b"\x01" if stop else b"\x00"
 
 
+def prompt_cache(capacity_bytes: int) -> Any:
+    """llama-cpp-python's ``LlamaRAMCache``, keeping of each state what a prompt that
+    begins the same needs, and counting all it keeps against ``capacity_bytes``.
+
+    A saved state carries the logits of every row of the batch (512 rows of the vocabulary's
+    49,152 floats: 100 MB for SmolLM2) beside its 2-12 MB of context, and the stock cache
+    counts only the context: 14 states held 1 GB it did not count. A loaded state's prompt
+    is always read again from its last token (llama-cpp-python's ``generate`` keeps at most
+    all but one token of a prefix), so its old logits are never sampled from; the rows serve
+    logprobs, which no chain asks for. One row is kept (``load_state`` fills the rows from
+    it)."""
+    from llama_cpp import LlamaRAMCache, LlamaState
+
+    class SlimRAMCache(LlamaRAMCache):  # type: ignore[misc]
+        @property
+        def cache_size(self) -> int:
+            return sum(_held(state) for state in self.cache_state.values())
+
+        def __setitem__(self, key: Any, value: Any) -> None:
+            slim = LlamaState(
+                input_ids=value.input_ids,
+                scores=value.scores[-1:].copy(),
+                n_tokens=value.n_tokens,
+                llama_state=value.llama_state,
+                llama_state_size=value.llama_state_size,
+                seed=value.seed,
+            )
+            super().__setitem__(key, slim)
+
+    return SlimRAMCache(capacity_bytes=capacity_bytes)
+
+
+def _held(state: Any) -> int:
+    return int(state.llama_state_size + state.scores.nbytes + state.input_ids.nbytes)
+
+
 def _c_strlen() -> Any:
     """libc's ``strlen``, or None where the C library cannot be opened this way (Windows):
     there a stop takes effect between two tokens only."""
@@ -184,11 +220,19 @@ def embedded_llm(
     context_tokens: int = 4096,
     threads: int | None = None,
     seed: int = 0,
+    prompt_cache_mb: int = 256,
 ) -> LLM:
     """The in-process default: a GGUF model run by llama.cpp, no network needed.
 
     llama.cpp's chat wrapper only supports *forced* tool calls, so structured replies come
     from GBNF grammars instead (``LLM.grammar``).
+
+    ``prompt_cache_mb``: RAM for llama-cpp-python's prompt cache (``LlamaRAMCache``). A turn's
+    calls take turns on one context (the rewrite's prompt, then the answer's), so llama.cpp's
+    own reuse of the last prompt's beginning never applies: each call read its fixed system
+    prompt and few-shots, and the conversation so far, again. The cache keeps the state after
+    each whole call (least recently used out first) and starts a call from the one sharing
+    the longest beginning with it; a call that is stopped is not kept.
     """
     path = Path(model_path).expanduser() if model_path else packaged_gguf()
     if not path.is_file():
@@ -205,6 +249,8 @@ def embedded_llm(
         )
     except ValueError as exc:
         raise LLMConfigError(f"cannot load {path}: {exc}") from exc
+    if prompt_cache_mb > 0:
+        chat.client.set_cache(prompt_cache(prompt_cache_mb << 20))
     return LLM(
         model=queued_llama(chat),
         name=path.stem,
