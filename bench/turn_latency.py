@@ -198,10 +198,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=REPEATS)
     args = parser.parse_args()
     turns, warm = timed_and_warm_up(follow_ups())
-    checkouts = [this_checkout()]
+    after = this_checkout()
+    # The same checkout with llama.cpp's prompt cache off: what the cache itself is worth.
+    uncached = Checkout(
+        "after, prompt cache off", after.key, after.command, {"RAGCHAINS_LLM_PROMPT_CACHE_MB": "0"}
+    )
+    checkouts = [after, uncached]
     if args.before != "none":
         checkouts.insert(0, built(args.before))
-    results = {c.name: measure(c, turns, warm, args.repeats) for c in checkouts}
+    # Repeats take turns between versions: a machine that slows down over the run slows all.
+    results: dict[str, dict[str, dict[str, list]]] = {}
+    for _ in range(args.repeats):
+        for checkout in checkouts:
+            run = measure(checkout, turns, warm, 1)
+            mine = results.setdefault(checkout.name, {m: {"first": [], "total": []} for m in run})
+            for mode, kinds in run.items():
+                for kind, values in kinds.items():
+                    mine[mode][kind] += values
     lines = table(results)
     print("\n".join(lines))
     if args.before == "none":
