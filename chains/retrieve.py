@@ -30,6 +30,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda, R
 from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
+from ragchains.chains.changelogs import version_entries_last
 from ragchains.chains.compress import (
     Compressed,
     compression,
@@ -234,7 +235,8 @@ class Searcher:
         filters and scope it takes, fused by RRF."""
         kwargs, notes = self._kwargs(filters, k, scope)
         phrasings = self.retriever.bind(**kwargs).map()
-        return Call(phrasings, [query, *alternatives], partial(fused, k=k, notes=notes))
+        reading = partial(fused, k=k, notes=notes, query=query)
+        return Call(phrasings, [query, *alternatives], reading)
 
     def search(
         self,
@@ -252,10 +254,14 @@ class Searcher:
         return found
 
 
-def fused(lists: Sequence[list[Document]], *, k: int | None, notes: list[str]) -> Retrieved:
-    """One result list per phrasing, fused (a single list stands as it is)."""
+def fused(
+    lists: Sequence[list[Document]], *, k: int | None, notes: list[str], query: str = ""
+) -> Retrieved:
+    """One result list per phrasing, fused (a single list stands as it is); changelog
+    entries after the rest unless ``query`` asks about versions (``chains.changelogs``)."""
     depth = k or max(len(found) for found in lists)  # a retriever without k: its own depth
-    return Retrieved(lists[0] if len(lists) == 1 else fuse(lists, k=depth), notes)
+    docs = lists[0] if len(lists) == 1 else fuse(lists, k=depth)
+    return Retrieved(version_entries_last(docs, query), notes)
 
 
 def fuse(lists: Sequence[Sequence[Document]], *, k: int) -> list[Document]:
