@@ -18,20 +18,34 @@ from collections.abc import Sequence
 
 from langchain_core.documents import Document
 
-_VERSION = r"(?:v|version\s+|release\s+)?\d+(?:\.\d+)+"  # 1.6.0, v1.6, Version 1.6
+_PRERELEASE = r"(?:[-.]?(?:a|b|rc|alpha|beta|dev|post|pre)\.?\d*)?"
+_NUMBER = rf"\d+(?:\.\d+)+{_PRERELEASE}"
 _DATE = r"\d{4}-\d{2}-\d{2}"
-# A heading that is a version and nothing more but its date ("0.27.1 (2026-08-03)",
-# "[2.0.0] - 2023-05-01"), a dated entry, or the next release's: never a numbered
-# section of a manual ("2.1 Getting started").
+# What may follow a version: a dated tail ("(2026-08-03)", "- 2023-05-01", "(January 5,
+# 2021)"): a tail holding a year. A bare "3.2 - Step 1" or "4.1 (a)" has none.
+_DATED = r"(?:\s*\((?=[^)]*\b\d{4}\b)[^)]*\)|\s*[-\u2013\u2014/:]\s*(?=.*\b\d{4}\b).+)"
+# A release's name after it: "v1.2.3 (2024-01-01) - Aurora" (never after a bare x.y).
+_NAMED = r"(?:\s*[-\u2013\u2014:]\s*.+)?"
+# A heading that is a release and nothing more but its date: "Version 1.6.1 (2024-08-30)",
+# "v3.1", "Release 2", "1.6.0", "0.27.1 (2026-08-03)", "[2.0.0] - 2023-05-01",
+# "[1.2.3](https://...) (2023-01-01)", "pytest 7.4.0 (2023-06-23)" (towncrier's), a dated
+# entry, "Unreleased". A numbered section of a manual ("2.1 Getting started", "3.1") is not:
+# a bare two-part number must carry a date, a project's name before it too.
 _VERSION_HEADING = re.compile(
-    rf"^\s*\[?(?:{_VERSION}|{_DATE}|unreleased)\]?"
-    r"(?:\s*\([^)]*\)|\s*[-\u2013\u2014/:]\s*[^\s].*\d.*)?\s*$",
+    r"^\s*(?:"
+    rf"\[?(?:v|version\s+|release\s+v?)\d+(?:\.\d+)*{_PRERELEASE}\]?(?:\([^)]*\))?{_DATED}?{_NAMED}"
+    rf"|\[?\d+\.\d+\.\d+{_PRERELEASE}\]?(?:\([^)]*\))?{_DATED}?{_NAMED}"
+    rf"|\[?{_NUMBER}\]?(?:\([^)]*\))?{_DATED}"
+    rf"|[\w.-]+\s+v?{_NUMBER}{_DATED}"
+    rf"|\[?{_DATE}\]?{_DATED}?"
+    r"|\[?unreleased\]?"
+    r")\s*$",
     re.IGNORECASE,
 )
 # A question that asks about versions or changes wants the entries where they rank.
 _ASKS_ABOUT_VERSIONS = re.compile(
     r"\d+\.\d+|\bchange ?logs?\b|\breleases?\b|\breleased\b|\bversions?\b|\bdeprecat"
-    r"|\bwhat'?s new\b|\b(?:new|added|removed|changed|introduced) in\b|\bupgrad",
+    r"|\bwhat'?s new\b|\bchange[sd]?\b|\bbreaking\b|\badded\b|\bintroduced\b|\bupgrad",
     re.IGNORECASE,
 )
 SECTION_SEPARATOR = " > "
@@ -45,14 +59,16 @@ def is_version_entry(doc: Document) -> bool:
     return any(_VERSION_HEADING.match(part) for part in section.split(SECTION_SEPARATOR))
 
 
-def asks_about_versions(query: str) -> bool:
-    return bool(_ASKS_ABOUT_VERSIONS.search(query))
+def asks_about_versions(queries: str | Sequence[str]) -> bool:
+    """Whether any of ``queries`` (a turn's phrasings) asks about versions or changes."""
+    asked = [queries] if isinstance(queries, str) else queries
+    return any(_ASKS_ABOUT_VERSIONS.search(query) for query in asked)
 
 
-def version_entries_last(docs: Sequence[Document], query: str) -> list[Document]:
+def version_entries_last(docs: Sequence[Document], queries: str | Sequence[str]) -> list[Document]:
     """``docs`` in their order, the changelog entries after the rest (in their own order),
-    unless ``query`` asks about versions or changes."""
-    if asks_about_versions(query):
+    unless one of ``queries`` asks about versions or changes."""
+    if asks_about_versions(queries):
         return list(docs)
     entries = [is_version_entry(doc) for doc in docs]
     if not any(entries):

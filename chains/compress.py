@@ -24,13 +24,13 @@ best score is then the best its kept chunks carry, if they carry scores.
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableLambda
 from typing_extensions import TypedDict
 
+from ragchains.chains.changelogs import version_entries_last
 from ragchains.chains.options import Options
 from ragchains.chains.state import Call
 
@@ -164,8 +164,13 @@ def compression(
     scorer, top_n = scoring_all(compressor, len(documents))
     if threshold is None and top_n is not None and (own := own_threshold(compressor)):
         threshold = float(own())
-    finish = partial(cut, top_n=top_n, threshold=threshold)
     queries = list(dict.fromkeys([query, *also]))
+
+    def finish(scored: Sequence[Document]) -> Compressed:
+        # A reranker orders by its own score: changelog entries go after the rest again
+        # before the cut keeps its top_n (chains.changelogs).
+        return cut(version_entries_last(scored, queries), top_n=top_n, threshold=threshold)
+
     if len(queries) == 1:
         request = CompressInput(documents=list(documents), query=query)
         return Call(as_runnable(scorer), request, finish)

@@ -235,7 +235,7 @@ class Searcher:
         filters and scope it takes, fused by RRF."""
         kwargs, notes = self._kwargs(filters, k, scope)
         phrasings = self.retriever.bind(**kwargs).map()
-        reading = partial(fused, k=k, notes=notes, query=query)
+        reading = partial(fused, k=k, notes=notes, queries=[query, *alternatives])
         return Call(phrasings, [query, *alternatives], reading)
 
     def search(
@@ -255,13 +255,17 @@ class Searcher:
 
 
 def fused(
-    lists: Sequence[list[Document]], *, k: int | None, notes: list[str], query: str = ""
+    lists: Sequence[list[Document]],
+    *,
+    k: int | None,
+    notes: list[str],
+    queries: Sequence[str] = (),
 ) -> Retrieved:
     """One result list per phrasing, fused (a single list stands as it is); changelog
-    entries after the rest unless ``query`` asks about versions (``chains.changelogs``)."""
+    entries after the rest unless a phrasing asks about versions (``chains.changelogs``)."""
     depth = k or max(len(found) for found in lists)  # a retriever without k: its own depth
     docs = lists[0] if len(lists) == 1 else fuse(lists, k=depth)
-    return Retrieved(version_entries_last(docs, query), notes)
+    return Retrieved(version_entries_last(docs, queries), notes)
 
 
 def fuse(lists: Sequence[Sequence[Document]], *, k: int) -> list[Document]:

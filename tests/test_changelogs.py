@@ -3,13 +3,17 @@ rule, and `ragchains ingest` + `ragchains serve`'s /retrieve over a folder of bo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
 
 from ragchains.chains.changelogs import asks_about_versions, is_version_entry, version_entries_last
+from ragchains.chains.compress import compression
+from ragchains.chains.retrieve import doc_key
 
 
 def _doc(section: str, text: str = "x") -> Document:
@@ -34,10 +38,29 @@ def test_a_section_under_a_version_heading_is_an_entry(section: str) -> None:
 @pytest.mark.parametrize(
     "section",
     [
+        "Changes > pytest 7.4.0 (2023-06-23)",  # towncrier's
+        "Changelog > [1.2.3](https://example.org/compare/v1.2.2...v1.2.3) (2023-01-01)",
+        "History > 1.0.0rc1",
+        "History > Release v1.2.0",
+        "History > v1.2.3 (2024-01-01) - Aurora",
+    ],
+)
+def test_other_changelog_formats_are_entries(section: str) -> None:
+    assert is_version_entry(_doc(section))
+
+
+@pytest.mark.parametrize(
+    "section",
+    [
         "Release Notes",  # the file's introduction
         "Release Notes > Upgrading",  # an upgrade guide explains
         "Manual > 2.1 Getting started",  # a numbered section of a manual
         "Guide > Python 3.10 support",
+        "Policy > 2.1: Installing Python 3",
+        "Policy > 3.2 - Step 1",
+        "Policy > 4.1 (a)",
+        "Policy > 3.1",
+        "Network > 192.168.0.1",
         "",
     ],
 )
@@ -53,6 +76,33 @@ def test_entries_go_after_the_rest_unless_the_question_asks_about_versions() -> 
         assert asks_about_versions(query)
         assert version_entries_last([entry, page], query) == [entry, page]
     assert version_entries_last([page, other], "tests") == [page, other]
+    # Any phrasing of the turn may ask: the user's words beside a rewrite.
+    assert version_entries_last([entry, page], ["completion", "breaking changes"]) == [entry, page]
+    for query in ("how do I test a command", "install shell completion", "password prompt"):
+        assert not asks_about_versions(query)
+
+
+class _Reranker(BaseDocumentCompressor):
+    """A reranker that scores the changelog entry best, as a cross-encoder may."""
+
+    top_n: int = 1
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Any = None
+    ) -> Sequence[Document]:
+        scored = [
+            Document(d.page_content, metadata={**d.metadata, "relevance_score": s})
+            for d, s in zip(documents, (0.4, 0.9), strict=True)
+        ]
+        return sorted(scored, key=lambda d: -d.metadata["relevance_score"])[: self.top_n]
+
+
+def test_a_reranker_does_not_put_the_entry_back_before_the_cut() -> None:
+    page, entry = _doc("Guide > Completion", "page"), _doc("Notes > 1.2.0", "entry")
+    kept = compression(_Reranker(), [page, entry], "shell completion", key=doc_key).invoke()
+    assert [d.page_content for d in kept.documents] == ["page"]
+    asked = compression(_Reranker(), [page, entry], "what changed in 1.2", key=doc_key).invoke()
+    assert [d.page_content for d in asked.documents] == ["entry"]
 
 
 FEATURE = """# Shell completion
