@@ -186,9 +186,11 @@ def leave_at_every_point(
     question (``/ask``: the model is free for every reader, whatever route was cut); at the
     end a whole turn on the route itself. The question's usual wait is measured after each
     cut's question (a machine shared with other work is not as fast all along), after
-    another reader's call of another prompt (a rewrite): the model reads the question's
-    prompt whole, as after a cut, never from the start of it that it kept from an /ask just
-    before (about half of the wait, with the embedded model)."""
+    another reader's call of another prompt (a rewrite): the model never reads the
+    question's prompt from the start of it that it kept from an /ask just before (about
+    half of the wait, with the embedded model). The question is asked once before the
+    first cut: the embedded model's prompt cache then holds its state for the turn after
+    each cut and for the usual wait alike, as it would for any reader asking it again."""
     follow_up = ROUTES[1]
 
     async def run() -> list[Cut]:
@@ -200,6 +202,7 @@ def leave_at_every_point(
                 return (await full_turn(client, follow_up, NEXT)).first_token
 
             turn = await full_turn(client, route, QUESTION)
+            await full_turn(client, follow_up, NEXT)  # in the prompt cache, as said above
             cuts = []
             for after in cut_points(turn, points, rng):
                 departure = await cut_turn(client, route, after)
