@@ -155,24 +155,21 @@ def _asked(turn: Turn) -> list[tuple[str, str, dict[str, Any]]]:
     ]
 
 
-def measure(
-    checkout: Checkout, turns: list[Turn], warm: Turn, repeats: int
-) -> dict[str, dict[str, list]]:
-    """Each repeat on a server of its own: a turn asked again would find its own prompt in
+def measure(checkout: Checkout, turns: list[Turn], warm: Turn) -> dict[str, dict[str, list]]:
+    """One repeat, on a server of its own: a turn asked again would find its own prompt in
     the model's prompt cache, which no reader's new question does."""
     index = cache_dir("turn-latency") / checkout.key / "index"
     ingest(checkout, index)
     serve = [*checkout.command, "serve", "--index", str(index), "--port", "{port}"]
     seconds: dict[str, dict[str, list]] = {m: {"first": [], "total": []} for m in ("chat", "ask")}
-    for _ in range(repeats):
-        with Server(index, command=serve, env=checkout.env) as server:
-            for _, path, body in _asked(warm):  # warm-up, untimed: each mode's first call
-                timed(server.url, path, body)
-            for turn in turns:
-                for mode, path, body in _asked(turn):
-                    first, total = timed(server.url, path, body)
-                    seconds[mode]["first"].append(first)
-                    seconds[mode]["total"].append(total)
+    with Server(index, command=serve, env=checkout.env) as server:
+        for _, path, body in _asked(warm):  # warm-up, untimed: each mode's first call
+            timed(server.url, path, body)
+        for turn in turns:
+            for mode, path, body in _asked(turn):
+                first, total = timed(server.url, path, body)
+                seconds[mode]["first"].append(first)
+                seconds[mode]["total"].append(total)
     return seconds
 
 
@@ -210,7 +207,7 @@ def main() -> None:
     results: dict[str, dict[str, dict[str, list]]] = {}
     for _ in range(args.repeats):
         for checkout in checkouts:
-            run = measure(checkout, turns, warm, 1)
+            run = measure(checkout, turns, warm)
             mine = results.setdefault(checkout.name, {m: {"first": [], "total": []} for m in run})
             for mode, kinds in run.items():
                 for kind, values in kinds.items():
