@@ -15,6 +15,16 @@ has exactly one relevant document and no one has to judge anything:
 - ``cast2021``: TREC CAsT 2021's canonical response passages (research data, used here for
   measurement only). Query: a turn's manual rewrite; document: the passage given as that
   turn's answer. Identical passages count once.
+- ``mtrag-clapnq``, ``mtrag-cloud``, ``mtrag-fiqa``, ``mtrag-govt``: IBM's MTRAG and MTRAG-UN
+  benchmarks (Apache-2.0; a checkout of github.com/IBM/mt-rag-benchmark given as
+  ``--source``, :data:`MTRAG_COMMIT`), one set per domain: Wikipedia (ClapNQ), IBM Cloud
+  documentation, finance forum answers (FiQA) and government web pages. Its full corpora
+  are Git LFS files; the passages shipped in the repository are the ones its tasks
+  reference (MTRAG-UN's reference contexts and MTRAG's human-evaluated subset), 300 to 450
+  per domain, so every other passage of a domain is a near-topic distractor. Queries, with
+  every relevant passage from the benchmark's qrels: ``rw:`` MTRAG's human standalone
+  rewrite of a turn, ``lt:`` MTRAG-UN's last user turn as written (a follow-up such as
+  "Which is more important?"), answerable and partially answerable turns only.
 
 Queries are split into ``train`` and ``test`` by a hash of their id (about half each), so a
 setting can be chosen on one and reported on the other. What is built depends on what the
@@ -60,14 +70,16 @@ class JudgedSet:
     pairs: list[Pair]
 
     def write(self, folder: Path) -> Path:
-        """The set as a BEIR folder: corpus.jsonl, queries.jsonl, qrels/{train,test}.tsv."""
+        """The set as a BEIR folder: corpus.jsonl, queries.jsonl, qrels/{train,test}.tsv.
+        A query with several relevant documents has one pair per document."""
         (folder / "qrels").mkdir(parents=True, exist_ok=True)
         with open(folder / "corpus.jsonl", "w", encoding="utf-8") as fh:
             for doc_id, (title, text) in self.documents.items():
                 fh.write(json.dumps({"_id": doc_id, "title": title, "text": text}) + "\n")
+        queries = {pair.query_id: pair.query for pair in self.pairs}
         with open(folder / "queries.jsonl", "w", encoding="utf-8") as fh:
-            for pair in self.pairs:
-                fh.write(json.dumps({"_id": pair.query_id, "text": pair.query}) + "\n")
+            for query_id, query in queries.items():
+                fh.write(json.dumps({"_id": query_id, "text": query}) + "\n")
         for split in ("train", "test"):
             with open(folder / "qrels" / f"{split}.tsv", "w", encoding="utf-8") as fh:
                 fh.write("query-id\tcorpus-id\tscore\n")
@@ -289,32 +301,133 @@ def cast_2021(topics: Path = CAST_TOPICS) -> JudgedSet:
     return JudgedSet("cast2021", documents, _one_per_query(pairs))
 
 
+# ----------------------------------------------------------------------------- IBM MTRAG
+MTRAG_COMMIT = "cc5b1d481b391181b89f7ced860308482e785463"
+# Domain as this module names it -> (MTRAG's folder name, MTRAG-UN's Collection value).
+MTRAG_DOMAINS = {
+    "clapnq": ("clapnq", "clapnq"),
+    "cloud": ("cloud", "ibmcloud"),
+    "fiqa": ("fiqa", "fiqa"),
+    "govt": ("govt", "govt"),
+}
+_MTRAG_SPEAKER = re.compile(r"^\s*\|user\|:\s*")
+
+
+def _mtrag_qrels(path: Path) -> dict[str, list[str]]:
+    relevant: dict[str, list[str]] = {}
+    for line in path.read_text(encoding="utf-8").splitlines()[1:]:
+        query_id, doc_id, score = line.split("\t")
+        if float(score) > 0:
+            relevant.setdefault(query_id, []).append(doc_id)
+    return relevant
+
+
+def _mtrag_passage(item: dict) -> tuple[str, str]:
+    return (" ".join(str(item.get("title") or "").split()), str(item["text"]).strip())
+
+
+def mtrag(domain: str, source: Path) -> JudgedSet:
+    """One MTRAG domain as a judged set (see the module's docstring)."""
+    folder, collection = MTRAG_DOMAINS[domain]
+    documents: dict[str, tuple[str, str]] = {}
+    pairs: list[Pair] = []
+
+    # MTRAG-UN: each task carries its reference passages; its last user turn is the query.
+    tasks = [
+        json.loads(line)
+        for line in (source / "mtragun-human/generation_tasks/reference.jsonl")
+        .read_text(encoding="utf-8")
+        .splitlines()
+        if line.strip()
+    ]
+    for task in tasks:
+        if task["Collection"] == collection:
+            for context in task["contexts"]:
+                documents.setdefault(context["document_id"], _mtrag_passage(context))
+    un_qrels = _mtrag_qrels(source / f"mtragun-human/retrieval_tasks/qrels/{folder}.tsv")
+    for task in tasks:
+        relevant = un_qrels.get(task["task_id"])
+        if task["Collection"] != collection or not relevant:
+            continue
+        query = " ".join(task["input"][-1]["text"].split())
+        pairs += [Pair(f"lt:{task['task_id']}", query, doc_id) for doc_id in relevant]
+
+    # MTRAG's human-evaluated subset: its passages, and the standalone rewrites of its turns.
+    subset = json.loads(
+        (source / "mtrag-human/evaluations/reference_subset_with_human_evaluations.json").read_text(
+            encoding="utf-8"
+        )
+    )
+    subset_passages = {d["document_id"]: _mtrag_passage(d) for d in subset["documents"]}
+    human = source / "mtrag-human/retrieval_tasks" / folder
+    rewrites = {
+        item["_id"]: " ".join(_MTRAG_SPEAKER.sub("", item["text"]).split())
+        for line in (human / f"{folder}_rewrite.jsonl").read_text(encoding="utf-8").splitlines()
+        if line.strip()
+        for item in [json.loads(line)]
+    }
+    human_qrels = _mtrag_qrels(human / "qrels/dev.tsv")
+    for task in subset["tasks"]:
+        relevant = human_qrels.get(task["task_id"], [])
+        rewrite = rewrites.get(task["task_id"])
+        if not relevant or not rewrite or not all(d in subset_passages for d in relevant):
+            continue
+        for doc_id in relevant:
+            documents.setdefault(doc_id, subset_passages[doc_id])
+        pairs += [Pair(f"rw:{task['task_id']}", rewrite, doc_id) for doc_id in relevant]
+    for task in subset["tasks"]:
+        # The subset's other passages of this domain (retrieved for a task, judged or not).
+        if task["Collection"].startswith(f"mt-rag-{collection}-"):
+            for doc_id in (context["document_id"] for context in task["contexts"]):
+                if doc_id in subset_passages:
+                    documents.setdefault(doc_id, subset_passages[doc_id])
+    return JudgedSet(f"mtrag-{domain}", documents, pairs)
+
+
 BUILDERS = {
     "manpages": man_pages,
     "debian": debian_packages,
     "pypackages": python_packages,
     "cast2021": cast_2021,
 }
+NEEDS_SOURCE = {f"mtrag-{domain}": domain for domain in MTRAG_DOMAINS}
 
 
 def default_folder(name: str) -> Path:
     return Path.home() / ".cache" / "ragchains" / "judged" / name
 
 
-def build(name: str, out: Path | None = None) -> Path:
-    """Build the set ``name`` (one of ``BUILDERS``) as a BEIR folder; return the folder."""
-    judged = BUILDERS[name]()
-    return judged.write(out or default_folder(name))
+def judged_set(name: str, source: Path | None = None) -> JudgedSet:
+    """The set ``name``: one of ``BUILDERS``, or of ``NEEDS_SOURCE`` read from ``source``."""
+    if name in NEEDS_SOURCE:
+        if source is None:
+            raise ValueError(f"{name} is built from a checkout of its benchmark: give --source")
+        return mtrag(NEEDS_SOURCE[name], source)
+    return BUILDERS[name]()
+
+
+def build(name: str, out: Path | None = None, source: Path | None = None) -> Path:
+    """Build the set ``name`` as a BEIR folder; return the folder."""
+    return judged_set(name, source).write(out or default_folder(name))
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("name", choices=sorted(BUILDERS))
+    parser.add_argument("name", choices=sorted([*BUILDERS, *NEEDS_SOURCE]))
     parser.add_argument("--out", type=Path, help="default: ~/.cache/ragchains/judged/NAME")
+    parser.add_argument(
+        "--source",
+        type=Path,
+        help=f"mtrag-*: a checkout of github.com/IBM/mt-rag-benchmark (commit {MTRAG_COMMIT[:7]})",
+    )
     args = parser.parse_args(argv)
-    judged = BUILDERS[args.name]()
+    try:
+        judged = judged_set(args.name, args.source)
+    except (ValueError, OSError, KeyError) as exc:
+        parser.error(str(exc))
     folder = judged.write(args.out or default_folder(args.name))
-    print(f"{folder}: {len(judged.documents)} documents, {len(judged.pairs)} queries")
+    queries = len({pair.query_id for pair in judged.pairs})
+    print(f"{folder}: {len(judged.documents)} documents, {queries} queries")
 
 
 if __name__ == "__main__":

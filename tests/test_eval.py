@@ -140,6 +140,17 @@ def test_an_answer_holds_the_fact_when_it_says_an_expected_phrase() -> None:
     assert summary["answer_holds"] == 0.5 and summary["file_cited"] == 0.5
 
 
+def test_a_list_answer_holds_only_when_it_names_every_item() -> None:
+    item = QAItem(
+        "sensors", "Which sensors cost under $100?", expect_all=["Soil Probe", "Tank Level"]
+    )
+    one = {"answer": "AquaSense Soil Probe [products.csv#row=1]", "abstained": False}
+    both = {**one, "answer": "AquaSense Soil Probe, and the tank level sensor [products.csv]"}
+    assert measure(item, one, 1.0)["answer_holds"] is False
+    assert measure(item, both, 1.0)["answer_holds"] is True
+    assert item.as_dict()["expect_all"] == ["Soil Probe", "Tank Level"]
+
+
 def test_qa_rows_read_their_standalone_rewrite_phrases_and_files(tmp_path: Path) -> None:
     path = tmp_path / "set.jsonl"
     rows = [
@@ -508,3 +519,86 @@ def test_a_judged_set_is_a_beir_folder_split_by_query_id(tmp_path: Path) -> None
     some = next(iter(splits["test"].queries))
     assert splits["test"].qrels[some] == {f"d{some[1:]}": 1.0}
     assert splits["train"].document_text(3) == "title 3\ntext 3"
+
+
+def _write_fake_mtrag(root: Path) -> None:
+    """The files of github.com/IBM/mt-rag-benchmark the cloud set reads, a few rows each."""
+
+    def jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
+
+    def passage(doc_id: str) -> dict[str, str]:
+        return {"document_id": doc_id, "title": f" Title  {doc_id} ", "text": f"text of {doc_id}\n"}
+
+    un = root / "mtragun-human"
+    jsonl(
+        un / "generation_tasks/reference.jsonl",
+        [
+            {
+                "task_id": "t1",
+                "Collection": "ibmcloud",
+                "contexts": [passage("c1"), passage("c2")],
+                "input": [{"text": "What is a VPC?"}, {"text": "Which  is more\nimportant?"}],
+            },
+            # Unanswerable: no relevant passage in the qrels, so no query.
+            {"task_id": "t2", "Collection": "ibmcloud", "contexts": [], "input": [{"text": "x"}]},
+            {"task_id": "t3", "Collection": "fiqa", "contexts": [passage("f1")], "input": []},
+        ],
+    )
+    qrels = un / "retrieval_tasks/qrels/cloud.tsv"
+    qrels.parent.mkdir(parents=True)
+    qrels.write_text("query-id\tcorpus-id\tscore\nt1\tc1\t1\nt1\tc2\t1\nt2\tc1\t0\n")
+    human = root / "mtrag-human"
+    subset = {
+        "documents": [passage("c2"), passage("c3"), passage("c4")],
+        "tasks": [
+            {"task_id": "h1", "Collection": "mt-rag-ibmcloud-elser", "contexts": [passage("c3")]},
+            {"task_id": "h2", "Collection": "mt-rag-ibmcloud-elser", "contexts": [passage("c4")]},
+        ],
+    }
+    (human / "evaluations").mkdir(parents=True)
+    (human / "evaluations/reference_subset_with_human_evaluations.json").write_text(
+        json.dumps(subset)
+    )
+    jsonl(
+        human / "retrieval_tasks/cloud/cloud_rewrite.jsonl",
+        [{"_id": "h1", "text": "|user|: How do I create a VPC?"}],
+    )
+    qrels = human / "retrieval_tasks/cloud/qrels/dev.tsv"
+    qrels.parent.mkdir(parents=True)
+    qrels.write_text("query-id\tcorpus-id\tscore\nh1\tc3\t1\n")
+
+
+def test_an_mtrag_set_keeps_every_relevant_passage_and_both_kinds_of_query(
+    tmp_path: Path,
+) -> None:
+    from ragchains.evaluation.judgedsets import main
+
+    _write_fake_mtrag(tmp_path / "mtrag")
+    main(["mtrag-cloud", "--source", str(tmp_path / "mtrag"), "--out", str(tmp_path / "set")])
+    both = [load_beir(tmp_path / "set", split) for split in ("train", "test")]
+    queries = {q: text for d in both for q, text in d.queries.items()}
+    qrels = {q: rel for d in both for q, rel in d.qrels.items()}
+    # The follow-up as written and the human rewrite; an unanswerable turn has no query.
+    assert queries == {"lt:t1": "Which is more important?", "rw:h1": "How do I create a VPC?"}
+    assert qrels == {"lt:t1": {"c1": 1.0, "c2": 1.0}, "rw:h1": {"c3": 1.0}}
+    corpus = (tmp_path / "set/corpus.jsonl").read_text().splitlines()
+    # The domain's passages only (not FiQA's), each once, its title's spaces collapsed.
+    assert sorted(json.loads(line)["_id"] for line in corpus) == ["c1", "c2", "c3", "c4"]
+    assert json.loads(corpus[0])["title"] == "Title c1"
+
+
+def test_an_mtrag_set_without_its_checkout_is_a_one_line_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragchains.evaluation.judgedsets import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["mtrag-govt", "--out", str(tmp_path / "set")])
+    assert exited.value.code == 2
+    assert "give --source" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["mtrag-govt", "--source", str(tmp_path / "absent")])
+    assert "No such file" in capsys.readouterr().err
+    assert not (tmp_path / "set").exists()
