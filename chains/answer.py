@@ -260,7 +260,7 @@ class AnswerPlan:
 
     def shown(self) -> QuoteWriter | None:
         """What turns the model's quotes into the answer shown (None: shown as written)."""
-        return QuoteWriter(self.offered) if self.offered else None
+        return QuoteWriter(self.offered, (DONT_KNOW,)) if self.offered else None
 
 
 def _token_limited(piece: Any) -> bool:

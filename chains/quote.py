@@ -20,7 +20,10 @@ shows the model the units as it will write them: one ``sentence [label]`` per li
 sentence as written; a table row under its table's header row and rule (rows of one table
 quoted together share them), the citation on its own line after the table, where it does not
 break it; a record (a CSV/JSON/Excel row) as a list of ``**field:** value`` lines, then its
-citation. The model copies the units as they are offered; only the display changes.
+citation; a sentence that names nothing of its section under its heading, in bold before it
+(``lead``: "An integer value that defines the minimum length for a search query" says what
+it is only under ``min_search_length``). The model copies the units as they are offered;
+only the display changes.
 """
 
 import math
@@ -461,11 +464,47 @@ def _group(written: Sequence[_Choice]) -> list[list[_Choice]]:
     return groups
 
 
+_LEAD_MARKUP = re.compile(r"([\\*\[\]<>])")
+
+
+_EMPHASIS = re.compile(r"\*\*|__")
+_FENCE = ("```", "~~~")
+
+
+def lead(quote: Quote) -> str:
+    """The heading a prose quote is shown under: its section's, when the quote holds none
+    of the heading's terms (it says what the quote is about); "" otherwise. A heading's
+    emphasis is dropped (a page may bold a line as its heading); a code fence or markup read
+    as a heading is none."""
+    if quote.kind != PROSE or not quote.context:
+        return ""
+    heading = _EMPHASIS.sub("", quote.context).strip()
+    if (
+        not heading
+        or heading.startswith(_FENCE)
+        or not (heading[0].isalnum() or heading[0] in "`'\"([")
+    ):
+        return ""  # a code fence or a directive's option line (":name: x") read as a title
+    terms = set(tokenize(heading)) - _ASKING
+    return heading if terms and not terms & set(tokenize(quote.text)) else ""
+
+
+def _with_lead(quote: Quote, text: str) -> str:
+    heading = lead(quote)
+    if not heading:
+        return text
+    colon = "" if heading.endswith((":", "?", "!", ".")) else ":"
+    # Only what would end the bold or read as a citation or HTML is escaped: a heading's
+    # identifiers (min_search_length) and code spans stay as the page writes them.
+    shown = _LEAD_MARKUP.sub(r"\\\1", heading)
+    return f"**{shown}{colon}** {text}"
+
+
 def _show(group: Sequence[_Choice], closed: bool) -> str:
     """A group as the reader sees it. A table: head, rows, then (once no further row of it
     can follow: ``closed``) its citation after a blank line, outside the table (GFM reads a
     line right under a table as one more row). A record: ``- **field:** value`` lines, then
-    its citation. Anything else: the quote as written."""
+    its citation. Anything else: the quote as written, under its ``lead`` if it has one."""
     first = group[0].quote
     labels = [item.label for item in group]
     if first.kind == ROW:
@@ -474,7 +513,7 @@ def _show(group: Sequence[_Choice], closed: bool) -> str:
     if first.kind == RECORD and first.fields:
         lines = "\n".join(f"- **{name}:** {_escaped(value)}" for name, value in first.fields)
         return f"{lines}\n\n{_marker(labels)}"
-    return group[0].text
+    return _with_lead(first, group[0].text)
 
 
 def _between(before: Sequence[_Choice] | None, after_block: bool) -> str:
@@ -482,11 +521,17 @@ def _between(before: Sequence[_Choice] | None, after_block: bool) -> str:
     where a table or list starts or ends."""
     if before is None:
         return ""
-    return "\n\n" if after_block or before[0].quote.kind in (ROW, RECORD) else " "
+    return "\n\n" if after_block or _apart(before[0].quote) else " "
 
 
 def _block(quote: Quote) -> bool:
     return quote.kind == ROW or (quote.kind == RECORD and bool(quote.fields))
+
+
+def _apart(quote: Quote) -> bool:
+    """Whether ``quote`` stands in a paragraph of its own: a block, or a sentence under its
+    lead."""
+    return _block(quote) or bool(lead(quote))
 
 
 class QuoteWriter:
@@ -500,8 +545,11 @@ class QuoteWriter:
     shown; ``close`` the rest at the end. The parts add up to ``render`` of the whole reply.
     """
 
-    def __init__(self, offered: Sequence[Quote]) -> None:
+    def __init__(self, offered: Sequence[Quote], others: Sequence[str] = ()) -> None:
         self.choices = [_Choice(q, label) for q in offered for label in q.labels]
+        # What the model may write instead of a quote (the don't-know sentence): a lead is
+        # shown only once the reply cannot be one of these.
+        self.others = tuple(others)
         self.written = ""
         self.shown = ""
 
@@ -539,10 +587,20 @@ class QuoteWriter:
         done, rest = self._parse(reply)
         tail = rest[1:] if done and rest.startswith(" ") else rest
         possible = [c for c in self.choices if c.text.startswith(tail)] if tail else []
-        if final or not possible:
+        # A sentence streams as written once its lead is known: when every quote it may
+        # still become has the same (most often, none).
+        leads = {lead(c.quote) for c in possible}
+        if not final and any(o.startswith(tail) for o in self.others):
+            leads.add("")  # it may yet be the don't-know sentence, which has no lead
+        tail_apart = len(leads) == 1 and bool(possible) and bool(lead(possible[0].quote))
+        if not possible or (final and len(leads) > 1):
             shown_tail = tail  # the end of the reply, or no quote (don't-know, junk): as is
+        elif any(_block(c.quote) for c in possible):
+            shown_tail = tail if final else ""
+        elif len(leads) == 1:
+            shown_tail = _with_lead(possible[0].quote, tail)
         else:
-            shown_tail = "" if any(_block(c.quote) for c in possible) else tail
+            shown_tail = ""
         groups = _group(done)
         parts: list[str] = []
         before: list[_Choice] | None = None
@@ -556,12 +614,12 @@ class QuoteWriter:
                     and not any(c.quote.kind == ROW and _head_of(c.quote) == head for c in possible)
                 )
             )
-            parts.append(_between(before, _block(group[0].quote)) + _show(group, closed))
+            parts.append(_between(before, _apart(group[0].quote)) + _show(group, closed))
             if not closed:
                 return "".join(parts)  # what follows an open table is not known yet
             before = group
         if shown_tail:
-            parts.append(_between(before, False) + shown_tail)
+            parts.append(_between(before, tail_apart) + shown_tail)
         return "".join(parts)
 
 

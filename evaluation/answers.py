@@ -248,10 +248,11 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
         "answer_style": turn.get("answer_style"),
         # An answer that neither cites a source nor abstains must say so (``uncited``).
         "unmarked_uncited": not cited and not abstained and not turn.get("uncited"),
-        # Right answers, not only matching citations: one of the expected phrases said.
+        # Right answers, not only matching citations: one of the expected phrases said, and
+        # every item a list question asks for.
         "answer_holds": (
-            not abstained and any(p.casefold() in answer.casefold() for p in item.expect)
-            if item.answerable and item.expect
+            not abstained and answer_holds(answer, item.expect, item.expect_all)
+            if item.answerable and (item.expect or item.expect_all)
             else None
         ),
         "file_cited": (
@@ -260,6 +261,15 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
             else None
         ),
     }
+
+
+def answer_holds(answer: str, expect: Sequence[str], expect_all: Sequence[str]) -> bool:
+    """Whether ``answer`` says one of ``expect`` (when given) and all of ``expect_all``,
+    in any case."""
+    said = answer.casefold()
+    return (not expect or any(p.casefold() in said for p in expect)) and all(
+        p.casefold() in said for p in expect_all
+    )
 
 
 def cites_a_file(cited: Sequence[str], sources: Sequence[Any], files: Sequence[str]) -> bool:

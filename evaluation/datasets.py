@@ -150,7 +150,8 @@ class QAItem:
     target); ``domain`` is the prompt domain the question is asked in, if not the run's.
     ``standalone``: a follow-up written self-contained, as a person would rewrite it (the
     gold its searched queries are compared with); ``expect``: short phrases any one of
-    which, in an answer, shows it holds the fact; ``files``: the files (paths under the
+    which, in an answer, shows it holds the fact; ``expect_all``: phrases every one of which
+    it must say (the items a list question asks for); ``files``: the files (paths under the
     collection's root) that explain the answer, for sets judged by file, not by section.
     """
 
@@ -164,6 +165,7 @@ class QAItem:
     domain: str | None = None
     standalone: str = ""
     expect: list[str] = field(default_factory=list)
+    expect_all: list[str] = field(default_factory=list)
     files: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
@@ -180,7 +182,7 @@ class QAItem:
         if self.domain:
             row["domain"] = self.domain
         # Only when given: runs over sets without them keep their rows' shape.
-        for name in ("standalone", "expect", "files"):
+        for name in ("standalone", "expect", "expect_all", "files"):
             if getattr(self, name):
                 row[name] = getattr(self, name)
         return row
@@ -188,7 +190,7 @@ class QAItem:
 
 def load_qa(path: Path) -> list[QAItem]:
     """JSONL of {question, answer, citations} (and optionally id, answerable, kind,
-    conversation, domain, standalone, expect, files)."""
+    conversation, domain, standalone, expect, expect_all, files)."""
     items: list[QAItem] = []
     ids: set[str] = set()
     for number, row in _jsonl(Path(path)):
@@ -204,7 +206,7 @@ def load_qa(path: Path) -> list[QAItem]:
         for name in ("conversation", "domain", "standalone"):
             if not isinstance(row.get(name) or "", str):
                 raise DatasetError(f"{path}:{number}: {name!r} must be text")
-        for name in ("expect", "files"):
+        for name in ("expect", "expect_all", "files"):
             value = row.get(name) or []
             if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
                 raise DatasetError(f"{path}:{number}: {name!r} must be a list of text")
@@ -224,6 +226,7 @@ def load_qa(path: Path) -> list[QAItem]:
                 domain=row.get("domain") or None,
                 standalone=str(row.get("standalone") or "").strip(),
                 expect=row.get("expect") or [],
+                expect_all=row.get("expect_all") or [],
                 files=row.get("files") or [],
             )
         )

@@ -110,6 +110,9 @@ def cited_sentences(answer: str) -> list[tuple[str, list[str]]]:
 _TABLE_RULE = re.compile(r"^\s*\|?(\s*:?-+:?\s*\|)+\s*(:?-+:?)?\s*$")
 _FIELD_ITEM = re.compile(r"^\s*[-*+]\s+\*\*(.+?):\*\*\s*(.*)$")
 _ESCAPED = re.compile(r"\\([\\`*_<>\[\]])")
+# A quoted sentence may be shown under its section's heading in bold ("**min_search_length:**
+# An integer value ..."): the heading says what the sentence is about, it is not part of it.
+_LEAD = re.compile(r"^\s*\*\*(?:[^*]|\\\*)+?\*\*\s+(?=\S)")
 
 
 def _statements(text: str) -> Iterator[str]:
@@ -131,7 +134,7 @@ def _statements(text: str) -> Iterator[str]:
             row = f"{field[1]}: {field[2]}" if field else line
             yield " ".join(_ESCAPED.sub(r"\1", row).split())
         else:
-            prose.append(line)
+            prose.append(_LEAD.sub("", line))
     yield from sentences()
 
 

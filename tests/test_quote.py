@@ -18,6 +18,7 @@ from ragchains.chains.quote import (
     QuoteWriter,
     cells,
     gbnf_literal,
+    lead,
     quote_grammar,
     quotes,
     sentences_of,
@@ -25,6 +26,7 @@ from ragchains.chains.quote import (
     split_sentences,
     units_of,
 )
+from ragchains.evaluation.metrics import faithful_sentences
 from ragchains.retrievers.embeddings import SentenceTransformerEmbedder
 from ragchains.retrievers.searchindex import load_index
 from tests.fakes import RecordingModel
@@ -386,15 +388,50 @@ def test_a_record_is_shown_as_field_value_lines() -> None:
 
 def test_sentences_stream_as_written_and_blocks_are_set_apart() -> None:
     found = quotes([PLANS, PROBE], ["handbook.md#benefit-plans", "products.csv#row=1"])
+    plain = "Three plans. [handbook.md#benefit-plans]"
+    shown, parts = _shown(found, plain)
+    assert shown == plain and len(parts) > 10  # token by token, unchanged
+    # A sentence that names nothing of its section is shown under the section's heading,
+    # streamed as written from its first letter (the only quote that starts so).
     sentence = "Adding a spouse doubles the monthly cost. [handbook.md#benefit-plans]"
     shown, parts = _shown(found, sentence)
-    assert shown == sentence and len(parts) > 10  # token by token, unchanged
-    reply = f"{sentence} | Basic | $0.00 | $3,000 | [handbook.md#benefit-plans] Three plans. [x]"
+    assert shown == f"**Benefit plans:** {sentence}" and len(parts) > 10
+    reply = f"{plain} | Basic | $0.00 | $3,000 | [handbook.md#benefit-plans] {sentence} Two. [x]"
     shown, _ = _shown(found, reply)
     assert shown == (
-        f"{sentence}\n\n{HEAD}\n| Basic | $0.00 | $3,000 |\n\n[handbook.md#benefit-plans]"
-        "\n\nThree plans. [x]"  # no offered quote (the label is not its own): as written
+        f"{plain}\n\n{HEAD}\n| Basic | $0.00 | $3,000 |\n\n[handbook.md#benefit-plans]"
+        f"\n\n**Benefit plans:** {sentence}"
+        "\n\nTwo. [x]"  # no offered quote: as written
     )
+
+
+def test_a_quote_waits_for_its_lead_until_the_model_has_chosen() -> None:
+    doc = Document(
+        page_content="## min_search_length\nThe min_search_length is 3 by default.\n"
+        "The minimum length of a search query, an integer.",
+        metadata={"citation": "configuration.md#search"},
+    )
+    found = quotes([doc], ["configuration.md#search"])
+    assert [lead(q) for q in found] == ["", "min_search_length"]
+    writer = QuoteWriter(found)
+    assert writer.add("The min") == ""  # either quote: with its lead or without
+    chosen = "The minimum length of a search query, an integer. [configuration.md#search]"
+    parts = [writer.add(char) for char in chosen[7:]] + [writer.close()]
+    assert parts[0] == "**min_search_length:** The mini" and "".join(parts) == (
+        f"**min_search_length:** {chosen}"
+    )
+    shown = "".join(parts)
+    # A bold line read as the heading leads without its stars; a code fence leads nothing.
+    bold = Document(page_content="**dev_addr**\nThe address `mkdocs serve` uses.")
+    assert [lead(q) for q in quotes([bold], ["c.md"])] == ["dev_addr"]
+    fence = Document(page_content="```ini\n[general] suppress = all")
+    assert [lead(q) for q in quotes([fence], ["c.md"])] == [""]
+    option = Document(
+        page_content=":name: Allow the toctree to be referenced\nNumber all headings."
+    )
+    assert [lead(q) for q in quotes([option], ["c.md"])] == [""]
+    # The heading says what the sentence is about; it is not a claim of the answer.
+    assert faithful_sentences(shown, {"configuration.md#search": [doc.page_content]}) == (1, 1)
 
 
 @pytest.mark.parametrize(
@@ -422,3 +459,16 @@ def test_quote_answers_of_the_chain_are_shown_formatted_and_cited() -> None:
     assert answer.startswith(HEAD) and answer.endswith("\n\n[handbook.md#benefit-plans]")
     assert [c["label"] for c in out["citations"]] == ["handbook.md#benefit-plans"]
     assert not out["abstained"]
+
+
+def test_the_dont_know_sentence_is_shown_as_written_beside_a_quote_with_a_lead() -> None:
+    doc = Document(page_content="## Custom domains\nIt will create the CNAME file for you.")
+    found = quotes([doc], ["gh.md#custom-domains"])
+    assert lead(found[0]) == "Custom domains"
+    writer = QuoteWriter(found, (DONT_KNOW,))
+    parts = [writer.add(char) for char in DONT_KNOW] + [writer.close()]
+    assert "".join(parts) == DONT_KNOW  # "I" might have begun either: no lead was shown
+    chosen = "It will create the CNAME file for you. [gh.md#custom-domains]"
+    writer = QuoteWriter(found, (DONT_KNOW,))
+    shown = "".join(writer.add(char) for char in chosen) + writer.close()
+    assert shown == f"**Custom domains:** {chosen}"
