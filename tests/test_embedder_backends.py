@@ -44,10 +44,13 @@ def test_int8_vectors_are_fp32_vectors_within_noise(embedder: SentenceTransforme
     assert np.allclose(np.linalg.norm(int8, axis=1), 1.0, atol=1e-4)
     cosines = (int8 * reference).sum(axis=1)
     assert cosines.min() > 0.97 and cosines.mean() > 0.985, cosines
-    # The same questions find the same sentences first with either backend.
-    first = (int8[3:5] @ int8[:3].T).argmax(axis=1).tolist()
-    assert first == (reference[3:5] @ reference[:3].T).argmax(axis=1).tolist()
-    assert first[0] == 0  # vacation days: the paid time off sentence
+    # The same questions find the same sentence first with either backend, where fp32's first
+    # is clear of its second: the sensors question is near none of them (0.07 against 0.06,
+    # an order int8's noise may swap on another CPU).
+    found, wanted = int8[3:5] @ int8[:3].T, reference[3:5] @ reference[:3].T
+    clear = [n for n, row in enumerate(wanted) if np.diff(np.sort(row)[-2:])[0] > 0.05]
+    assert clear == [0]  # vacation days, and only it, has a clear first: paid time off
+    assert [found[n].argmax() for n in clear] == [wanted[n].argmax() for n in clear] == [0]
     # Token counts (chunk sizes) are the model's own tokenizer's either way.
     assert embedder.count_tokens(SENTENCES[0]) == fp32.count_tokens(SENTENCES[0])
 
