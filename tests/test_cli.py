@@ -259,6 +259,26 @@ def test_ask_answers_the_hotel_allowance_from_the_travel_policy(index: Path) -> 
     assert out["best_score"] >= compressor["threshold"]
 
 
+def test_a_quote_that_names_nothing_of_its_section_is_shown_under_its_heading(
+    tmp_path: Path,
+) -> None:
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "configuration.md").write_text(
+        "# Configuration\n\n## min_search_length\n\nAn integer value that defines the minimum "
+        "length for a search query. By default searches shorter than 3 characters are ignored.\n",
+        encoding="utf-8",
+    )
+    assert run("ingest", docs, "--index", tmp_path / "index").returncode == 0
+    question = "What is the minimum length of a search query?"
+    result = run("ask", "--index", tmp_path / "index", question, "--json")
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    # Either sentence says what it is about only under its heading, the setting's name.
+    assert out["answer_style"] == "quote" and out["answer"].startswith("**min_search_length:** ")
+    assert [c["label"] for c in out["citations"]] == ["configuration.md#min-search-length"]
+
+
 def test_chat_keeps_history_and_resets(index: Path) -> None:
     turns = "what does the standard plan cost?\nand the premium one?\n/reset\n/quit\nnever read\n"
     result = run("chat", "--index", index, "--domain", "hr", stdin=turns)
