@@ -464,27 +464,30 @@ def _group(written: Sequence[_Choice]) -> list[list[_Choice]]:
     return groups
 
 
-_LEAD_MARKUP = re.compile(r"([\\*\[\]<>])")
-
-
-_EMPHASIS = re.compile(r"\*\*|__")
+# What would end the bold or read as HTML in a lead is escaped; brackets are dropped (a
+# "[label]" is a citation marker, escaped or not, to the parsers of answers).
+_LEAD_MARKUP = re.compile(r"([\\*<>])")
+_EDGE_UNDERSCORE = re.compile(r"(?<![A-Za-z0-9])_|_(?![A-Za-z0-9])")
+_WRAPPED = re.compile(r"^(\*\*|__)(.+)\1$")  # a line bolded as a heading
 _FENCE = ("```", "~~~")
 
 
 def lead(quote: Quote) -> str:
     """The heading a prose quote is shown under: its section's, when the quote holds none
-    of the heading's terms (it says what the quote is about); "" otherwise. A heading's
-    emphasis is dropped (a page may bold a line as its heading); a code fence or markup read
-    as a heading is none."""
+    of the heading's terms (it says what the quote is about); "" otherwise. A heading
+    bolded whole loses its stars (a page may bold a line as its heading); a code fence, a
+    table row or a directive's option line (":name: x") read as a heading is none."""
     if quote.kind != PROSE or not quote.context:
         return ""
-    heading = _EMPHASIS.sub("", quote.context).strip()
+    heading = " ".join(quote.context.split())
+    heading = _WRAPPED.sub(r"\2", heading).strip()
     if (
         not heading
         or heading.startswith(_FENCE)
-        or not (heading[0].isalnum() or heading[0] in "`'\"([")
+        or "|" in heading
+        or not (heading[0].isalnum() or heading[0] in "_`'\"([")
     ):
-        return ""  # a code fence or a directive's option line (":name: x") read as a title
+        return ""
     terms = set(tokenize(heading)) - _ASKING
     return heading if terms and not terms & set(tokenize(quote.text)) else ""
 
@@ -494,9 +497,12 @@ def _with_lead(quote: Quote, text: str) -> str:
     if not heading:
         return text
     colon = "" if heading.endswith((":", "?", "!", ".")) else ":"
-    # Only what would end the bold or read as a citation or HTML is escaped: a heading's
-    # identifiers (min_search_length) and code spans stay as the page writes them.
-    shown = _LEAD_MARKUP.sub(r"\\\1", heading)
+    # A heading's identifiers (min_search_length) and code spans stay as the page writes
+    # them; an unmatched backtick would open a code span over the rest of the answer.
+    shown = _LEAD_MARKUP.sub(r"\\\1", heading.replace("[", "").replace("]", ""))
+    shown = _EDGE_UNDERSCORE.sub(r"\\_", shown)  # "__init__" would read as bold "init"
+    if shown.count("`") % 2:
+        shown = shown.replace("`", "\\`")
     return f"**{shown}{colon}** {text}"
 
 
@@ -532,6 +538,16 @@ def _apart(quote: Quote) -> bool:
     """Whether ``quote`` stands in a paragraph of its own: a block, or a sentence under its
     lead."""
     return _block(quote) or bool(lead(quote))
+
+
+def _shared_start(a: str, b: str) -> int:
+    """How many characters ``a`` and ``b`` begin with alike."""
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 class QuoteWriter:
@@ -581,26 +597,42 @@ class QuoteWriter:
             rest = body[len(hit.text) :]
         return done, rest
 
+    def _tail(self, tail: str, possible: Sequence[_Choice], final: bool) -> tuple[str, bool]:
+        """What is shown of the reply's unfinished end, and whether it stands apart (under
+        a lead). A sentence streams as written once its lead is known: when every quote it
+        may still become has the same one (most often, none) and it may no longer be one of
+        ``others``. An end that strayed from every quote (a model off the grammar, a reply
+        cut short) keeps the lead of the quotes it began as, so what was shown stays."""
+        if not tail:
+            return "", False
+        if any(_block(c.quote) for c in possible):
+            return (tail, False) if final else ("", False)  # shown once written whole
+        other = any(o.startswith(tail) for o in self.others)
+        if not possible and other:
+            return tail, False  # the don't-know sentence, as written
+        began = list(possible) or self._began(tail)
+        leads = {lead(c.quote) for c in began}
+        if other:
+            leads.add("")  # it may yet be the don't-know sentence, which has no lead
+        if not began or leads == {""}:
+            return tail, False
+        if len(leads) == 1:
+            return _with_lead(began[0].quote, tail), True
+        return (tail, False) if final else ("", False)
+
+    def _began(self, tail: str) -> list[_Choice]:
+        """The quotes that share the longest beginning with ``tail`` (none if no quote
+        starts with its first character)."""
+        shared = max((_shared_start(c.text, tail) for c in self.choices), default=0)
+        return [c for c in self.choices if shared and c.text[:shared] == tail[:shared]]
+
     def render(self, reply: str, *, final: bool = True) -> str:
         """``reply`` (all the model wrote, or so far) as shown: with ``final`` False, only what
         will not change whatever the model writes next."""
         done, rest = self._parse(reply)
         tail = rest[1:] if done and rest.startswith(" ") else rest
         possible = [c for c in self.choices if c.text.startswith(tail)] if tail else []
-        # A sentence streams as written once its lead is known: when every quote it may
-        # still become has the same (most often, none).
-        leads = {lead(c.quote) for c in possible}
-        if not final and any(o.startswith(tail) for o in self.others):
-            leads.add("")  # it may yet be the don't-know sentence, which has no lead
-        tail_apart = len(leads) == 1 and bool(possible) and bool(lead(possible[0].quote))
-        if not possible or (final and len(leads) > 1):
-            shown_tail = tail  # the end of the reply, or no quote (don't-know, junk): as is
-        elif any(_block(c.quote) for c in possible):
-            shown_tail = tail if final else ""
-        elif len(leads) == 1:
-            shown_tail = _with_lead(possible[0].quote, tail)
-        else:
-            shown_tail = ""
+        shown_tail, tail_apart = self._tail(tail, possible, final)
         groups = _group(done)
         parts: list[str] = []
         before: list[_Choice] | None = None

@@ -230,7 +230,8 @@ def measure(item: QAItem, turn: Mapping[str, Any], latency: float) -> dict[str, 
     for source in turn.get("sources") or []:
         sources.setdefault(str(source.get("label")), []).append(str(source.get("text") or ""))
     # An abstention states nothing from the sources: faithfulness does not apply.
-    found, sentences = (0, 0) if abstained else faithful_sentences(answer, sources)
+    quoted = turn.get("answer_style") == "quote"
+    found, sentences = (0, 0) if abstained else faithful_sentences(answer, sources, quoted=quoted)
     return {
         "latency": round(latency, 4),
         "answer_length": len(answer.split()),

@@ -77,13 +77,14 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _END_PUNCTUATION = ".!?;:, "
 
 
-def cited_sentences(answer: str) -> list[tuple[str, list[str]]]:
+def cited_sentences(answer: str, *, quoted: bool = False) -> list[tuple[str, list[str]]]:
     """The answer's sentences, each with the labels cited for it.
 
     The text before a citation marker is cited by it (and by markers that follow with only
     punctuation between: "A [x] [y]." or "A [x; y]"); text after the last marker is cited by
     nothing. Each cited stretch is then cut into sentences at . ! ?. Pieces without a letter
-    or digit (the "." after a marker) are not sentences.
+    or digit (the "." after a marker) are not sentences. ``quoted``: a quote answer, whose
+    sentences may be shown under a bold heading lead (not part of the sentence).
     """
     claims: list[tuple[str, list[str]]] = []
     position = 0
@@ -99,7 +100,7 @@ def cited_sentences(answer: str) -> list[tuple[str, list[str]]]:
     return [
         (sentence, labels)
         for text, labels in claims
-        for sentence in _statements(text)
+        for sentence in _statements(text, quoted)
         if any(c.isalnum() for c in sentence)
     ]
 
@@ -111,11 +112,12 @@ _TABLE_RULE = re.compile(r"^\s*\|?(\s*:?-+:?\s*\|)+\s*(:?-+:?)?\s*$")
 _FIELD_ITEM = re.compile(r"^\s*[-*+]\s+\*\*(.+?):\*\*\s*(.*)$")
 _ESCAPED = re.compile(r"\\([\\`*_<>\[\]])")
 # A quoted sentence may be shown under its section's heading in bold ("**min_search_length:**
-# An integer value ..."): the heading says what the sentence is about, it is not part of it.
-_LEAD = re.compile(r"^\s*\*\*(?:[^*]|\\\*)+?\*\*\s+(?=\S)")
+# An integer value ..."; chains.quote): the heading says what the sentence is about, it is
+# not part of it. A lead ends in : ? ! or . inside the stars.
+_LEAD = re.compile(r"^\s*\*\*(?:[^*\\]|\\.)+?[:?!.]\*\*\s+(?=\S)")
 
 
-def _statements(text: str) -> Iterator[str]:
+def _statements(text: str, quoted: bool = False) -> Iterator[str]:
     """The statements of a cited stretch: table rows and record fields line by line, the
     prose between them cut into sentences."""
     prose: list[str] = []
@@ -134,11 +136,13 @@ def _statements(text: str) -> Iterator[str]:
             row = f"{field[1]}: {field[2]}" if field else line
             yield " ".join(_ESCAPED.sub(r"\1", row).split())
         else:
-            prose.append(_LEAD.sub("", line))
+            prose.append(_LEAD.sub("", line) if quoted else line)
     yield from sentences()
 
 
-def faithful_sentences(answer: str, sources: Mapping[str, Sequence[str]]) -> tuple[int, int]:
+def faithful_sentences(
+    answer: str, sources: Mapping[str, Sequence[str]], *, quoted: bool = False
+) -> tuple[int, int]:
     """(sentences found verbatim in a source they cite, all sentences) of ``answer``.
 
     ``sources``: label -> texts of the chunks shown under that label. Matching is exact
@@ -147,7 +151,7 @@ def faithful_sentences(answer: str, sources: Mapping[str, Sequence[str]]) -> tup
     not among ``sources``, is not found.
     """
     texts = {label: [" ".join(t.split()) for t in found] for label, found in sources.items()}
-    sentences = cited_sentences(answer)
+    sentences = cited_sentences(answer, quoted=quoted)
     found = 0
     for sentence, labels in sentences:
         wanted = sentence.rstrip(_END_PUNCTUATION)

@@ -323,6 +323,21 @@ def test_a_markdown_citation_shows_the_rendered_section_with_the_chunk_in_view(
     assert shown.in_view(".hit")
 
 
+def test_a_quote_under_its_heading_is_the_sentence_the_viewer_marks(
+    viewer: Callable[..., Viewer], size: tuple[int, int]
+) -> None:
+    shown = viewer(size)
+    turn = shown.ask("How many unused PTO days carry over into the next year?")
+    answer = turn.locator(".answer-text")
+    # The sentence names nothing of its section: the answer shows the heading, in bold.
+    assert answer.locator("strong").first.inner_text() == "Paid time off:"
+    assert "Up to 5 unused days carry over" in answer.inner_text()
+    panel = shown.open_label(turn, "employee-handbook.md#paid-time-off")
+    quoted = panel.locator(".document .quote")
+    quoted.first.wait_for()
+    assert "Up to 5 unused days carry over" in " ".join(quoted.all_inner_texts())
+
+
 def test_a_catalog_row_shows_its_header_and_neighbours(
     viewer: Callable[..., Viewer], size: tuple[int, int]
 ) -> None:

@@ -431,7 +431,10 @@ def test_a_quote_waits_for_its_lead_until_the_model_has_chosen() -> None:
     )
     assert [lead(q) for q in quotes([option], ["c.md"])] == [""]
     # The heading says what the sentence is about; it is not a claim of the answer.
-    assert faithful_sentences(shown, {"configuration.md#search": [doc.page_content]}) == (1, 1)
+    sources = {"configuration.md#search": [doc.page_content]}
+    assert faithful_sentences(shown, sources, quoted=True) == (1, 1)
+    # Only in a quote answer: a free answer's bold words are its own claim.
+    assert faithful_sentences(shown, sources) == (0, 1)
 
 
 @pytest.mark.parametrize(
@@ -472,3 +475,32 @@ def test_the_dont_know_sentence_is_shown_as_written_beside_a_quote_with_a_lead()
     writer = QuoteWriter(found, (DONT_KNOW,))
     shown = "".join(writer.add(char) for char in chosen) + writer.close()
     assert shown == f"**Custom domains:** {chosen}"
+
+
+@pytest.mark.parametrize(
+    ("heading", "shown"),
+    [
+        ("Options [advanced]", "**Options advanced:** "),  # a bracket would read as a citation
+        ("__init__.py", "**\\_\\_init\\_\\_.py:** "),  # not bold markup: kept, escaped
+        ("**dev_addr**", "**dev_addr:** "),
+        ("The ` character", "**The \\` character:** "),  # an unmatched backtick, escaped
+        ("Use  `**kwargs`   here", "**Use `\\*\\*kwargs` here:** "),
+        ("Source file | Generated File | URL", ""),  # a table header read as a heading
+    ],
+)
+def test_a_lead_is_the_heading_as_plain_bold_text(heading: str, shown: str) -> None:
+    doc = Document(page_content="Sentences name nothing above them.", metadata={"section": heading})
+    writer = QuoteWriter(quotes([doc], ["a.md#x"]))
+    assert writer.render("Sentences name nothing above them. [a.md#x]") == (
+        f"{shown}Sentences name nothing above them. [a.md#x]"
+    )
+
+
+def test_a_reply_that_strays_from_a_quote_keeps_the_lead_it_was_shown_with() -> None:
+    doc = Document(page_content="## Custom domains\nIt will create the CNAME file for you.")
+    writer = QuoteWriter(quotes([doc], ["gh.md#x"]), (DONT_KNOW,))
+    reply = "It will create X and more."  # a model not held to the grammar
+    parts = [writer.add(char) for char in reply] + [writer.close()]
+    # "I" may begin the don't-know sentence; "It" no longer: the lead is shown, and stays.
+    assert parts[:2] == ["", "**Custom domains:** It"]
+    assert "".join(parts) == f"**Custom domains:** {reply}"

@@ -503,6 +503,9 @@ function citable(turn) {
 // it; "[a; b]" gives two. The markers are set aside while the Markdown is rendered, so a
 // label's underscores or asterisks cannot turn into emphasis.
 const HELD = /\uE000(\d+)\uE001/;
+// A quote shown under its section's heading ("**min_search_length:** An integer …"): the
+// bold lead is not text of the source, so the viewer looks for what follows it.
+const LEAD = /^\*\*(?:[^*\\]|\\.)+?[:?!.]\*\*\s+/;
 
 function answerNodes(turn) {
   const text = turn.out.answer ?? "";
@@ -517,7 +520,7 @@ function answerNodes(turn) {
     const before = text.slice(last, match.index);
     markdown += `${before}\uE000${held.length}\uE001`;
     // In a quoted answer, what precedes a marker is the text copied from its source.
-    held.push({ labels, quote: quoted ? before.trim() : null });
+    held.push({ labels, quote: quoted ? before.trim().replace(LEAD, "") : null });
     last = match.index + match[0].length;
   }
   markdown += text.slice(last);
