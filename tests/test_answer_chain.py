@@ -373,7 +373,7 @@ def test_smollm_quotes_only_verbatim_sentences_with_their_labels(
         if ending["abstained"]:
             assert answer == DONT_KNOW
             continue
-        found, sentences = faithful_sentences(answer, sources)
+        found, sentences = faithful_sentences(answer, sources, quoted=True)
         assert sentences >= 1 and found == sentences, answer
         assert re.fullmatch(r"(.+? \[[^\]]+\])( .+? \[[^\]]+\])?", answer), answer
         assert ending["citations"]
