@@ -26,6 +26,7 @@ it is only under ``min_search_length``). The model copies the units as they are 
 only the display changes.
 """
 
+import functools
 import math
 import re
 from collections import Counter
@@ -472,6 +473,8 @@ _WRAPPED = re.compile(r"^(\*\*|__)(.+)\1$")  # a line bolded as a heading
 _FENCE = ("```", "~~~")
 
 
+# Asked for every quote the reply may still become, at every token it streams: once each.
+@functools.lru_cache(maxsize=1024)
 def lead(quote: Quote) -> str:
     """The heading a prose quote is shown under: its section's, when the quote holds none
     of the heading's terms (it says what the quote is about); "" otherwise. A heading
